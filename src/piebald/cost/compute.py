@@ -1,0 +1,141 @@
+"""Compute time of a layer on a device: a roofline with a saturating efficiency curve.
+
+A layer pass of ``w`` FLOPs moving ``q`` bytes takes
+
+    t = max(w / (peak * max_fraction), q / (memory_bandwidth * bandwidth_fraction))
+        + half_saturation_s
+
+The first term is the roofline (Williams et al. 2009) with the best sustained fraction of
+the dense peak; the constant is the time lost to kernel launches and small tiles. Written
+as an efficiency, the compute-bound case is ``max_fraction * w / (w + w_half)`` with
+``w_half = peak * max_fraction * half_saturation_s``: small kernels reach a small fraction
+of peak, large ones approach ``max_fraction``. Profiles calibrate both numbers per device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.job import Optimizer
+from piebald.specs.model import LayerKind, LayerSpec
+
+__all__ = [
+    "EfficiencyCurve",
+    "layer_backward_time_s",
+    "layer_forward_time_s",
+    "optimizer_step_time_s",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencyCurve:
+    # Large transformer GEMMs sustain 55-70% of dense peak; end-to-end MFU of well-tuned
+    # runs is ~40-55% (PaLM 46%, Llama 3 38-43%), the gap being communication and bubbles.
+    max_fraction: float = 0.6
+    bandwidth_fraction: float = 0.8  # streaming kernels reach ~80% of HBM bandwidth
+    half_saturation_s: float = 30e-6  # ~10-15 kernel launches per layer pass
+
+    def __post_init__(self) -> None:
+        if not (0 < self.max_fraction <= 1 and 0 < self.bandwidth_fraction <= 1):
+            raise ValueError(f"efficiency fractions must be in (0, 1]: {self}")
+        if self.half_saturation_s < 0:
+            raise ValueError(f"half_saturation_s = {self.half_saturation_s}; expected >= 0")
+
+    def time_s(
+        self,
+        *,
+        flops: float,
+        num_bytes: float,
+        peak_flops: float,
+        memory_bandwidth_bytes_per_s: float,
+    ) -> float:
+        if flops == 0 and num_bytes == 0:
+            return 0.0
+        compute_s = flops / (peak_flops * self.max_fraction)
+        memory_s = num_bytes / (memory_bandwidth_bytes_per_s * self.bandwidth_fraction)
+        return max(compute_s, memory_s) + self.half_saturation_s
+
+
+DEFAULT_CURVE = EfficiencyCurve()
+
+
+def _forward_bytes(layer: LayerSpec, *, tokens: int, dtype: Dtype) -> float:
+    """Bytes a forward pass moves: weights read once, activations written once."""
+    weights = 0.0 if layer.kind is LayerKind.EMBEDDING else layer.num_params + layer.num_tied_params
+    return (
+        weights * dtype.num_bytes + layer.activation_bytes_per_token * tokens * dtype.num_bytes / 2
+    )
+
+
+def layer_forward_time_s(
+    layer: LayerSpec,
+    *,
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> float:
+    """Forward time of one micro-batch through ``layer`` on ``device`` computing in ``dtype``."""
+    tokens = micro_batch_size * seq_len
+    flops = layer.forward_flops_per_token(seq_len=seq_len) * tokens
+    return curve.time_s(
+        flops=flops,
+        num_bytes=_forward_bytes(layer, tokens=tokens, dtype=dtype),
+        peak_flops=device.peak_flops(dtype),
+        memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
+    )
+
+
+def layer_backward_time_s(
+    layer: LayerSpec,
+    *,
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: bool,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> float:
+    """Backward time: 2x the forward FLOPs and bytes (input and weight gradients), plus a
+    repeated forward when the layer's activations were recomputed (blocks only)."""
+    tokens = micro_batch_size * seq_len
+    flops = 2.0 * layer.forward_flops_per_token(seq_len=seq_len) * tokens
+    num_bytes = 2.0 * _forward_bytes(layer, tokens=tokens, dtype=dtype)
+    backward_s = curve.time_s(
+        flops=flops,
+        num_bytes=num_bytes,
+        peak_flops=device.peak_flops(dtype),
+        memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
+    )
+    if recompute and layer.kind is LayerKind.BLOCK:
+        backward_s += layer_forward_time_s(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            curve=curve,
+        )
+    return backward_s
+
+
+# Bytes the update touches per owned parameter, reads plus writes. AdamW: fp32 master, m
+# and v read and written (24), fp32 gradient read (4), 16-bit weight written (2); SGD:
+# master read and written (8), gradient read (4), weight written (2).
+_OPTIMIZER_BYTES_PER_PARAM = {Optimizer.ADAMW: 30.0, Optimizer.SGD: 14.0}
+
+
+def optimizer_step_time_s(
+    *,
+    num_params: float,
+    device: DeviceType,
+    optimizer: Optimizer,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> float:
+    """The optimizer update of ``num_params`` owned parameters: memory-bound."""
+    if num_params <= 0:
+        return 0.0
+    num_bytes = num_params * _OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    return num_bytes / (device.memory_bandwidth_bytes_per_s * curve.bandwidth_fraction)

@@ -1,0 +1,267 @@
+"""Closed-form estimate of a plan's step time, throughput and peak memory per rank.
+
+Pipeline time follows the bottleneck form of the 1F1B/GPipe makespan: the busiest stage
+(or stage boundary) runs for its whole busy time, and every other stage adds one
+micro-batch's forward plus backward for the fill and drain. For p equal stages of t per
+micro-batch and m micro-batches this is (m + p - 1) * t, bubble (p-1)/(m+p-1)
+(Huang et al. 2019; Narayanan et al. 2021). Data-parallel traffic is priced per stage by
+its ZeRO mode; the part of the gradient sync not hidden behind the drain of later stages
+is exposed, then the optimizer step and the parameter all-gather.
+
+The simulator executes plans operation by operation and checks these numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from piebald.cost.comm import Collective, collective_time_s, p2p_time_s
+from piebald.cost.compute import (
+    DEFAULT_CURVE,
+    EfficiencyCurve,
+    layer_backward_time_s,
+    layer_forward_time_s,
+    optimizer_step_time_s,
+)
+from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
+from piebald.specs.devices import Dtype
+from piebald.specs.plan import Plan, Prediction, Stage, ZeroMode
+
+__all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageEstimate:
+    compute_s: dict[int, float]  # busy time of each rank over the step
+    micro_batch_s: float  # forward + backward of one micro-batch on the slowest rank
+    boundary_s: float  # busy time of the link to the next stage (0 for the last stage)
+    sync_s: float  # data-parallel collectives at the end of the step
+    optimizer_s: float
+    memory: dict[int, MemoryBreakdown]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanEstimate:
+    stages: tuple[StageEstimate, ...]
+    pipeline_s: float
+    exposed_sync_s: float
+    step_time_s: float
+    tokens_per_s: float
+    bottleneck: str  # "stage 1" or "link 0->1"
+
+    def prediction(self) -> Prediction:
+        peaks = {
+            rank: memory.total_bytes
+            for stage in self.stages
+            for rank, memory in stage.memory.items()
+        }
+        return Prediction(
+            step_time_s=self.step_time_s, tokens_per_s=self.tokens_per_s, peak_memory_bytes=peaks
+        )
+
+
+def _rank_pass_s(
+    plan: Plan,
+    stage: Stage,
+    index: int,
+    *,
+    curve: EfficiencyCurve,
+    param_bytes: float,
+    grad_bytes: float,
+) -> tuple[float, float]:
+    """Forward and backward time of one micro-batch on ``stage.ranks[index]``, with the
+    per-pass ZeRO traffic it cannot hide (ZeRO-2 reduce-scatter, ZeRO-3 all-gathers)."""
+    rank = stage.ranks[index]
+    device = plan.cluster.device_of(rank)
+    dtype = device.training_dtype(plan.job.precision)
+    size = stage.micro_batch_size[index]
+    layers = plan.model.layers[stage.layer_start : stage.layer_end]
+    forward_s = sum(
+        layer_forward_time_s(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=size,
+            seq_len=plan.job.seq_len,
+            curve=curve,
+        )
+        for layer in layers
+    )
+    backward_s = sum(
+        layer_backward_time_s(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=size,
+            seq_len=plan.job.seq_len,
+            recompute=stage.recompute,
+            curve=curve,
+        )
+        for layer in layers
+    )
+
+    def collective(kind: Collective, num_bytes: float) -> float:
+        return collective_time_s(
+            kind,
+            num_bytes=num_bytes,
+            ranks=stage.ranks,
+            cluster=plan.cluster,
+            shard_fractions=stage.shard_fraction,
+        )
+
+    if stage.zero is ZeroMode.FULL:
+        gather_s = collective(Collective.ALL_GATHER, param_bytes)
+        forward_s = max(forward_s, gather_s)
+        backward_s = max(backward_s, gather_s + collective(Collective.REDUCE_SCATTER, grad_bytes))
+    elif stage.zero is ZeroMode.GRADIENTS:
+        backward_s = max(backward_s, collective(Collective.REDUCE_SCATTER, grad_bytes))
+    return forward_s, backward_s
+
+
+def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
+    """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops)."""
+    stage = plan.stages[index]
+    size_of = dict(zip(stage.ranks, stage.micro_batch_size, strict=True))
+    per_rank: dict[int, float] = {}
+    worst_hop_s = 0.0
+    for route in plan.routes:
+        sender, receiver = route[index], route[index + 1]
+        dtype = Dtype.FP32 if plan.job.precision is Dtype.FP32 else Dtype.BF16
+        num_bytes = (
+            size_of[sender] * plan.job.seq_len * plan.model.arch.hidden_size * dtype.num_bytes
+        )
+        hop_s = (
+            2.0 * p2p_time_s(num_bytes=num_bytes, link=plan.cluster.link_between(sender, receiver))
+            if sender != receiver
+            else 0.0
+        )
+        worst_hop_s = max(worst_hop_s, hop_s)
+        for rank in (sender, receiver):
+            per_rank[rank] = per_rank.get(rank, 0.0) + hop_s
+    return max(per_rank.values(), default=0.0), worst_hop_s
+
+
+def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> StageEstimate:
+    stage = plan.stages[stage_index]
+    precision = plan.job.precision
+    params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
+    wire = 4 if precision is Dtype.FP32 else 2  # weights and gradients travel in 16 bits
+    param_bytes, grad_bytes = params * wire, params * wire
+    compute: dict[int, float] = {}
+    micro_batch_s = 0.0
+    memory: dict[int, MemoryBreakdown] = {}
+    optimizer_s = 0.0
+    neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
+    for index, rank in enumerate(stage.ranks):
+        forward_s, backward_s = _rank_pass_s(
+            plan, stage, index, curve=curve, param_bytes=param_bytes, grad_bytes=grad_bytes
+        )
+        count = stage.num_micro_batches[index]
+        compute[rank] = count * (forward_s + backward_s)
+        if count:
+            micro_batch_s = max(micro_batch_s, forward_s + backward_s)
+        device = plan.cluster.device_of(rank)
+        owned = params * (stage.shard_fraction[index] if stage.zero is not ZeroMode.NONE else 1)
+        optimizer_s = max(
+            optimizer_s,
+            optimizer_step_time_s(
+                num_params=owned, device=device, optimizer=plan.job.optimizer, curve=curve
+            ),
+        )
+        memory[rank] = rank_memory(
+            plan.model,
+            layer_start=stage.layer_start,
+            layer_end=stage.layer_end,
+            device=device,
+            dtype=device.training_dtype(precision),
+            optimizer=plan.job.optimizer,
+            zero=stage.zero,
+            shard_fraction=stage.shard_fraction[index],
+            micro_batch_size=stage.micro_batch_size[index],
+            seq_len=plan.job.seq_len,
+            num_in_flight=in_flight_micro_batches(
+                schedule=plan.schedule,
+                stage_index=stage_index,
+                num_stages=plan.num_stages,
+                rank_micro_batches=count,
+                stage_micro_batches=sum(stage.num_micro_batches),
+            ),
+            recompute=stage.recompute,
+            num_neighbor_stages=neighbors,
+        )
+    sync_s = _sync_s(plan, stage, param_bytes=param_bytes, grad_bytes=grad_bytes)
+    boundary_s = _boundary_s(plan, stage_index) if stage_index < plan.num_stages - 1 else (0.0, 0.0)
+    return StageEstimate(
+        compute_s=compute,
+        micro_batch_s=micro_batch_s + boundary_s[1],
+        boundary_s=boundary_s[0],
+        sync_s=sync_s,
+        optimizer_s=optimizer_s,
+        memory=memory,
+    )
+
+
+def _sync_s(plan: Plan, stage: Stage, *, param_bytes: float, grad_bytes: float) -> float:
+    """End-of-step data-parallel collectives of a stage, by ZeRO mode."""
+
+    def collective(kind: Collective, num_bytes: float, uneven: bool) -> float:
+        return collective_time_s(
+            kind,
+            num_bytes=num_bytes,
+            ranks=stage.ranks,
+            cluster=plan.cluster,
+            shard_fractions=stage.shard_fraction if uneven else None,
+        )
+
+    if stage.zero is ZeroMode.NONE:
+        return collective(Collective.ALL_REDUCE, grad_bytes, uneven=False)
+    if stage.zero is ZeroMode.OPTIMIZER:
+        return collective(Collective.REDUCE_SCATTER, grad_bytes, uneven=True) + collective(
+            Collective.ALL_GATHER, param_bytes, uneven=True
+        )
+    if stage.zero is ZeroMode.GRADIENTS:  # gradients were reduce-scattered per micro-batch
+        return collective(Collective.ALL_GATHER, param_bytes, uneven=True)
+    return 0.0  # FULL: parameters stay sharded; all traffic is per pass
+
+
+def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> PlanEstimate:
+    """Predicted step time, tokens/s and per-rank memory of ``plan``."""
+    stages = tuple(_stage_estimate(plan, index, curve=curve) for index in range(plan.num_stages))
+    candidates = [
+        (max(stage.compute_s.values()), index, f"stage {index}")
+        for index, stage in enumerate(stages)
+    ]
+    candidates += [
+        (stage.boundary_s, -1, f"link {index}->{index + 1}")
+        for index, stage in enumerate(stages[:-1])
+    ]
+    bottleneck_s, bottleneck_stage, bottleneck = max(candidates)
+    # Fill and drain: one micro-batch through every stage but the bottleneck stage.
+    fill_s = sum(
+        stage.micro_batch_s for index, stage in enumerate(stages) if index != bottleneck_stage
+    )
+    pipeline_s = bottleneck_s + fill_s
+    # Stage s finishes its last backward before stages 0..s-1 drain theirs.
+    exposed_sync_s = max(
+        max(0.0, stage.sync_s - sum(s.micro_batch_s for s in stages[:index]))
+        for index, stage in enumerate(stages)
+    )
+    step_s = pipeline_s + exposed_sync_s + max(stage.optimizer_s for stage in stages)
+    return PlanEstimate(
+        stages=stages,
+        pipeline_s=pipeline_s,
+        exposed_sync_s=exposed_sync_s,
+        step_time_s=step_s,
+        tokens_per_s=plan.job.tokens_per_step / step_s,
+        bottleneck=bottleneck,
+    )
+
+
+def model_flops_utilization(plan: Plan, *, tokens_per_s: float) -> float:
+    """Model FLOP/s (3 x forward, no recompute) over the sum of the used GPUs' dense peaks
+    in the dtype each trains in."""
+    peak = sum(
+        plan.cluster.device_of(rank).training_peak_flops(plan.job.precision)
+        for rank in plan.used_ranks
+    )
+    return plan.model.training_flops_per_token(seq_len=plan.job.seq_len) * tokens_per_s / peak

@@ -1,0 +1,51 @@
+"""The one error type that user input can cause, and how it reads.
+
+Every mistake in a file the user wrote (cluster YAML, model config.json, plan JSON) is
+reported as a :class:`SpecError` that names the file, the field, the value and what was
+expected, so the CLI can print it as one line and exit 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SpecError"]
+
+_MAX_VALUE_CHARS = 80
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
+
+
+class SpecError(ValueError):
+    """Bad user input: ``source: field: got value; expected ...`` on one line."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        field: str,
+        expected: str,
+        value: object = None,
+        has_value: bool = True,
+    ) -> None:
+        self.source = source
+        self.field = field
+        self.value = value
+        self.expected = expected
+        self._has_value = has_value
+        where = f"{source}: {field}" if field else source
+        got = f"got {_short(value)}; " if has_value else ""
+        message = f"{where}: {got}expected {expected}"
+        # One line, always: YAML parser messages span several lines.
+        super().__init__(" ".join(message.split()))
+
+    def with_source(self, source: str) -> SpecError:
+        """The same error, attributed to another file (a loader knows the real path)."""
+        return SpecError(
+            source=source,
+            field=self.field,
+            value=self.value,
+            expected=self.expected,
+            has_value=self._has_value,
+        )

@@ -1,0 +1,170 @@
+"""Rich tables for the CLI: clusters, catalogs, models and plans. Only the CLI imports this."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from piebald.cost.plan_estimate import PlanEstimate, model_flops_utilization
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+from piebald.specs.units import format_bytes, format_rate
+
+__all__ = ["catalog_table", "cluster_table", "models_table", "plan_table"]
+
+
+def _tflops(flops: float) -> str:
+    return f"{flops / 1e12:,.1f}" if flops else "-"
+
+
+def cluster_table(cluster: ClusterSpec) -> Table:
+    table = Table(
+        title=f"cluster {cluster.name}: {cluster.num_gpus} GPUs, "
+        f"{len(cluster.nodes)} nodes, sites {', '.join(cluster.sites)}"
+    )
+    for column in (
+        "group",
+        "nodes",
+        "GPU",
+        "GPUs/node",
+        "ranks",
+        "intra link",
+        "NIC",
+        "site",
+        "peak bf16 TFLOP/s",
+        "memory",
+    ):
+        table.add_column(
+            column,
+            justify="right" if column[0].islower() and column not in ("group", "site") else "left",
+        )
+    rank = 0
+    for group in cluster.node_groups:
+        num = group.count * group.gpus_per_node
+        nic = f"{group.nic.kind.value} {format_rate(group.nic.bandwidth_bytes_per_s)}"
+        table.add_row(
+            group.name,
+            str(group.count),
+            group.device.name,
+            str(group.gpus_per_node),
+            f"{rank}-{rank + num - 1}",
+            f"{group.intra_link_bytes_per_s / 1e9:g} GB/s",
+            nic,
+            group.site,
+            _tflops(num * group.device.training_peak_flops(Dtype.BF16)),
+            format_bytes(num * group.device.memory_bytes),
+        )
+        rank += num
+    table.add_section()
+    table.add_row(
+        "total",
+        str(len(cluster.nodes)),
+        "",
+        "",
+        f"0-{cluster.num_gpus - 1}",
+        "",
+        "",
+        "",
+        _tflops(cluster.total_peak_flops()),
+        format_bytes(cluster.total_memory_bytes),
+    )
+    return table
+
+
+def catalog_table(devices: list[DeviceType]) -> Table:
+    table = Table(title="GPU catalog (dense peaks)")
+    for column in (
+        "name",
+        "memory",
+        "bf16 TFLOP/s",
+        "fp16 TFLOP/s",
+        "fp32 TFLOP/s",
+        "memory bandwidth",
+    ):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for device in devices:
+        table.add_row(
+            device.name,
+            format_bytes(device.memory_bytes),
+            _tflops(device.bf16_flops),
+            _tflops(device.fp16_flops),
+            _tflops(device.fp32_flops),
+            f"{device.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+        )
+    return table
+
+
+def models_table(models: list[ModelSpec], *, seq_len: int) -> Table:
+    table = Table(title="model presets")
+    for column in (
+        "name",
+        "family",
+        "parameters",
+        "blocks",
+        "hidden",
+        "heads",
+        "kv heads",
+        "vocab",
+        f"GFLOP/token (fwd+bwd, seq {seq_len})",
+    ):
+        table.add_column(column, justify="left" if column in ("name", "family") else "right")
+    for model in models:
+        arch = model.arch
+        table.add_row(
+            model.name,
+            arch.family.value,
+            f"{model.num_params / 1e9:.3f} B",
+            str(arch.num_blocks),
+            str(arch.hidden_size),
+            str(arch.num_heads),
+            str(arch.num_kv_heads),
+            str(arch.vocab_size),
+            f"{model.training_flops_per_token(seq_len=seq_len) / 1e9:,.2f}",
+        )
+    return table
+
+
+def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
+    tokens_per_s = estimate.tokens_per_s
+    mfu = model_flops_utilization(plan, tokens_per_s=tokens_per_s)
+    title = (
+        f"{plan.model.name} on {plan.cluster.name}: step {estimate.step_time_s:.3f} s, "
+        f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%} (dense peaks), "
+        f"bottleneck {estimate.bottleneck}"
+    )
+    table = Table(title=title)
+    for column in (
+        "stage",
+        "layers",
+        "rank",
+        "GPU",
+        "micro-batch",
+        "micro-batches",
+        "shard",
+        "zero",
+        "recompute",
+        "busy",
+        "peak memory / capacity",
+    ):
+        table.add_column(column, justify="left" if column in ("GPU", "zero") else "right")
+    for index, (stage, stage_estimate) in enumerate(zip(plan.stages, estimate.stages, strict=True)):
+        for position, rank in enumerate(stage.ranks):
+            device = plan.cluster.device_of(rank)
+            memory = stage_estimate.memory[rank].total_bytes
+            busy = stage_estimate.compute_s[rank] / estimate.step_time_s
+            table.add_row(
+                str(index) if position == 0 else "",
+                f"[{stage.layer_start}, {stage.layer_end})" if position == 0 else "",
+                str(rank),
+                device.name,
+                str(stage.micro_batch_size[position]),
+                str(stage.num_micro_batches[position]),
+                f"{stage.shard_fraction[position]:.3f}",
+                stage.zero.value,
+                "yes" if stage.recompute else "no",
+                f"{busy:.0%}",
+                f"{format_bytes(memory)} / {format_bytes(device.memory_bytes)}",
+            )
+        table.add_section()
+    return table

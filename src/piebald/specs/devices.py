@@ -1,0 +1,117 @@
+"""GPU types: peak FLOP/s, memory and memory bandwidth, and the built-in catalog.
+
+The catalog is data (``catalog.yaml`` beside this file, each figure cited there); user
+clusters may add their own types with the same fields. Which dtype a device really trains
+in is decided here once: bf16 if asked for and supported, else fp16 with loss scaling if
+that is faster than fp32 (not on a P40), else fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from piebald.errors import SpecError
+from piebald.specs.fields import Fields
+
+__all__ = ["DeviceType", "Dtype", "builtin_catalog", "parse_device_type"]
+
+TFLOPS = 1e12
+
+
+class Dtype(StrEnum):
+    """Training precision: the dtype of compute (weights and activations in matmuls)."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def num_bytes(self) -> int:
+        return 4 if self is Dtype.FP32 else 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceType:
+    """One GPU type, as PyTorch sees one device."""
+
+    name: str
+    memory_bytes: float
+    bf16_flops: float
+    fp16_flops: float
+    fp32_flops: float
+    memory_bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        assert self.memory_bytes > 0 and self.memory_bandwidth_bytes_per_s > 0, self
+        assert self.fp32_flops > 0 and self.fp16_flops >= 0 and self.bf16_flops >= 0, self
+
+    @property
+    def bf16_supported(self) -> bool:
+        return self.bf16_flops > 0
+
+    def training_dtype(self, requested: Dtype) -> Dtype:
+        """The dtype this device computes in when the job asks for ``requested``."""
+        if requested is Dtype.BF16 and self.bf16_supported:
+            return Dtype.BF16
+        if requested in (Dtype.BF16, Dtype.FP16) and self.fp16_flops > self.fp32_flops:
+            return Dtype.FP16
+        return Dtype.FP32
+
+    def peak_flops(self, dtype: Dtype) -> float:
+        """Dense peak FLOP/s in ``dtype`` (0 where unsupported)."""
+        return {
+            Dtype.BF16: self.bf16_flops,
+            Dtype.FP16: self.fp16_flops,
+            Dtype.FP32: self.fp32_flops,
+        }[dtype]
+
+    def training_peak_flops(self, requested: Dtype) -> float:
+        """Dense peak FLOP/s in the dtype this device trains in for a ``requested`` job."""
+        return self.peak_flops(self.training_dtype(requested))
+
+
+_DEVICE_FIELDS = ("name", "memory", "bf16_tflops", "fp16_tflops", "fp32_tflops", "memory_bandwidth")
+
+
+def parse_device_type(fields: Fields) -> DeviceType:
+    """A device type from its YAML fields (the same for the catalog and custom types)."""
+    fields.reject_unknown(_DEVICE_FIELDS)
+    fp32 = fields.number("fp32_tflops", strictly_positive=True)
+    return DeviceType(
+        name=fields.string("name"),
+        memory_bytes=fields.size_bytes("memory"),
+        bf16_flops=fields.number("bf16_tflops", default=0.0) * TFLOPS,
+        fp16_flops=fields.number("fp16_tflops", default=0.0) * TFLOPS,
+        fp32_flops=fp32 * TFLOPS,
+        memory_bandwidth_bytes_per_s=fields.rate_bytes_per_s("memory_bandwidth"),
+    )
+
+
+def device_types_from(fields: Fields, name: str) -> dict[str, DeviceType]:
+    """The list ``name`` of device types, keyed by name; duplicates are an error."""
+    types: dict[str, DeviceType] = {}
+    for entry in fields.sub_list(name, default_empty=True):
+        device = parse_device_type(entry)
+        if device.name in types:
+            raise entry.error("name", device.name, "a name not already used in this list")
+        types[device.name] = device
+    return types
+
+
+@functools.cache
+def builtin_catalog() -> dict[str, DeviceType]:
+    """The built-in catalog, keyed by name (read once from ``catalog.yaml``)."""
+    text = resources.files("piebald.specs").joinpath("catalog.yaml").read_text("utf-8")
+    data: Any = yaml.safe_load(text)
+    catalog = device_types_from(Fields(data, source="catalog.yaml"), "gpu_types")
+    if not catalog:
+        raise SpecError(
+            source="catalog.yaml", field="gpu_types", value=None, expected="at least one GPU type"
+        )
+    return catalog

@@ -1,0 +1,60 @@
+"""The training job: global batch, sequence length, precision, optimizer and seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from piebald.specs.devices import Dtype
+from piebald.specs.fields import Fields
+
+__all__ = ["JobSpec", "Optimizer", "job_from_dict", "job_to_dict"]
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"  # 12 bytes of fp32 state per parameter: master copy, m, v
+    SGD = "sgd"  # 4 bytes: the fp32 master copy (no momentum), used by equivalence tests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    global_batch_size: int  # sequences per optimizer step
+    seq_len: int  # tokens per sequence
+    precision: Dtype = Dtype.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size < 1:
+            raise ValueError(f"global batch size = {self.global_batch_size}; expected >= 1")
+        if self.seq_len < 1:
+            raise ValueError(f"sequence length = {self.seq_len}; expected >= 1")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+def job_to_dict(job: JobSpec) -> dict[str, Any]:
+    return {
+        "global_batch_size": job.global_batch_size,
+        "seq_len": job.seq_len,
+        "precision": job.precision.value,
+        "optimizer": job.optimizer.value,
+        "seed": job.seed,
+    }
+
+
+def job_from_dict(data: object, *, source: str) -> JobSpec:
+    fields = Fields(data, source=source, path="job")
+    fields.reject_unknown(("global_batch_size", "seq_len", "precision", "optimizer", "seed"))
+    return JobSpec(
+        global_batch_size=fields.integer("global_batch_size", minimum=1),
+        seq_len=fields.integer("seq_len", minimum=1),
+        precision=Dtype(fields.choice("precision", [d.value for d in Dtype], default="bf16")),
+        optimizer=Optimizer(
+            fields.choice("optimizer", [o.value for o in Optimizer], default="adamw")
+        ),
+        seed=fields.integer("seed", default=0, minimum=0),
+    )

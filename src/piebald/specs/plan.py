@@ -1,0 +1,265 @@
+"""The Plan: the one contract between planner, simulator, runtime and reports.
+
+A plan is self-contained: it embeds the cluster, model and job it was made for. It holds
+ordered stages; each stage has a contiguous layer range ``[start, end)`` and the ranks of
+its data-parallel group, and per rank a micro-batch size, a number of micro-batches and a
+shard fraction of the stage's training state. ``routes[j]`` is the rank that micro-batch j
+visits in each stage. Micro-batch j holds the ``micro_batch_size`` sequences (of the rank
+it visits first) that follow micro-batch j-1 in the global batch.
+
+Construction validates everything against the embedded cluster and model; errors name the
+field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from piebald.errors import SpecError
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+
+__all__ = [
+    "PLAN_VERSION",
+    "Plan",
+    "Prediction",
+    "Schedule",
+    "Stage",
+    "ZeroMode",
+    "weighted_round_robin",
+]
+
+PLAN_VERSION = 1
+FRACTION_TOLERANCE = 1e-6
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"  # all forwards, then all backwards
+    ONE_F_ONE_B = "1f1b"  # warmup forwards, steady one-forward-one-backward, cooldown
+
+
+class ZeroMode(StrEnum):
+    """How a stage's data-parallel group holds its training state (ZeRO, Rajbhandari 2020).
+
+    Gradients are always accumulated over a step's micro-batches before they are reduced
+    (Zorse's pipeline-efficient ZeRO), so sharding gradients saves only the accumulator.
+    """
+
+    NONE = "none"  # replicated; all-reduce gradients once per step
+    OPTIMIZER = "optimizer"  # ZeRO-1: optimizer state sharded; reduce-scatter + all-gather
+    GRADIENTS = "gradients"  # ZeRO-2: + gradients sharded; reduce-scatter per micro-batch
+    FULL = "full"  # ZeRO-3: + parameters sharded, gathered per layer for each pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    layer_start: int
+    layer_end: int  # exclusive
+    ranks: tuple[int, ...]
+    micro_batch_size: tuple[int, ...]
+    num_micro_batches: tuple[int, ...]
+    shard_fraction: tuple[float, ...]
+    zero: ZeroMode = ZeroMode.NONE
+    recompute: bool = False
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(
+            m * b for m, b in zip(self.num_micro_batches, self.micro_batch_size, strict=True)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """What the cost model predicts for one optimizer step of the plan."""
+
+    step_time_s: float
+    tokens_per_s: float
+    peak_memory_bytes: Mapping[int, float]  # by rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    cluster: ClusterSpec
+    model: ModelSpec
+    job: JobSpec
+    stages: tuple[Stage, ...]
+    routes: tuple[tuple[int, ...], ...]
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    predicted: Prediction | None = None
+    upper_bound_tokens_per_s: float | None = None
+    notes: tuple[str, ...] = ()
+    version: int = PLAN_VERSION
+    stage_of_rank: Mapping[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_plan(self)
+        object.__setattr__(
+            self,
+            "stage_of_rank",
+            {rank: index for index, stage in enumerate(self.stages) for rank in stage.ranks},
+        )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def used_ranks(self) -> tuple[int, ...]:
+        return tuple(rank for stage in self.stages for rank in stage.ranks)
+
+    @property
+    def idle_ranks(self) -> tuple[int, ...]:
+        used = set(self.used_ranks)
+        return tuple(gpu.rank for gpu in self.cluster.gpus if gpu.rank not in used)
+
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        """Size of every micro-batch, in route order (set by the first stage's rank)."""
+        first = self.stages[0]
+        size_of = dict(zip(first.ranks, first.micro_batch_size, strict=True))
+        return tuple(size_of[route[0]] for route in self.routes)
+
+
+def weighted_round_robin(counts: Sequence[int]) -> list[int]:
+    """Interleave indices so index i appears counts[i] times, spread evenly (smooth WRR).
+
+    >>> weighted_round_robin([2, 1, 1])
+    [0, 1, 2, 0]
+    """
+    total = sum(counts)
+    current = [0] * len(counts)
+    order: list[int] = []
+    for _ in range(total):
+        for index, count in enumerate(counts):
+            current[index] += count
+        best = max(range(len(counts)), key=lambda i: (current[i], -i))
+        current[best] -= total
+        order.append(best)
+    return order
+
+
+def _fail(field_name: str, value: object, expected: str) -> SpecError:
+    return SpecError(source="plan", field=field_name, value=value, expected=expected)
+
+
+def _validate_stage(
+    plan: Plan, index: int, stage: Stage, expected_start: int, seen: set[int]
+) -> None:
+    where = f"stages[{index}]"
+    if stage.layer_start != expected_start or stage.layer_end <= stage.layer_start:
+        raise _fail(
+            f"{where}.layers",
+            [stage.layer_start, stage.layer_end],
+            f"[{expected_start}, end) with end > {expected_start}: stages cover the "
+            "layers contiguously, in order",
+        )
+    if not stage.ranks:
+        raise _fail(f"{where}.ranks", list(stage.ranks), "at least one rank")
+    for rank in stage.ranks:
+        if not 0 <= rank < plan.cluster.num_gpus:
+            raise _fail(
+                f"{where}.ranks",
+                rank,
+                f"a rank of cluster {plan.cluster.name!r} (0..{plan.cluster.num_gpus - 1})",
+            )
+        if rank in seen:
+            raise _fail(f"{where}.ranks", rank, "each rank in at most one stage, once")
+        seen.add(rank)
+    for name in ("micro_batch_size", "num_micro_batches", "shard_fraction"):
+        values = getattr(stage, name)
+        if len(values) != len(stage.ranks):
+            raise _fail(
+                f"{where}.{name}",
+                list(values),
+                f"{len(stage.ranks)} values, one per rank of the stage",
+            )
+    if any(size < 1 for size in stage.micro_batch_size):
+        raise _fail(f"{where}.micro_batch_size", list(stage.micro_batch_size), "sizes >= 1")
+    if any(count < 0 for count in stage.num_micro_batches):
+        raise _fail(f"{where}.num_micro_batches", list(stage.num_micro_batches), "counts >= 0")
+    if stage.num_sequences != plan.job.global_batch_size:
+        raise _fail(
+            f"{where}.num_micro_batches",
+            list(stage.num_micro_batches),
+            f"micro-batches x sizes summing to the global batch "
+            f"{plan.job.global_batch_size} (they sum to {stage.num_sequences})",
+        )
+    fractions = stage.shard_fraction
+    if any(not math.isfinite(f) or f < 0 for f in fractions) or not math.isclose(
+        sum(fractions), 1.0, abs_tol=FRACTION_TOLERANCE
+    ):
+        raise _fail(
+            f"{where}.shard_fraction", list(fractions), "non-negative fractions summing to 1"
+        )
+    if stage.zero is ZeroMode.NONE and len(set(fractions)) > 1:
+        raise _fail(
+            f"{where}.shard_fraction",
+            list(fractions),
+            "equal fractions when zero is 'none' (nothing is sharded)",
+        )
+
+
+def _validate_routes(plan: Plan) -> None:
+    num_routes = sum(plan.stages[0].num_micro_batches)
+    if len(plan.routes) != num_routes:
+        raise _fail(
+            "routes", f"{len(plan.routes)} routes", f"one route per micro-batch ({num_routes})"
+        )
+    for index, stage in enumerate(plan.stages):
+        visits = dict.fromkeys(stage.ranks, 0)
+        for j, route in enumerate(plan.routes):
+            if len(route) != plan.num_stages or route[index] not in visits:
+                raise _fail(
+                    f"routes[{j}]",
+                    list(route),
+                    f"one rank per stage, the one of stage {index} in {list(stage.ranks)}",
+                )
+            visits[route[index]] += 1
+        if tuple(visits.values()) != stage.num_micro_batches:
+            raise _fail(
+                f"stages[{index}].num_micro_batches",
+                list(stage.num_micro_batches),
+                f"the number of routes through each rank ({list(visits.values())})",
+            )
+
+
+def validate_plan(plan: Plan) -> None:
+    """Raise :class:`SpecError` naming the first field that is inconsistent."""
+    if plan.version != PLAN_VERSION:
+        raise _fail("version", plan.version, f"plan format version {PLAN_VERSION}")
+    if not plan.stages:
+        raise _fail("stages", [], "at least one stage")
+    seen: set[int] = set()
+    start = 0
+    for index, stage in enumerate(plan.stages):
+        _validate_stage(plan, index, stage, start, seen)
+        start = stage.layer_end
+    if start != plan.model.num_layers:
+        raise _fail(
+            f"stages[{len(plan.stages) - 1}].layers",
+            [plan.stages[-1].layer_start, start],
+            f"the last stage to end at the model's {plan.model.num_layers} layers",
+        )
+    sizes = {size for stage in plan.stages for size in stage.micro_batch_size}
+    if plan.num_stages > 1 and len(sizes) > 1:
+        raise _fail(
+            "stages[*].micro_batch_size",
+            sorted(sizes),
+            "one micro-batch size in a multi-stage plan (a micro-batch keeps its size "
+            "along its route)",
+        )
+    _validate_routes(plan)
+    if plan.model.arch.family.value == "gpt2" and plan.job.seq_len > plan.model.arch.max_seq_len:
+        raise _fail(
+            "job.seq_len",
+            plan.job.seq_len,
+            f"at most {plan.model.arch.max_seq_len} (GPT-2 has learned positions)",
+        )

@@ -1,0 +1,179 @@
+"""Plan files: JSON in, JSON out, versioned, self-contained, validated on load.
+
+Writing is atomic (a temporary file renamed into place) and never replaces an existing file
+unless asked, so a plan the user had is not lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from piebald.errors import SpecError
+from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
+from piebald.specs.fields import Fields
+from piebald.specs.job import job_from_dict, job_to_dict
+from piebald.specs.plan import PLAN_VERSION, Plan, Prediction, Schedule, Stage, ZeroMode
+from piebald.specs.presets import model_from_dict, model_to_dict
+
+__all__ = ["load_plan", "plan_from_dict", "plan_to_dict", "save_plan", "write_atomic"]
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    stages = [
+        {
+            "layers": [stage.layer_start, stage.layer_end],
+            "ranks": list(stage.ranks),
+            "devices": [plan.cluster.device_of(rank).name for rank in stage.ranks],
+            "micro_batch_size": list(stage.micro_batch_size),
+            "num_micro_batches": list(stage.num_micro_batches),
+            "shard_fraction": list(stage.shard_fraction),
+            "zero": stage.zero.value,
+            "recompute": stage.recompute,
+        }
+        for stage in plan.stages
+    ]
+    out: dict[str, Any] = {
+        "version": plan.version,
+        "schedule": plan.schedule.value,
+        "num_layers": plan.model.num_layers,
+        "stages": stages,
+        "idle_ranks": list(plan.idle_ranks),
+        "routes": [list(route) for route in plan.routes],
+    }
+    if plan.predicted is not None:
+        out["predicted"] = {
+            "step_time_s": plan.predicted.step_time_s,
+            "tokens_per_s": plan.predicted.tokens_per_s,
+            "peak_memory_bytes": {
+                str(rank): value for rank, value in plan.predicted.peak_memory_bytes.items()
+            },
+        }
+    if plan.upper_bound_tokens_per_s is not None:
+        out["upper_bound_tokens_per_s"] = plan.upper_bound_tokens_per_s
+    if plan.predicted is not None and plan.upper_bound_tokens_per_s:
+        out["achievable_efficiency"] = plan.predicted.tokens_per_s / plan.upper_bound_tokens_per_s
+    out["notes"] = list(plan.notes)
+    out["cluster"] = cluster_to_dict(plan.cluster)
+    out["model"] = model_to_dict(plan.model)
+    out["job"] = job_to_dict(plan.job)
+    return out
+
+
+def _int_list(fields: Fields, name: str) -> tuple[int, ...]:
+    values = fields.items(name)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise fields.error(name, values, "a list of whole numbers")
+    return tuple(values)
+
+
+def _float_list(fields: Fields, name: str) -> tuple[float, ...]:
+    values = fields.items(name)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise fields.error(name, values, "a list of numbers")
+    return tuple(float(v) for v in values)
+
+
+def _stage_from(fields: Fields) -> Stage:
+    layers = _int_list(fields, "layers")
+    if len(layers) != 2:
+        raise fields.error("layers", list(layers), "[start, end)")
+    return Stage(
+        layer_start=layers[0],
+        layer_end=layers[1],
+        ranks=_int_list(fields, "ranks"),
+        micro_batch_size=_int_list(fields, "micro_batch_size"),
+        num_micro_batches=_int_list(fields, "num_micro_batches"),
+        shard_fraction=_float_list(fields, "shard_fraction"),
+        zero=ZeroMode(fields.choice("zero", [z.value for z in ZeroMode], "none")),
+        recompute=fields.boolean("recompute", default=False),
+    )
+
+
+def _prediction_from(fields: Fields) -> Prediction:
+    memory = fields.sub("peak_memory_bytes")
+    peaks: dict[int, float] = {}
+    for key in memory.data:
+        if not key.isdigit():
+            raise memory.error(key, key, "rank numbers as keys")
+        peaks[int(key)] = memory.number(key)
+    return Prediction(
+        step_time_s=fields.number("step_time_s"),
+        tokens_per_s=fields.number("tokens_per_s"),
+        peak_memory_bytes=peaks,
+    )
+
+
+def plan_from_dict(data: object, *, source: str) -> Plan:
+    """Parse and validate a plan mapping; every problem is one SpecError naming ``source``."""
+    try:
+        top = Fields(data, source=source)
+        version = top.integer("version")
+        if version != PLAN_VERSION:
+            raise top.error("version", version, f"plan format version {PLAN_VERSION}")
+        routes = top.items("routes")
+        if not all(
+            isinstance(route, list)
+            and all(isinstance(r, int) and not isinstance(r, bool) for r in route)
+            for route in routes
+        ):
+            raise top.error("routes", "...", "a list of lists of ranks")
+        upper = (
+            top.number("upper_bound_tokens_per_s") if top.has("upper_bound_tokens_per_s") else None
+        )
+        notes = top.items("notes", default_empty=True)
+        plan = Plan(
+            cluster=parse_cluster(top.raw("cluster"), source=f"{source} (cluster)"),
+            model=model_from_dict(top.raw("model"), source=source),
+            job=job_from_dict(top.raw("job"), source=source),
+            stages=tuple(_stage_from(stage) for stage in top.sub_list("stages", non_empty=True)),
+            routes=tuple(tuple(route) for route in routes),
+            schedule=Schedule(top.choice("schedule", [s.value for s in Schedule])),
+            predicted=_prediction_from(top.sub("predicted")) if top.has("predicted") else None,
+            upper_bound_tokens_per_s=upper,
+            notes=tuple(str(n) for n in notes),
+        )
+    except SpecError as error:
+        raise (error if error.source.startswith(source) else error.with_source(source)) from None
+    except ValueError as error:  # a dataclass invariant (JobSpec, ModelArch)
+        raise SpecError(
+            source=source, field="", has_value=False, expected=f"a consistent plan ({error})"
+        ) from None
+    return plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SpecError(
+            source=str(file),
+            field="",
+            has_value=False,
+            expected=f"a readable plan JSON file ({error})",
+        ) from None
+    return plan_from_dict(data, source=str(file))
+
+
+def write_atomic(path: str | Path, text: str, *, overwrite: bool = False) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename; refuse to clobber."""
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; not overwriting it (pass --force to replace)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> None:
+    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n", overwrite=overwrite)
