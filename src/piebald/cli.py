@@ -15,6 +15,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from piebald import __version__
 from piebald.errors import SpecError
@@ -51,13 +52,17 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except SpecError as error:
-            errors.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except FileExistsError as error:
-            errors.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except Infeasible as error:
-            errors.print(f"[red]no feasible plan:[/red] {error}", highlight=False, soft_wrap=True)
+            errors.print(
+                f"[red]no feasible plan:[/red] {escape(str(error))}",
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(EXIT_INFEASIBLE) from None
 
     return wrapper

@@ -20,34 +20,30 @@ def _tflops(flops: float) -> str:
 
 def cluster_table(cluster: ClusterSpec) -> Table:
     table = Table(
-        title=f"cluster {cluster.name}: {cluster.num_gpus} GPUs, "
-        f"{len(cluster.nodes)} nodes, sites {', '.join(cluster.sites)}"
+        title=f"cluster {cluster.name}: {cluster.num_gpus} GPUs, {len(cluster.nodes)} nodes, "
+        f"sites {', '.join(cluster.sites)}"
     )
     for column in (
         "group",
-        "nodes",
+        "nodes x GPUs",
         "GPU",
-        "GPUs/node",
         "ranks",
         "intra link",
         "NIC",
         "site",
-        "peak bf16 TFLOP/s",
+        "bf16 TFLOP/s",
         "memory",
     ):
-        table.add_column(
-            column,
-            justify="right" if column[0].islower() and column not in ("group", "site") else "left",
-        )
+        left = column in ("group", "GPU", "NIC", "site")
+        table.add_column(column, no_wrap=True, justify="left" if left else "right")
     rank = 0
     for group in cluster.node_groups:
         num = group.count * group.gpus_per_node
         nic = f"{group.nic.kind.value} {format_rate(group.nic.bandwidth_bytes_per_s)}"
         table.add_row(
             group.name,
-            str(group.count),
+            f"{group.count} x {group.gpus_per_node}",
             group.device.name,
-            str(group.gpus_per_node),
             f"{rank}-{rank + num - 1}",
             f"{group.intra_link_bytes_per_s / 1e9:g} GB/s",
             nic,
@@ -60,7 +56,6 @@ def cluster_table(cluster: ClusterSpec) -> Table:
     table.add_row(
         "total",
         str(len(cluster.nodes)),
-        "",
         "",
         f"0-{cluster.num_gpus - 1}",
         "",
@@ -133,29 +128,35 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
         f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%} (dense peaks), "
         f"bottleneck {estimate.bottleneck}"
     )
-    table = Table(title=title)
+    caption = (
+        "mbs: micro-batch size, #mb: micro-batches per step, shard: fraction of the "
+        "stage's training state, rc: recompute, busy: compute time / step time"
+    )
+    table = Table(title=title, caption=caption)
     for column in (
         "stage",
         "layers",
         "rank",
         "GPU",
-        "micro-batch",
-        "micro-batches",
+        "mbs",
+        "#mb",
         "shard",
         "zero",
-        "recompute",
+        "rc",
         "busy",
-        "peak memory / capacity",
+        "memory (peak / capacity)",
     ):
-        table.add_column(column, justify="left" if column in ("GPU", "zero") else "right")
+        left = column in ("GPU", "zero")
+        table.add_column(column, no_wrap=True, justify="left" if left else "right")
     for index, (stage, stage_estimate) in enumerate(zip(plan.stages, estimate.stages, strict=True)):
         for position, rank in enumerate(stage.ranks):
             device = plan.cluster.device_of(rank)
             memory = stage_estimate.memory[rank].total_bytes
             busy = stage_estimate.compute_s[rank] / estimate.step_time_s
+            first = position == 0
             table.add_row(
-                str(index) if position == 0 else "",
-                f"[{stage.layer_start}, {stage.layer_end})" if position == 0 else "",
+                str(index) if first else "",
+                f"{stage.layer_start}-{stage.layer_end - 1}" if first else "",
                 str(rank),
                 device.name,
                 str(stage.micro_batch_size[position]),
@@ -164,7 +165,7 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
                 stage.zero.value,
                 "yes" if stage.recompute else "no",
                 f"{busy:.0%}",
-                f"{format_bytes(memory)} / {format_bytes(device.memory_bytes)}",
+                f"{memory / 2**30:.1f} / {device.memory_bytes / 2**30:.1f} GiB",
             )
         table.add_section()
     return table

@@ -66,6 +66,15 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(
             source=str(path), field="", has_value=False, expected=f"valid YAML ({problem}{where})"
         ) from None
+    except (ValueError, TypeError, LookupError, AttributeError, RecursionError) as error:
+        # PyYAML's constructors raise these for values such as `!!int abc` or the date
+        # 2024-02-30, and deeply nested flow collections exhaust the recursion limit.
+        raise SpecError(
+            source=str(path),
+            field="",
+            has_value=False,
+            expected=f"valid YAML values ({error.__class__.__name__}: {error})",
+        ) from None
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -22,6 +22,7 @@ from piebald.specs.fields import Fields
 __all__ = ["DeviceType", "Dtype", "builtin_catalog", "parse_device_type"]
 
 TFLOPS = 1e12
+MAX_TFLOPS = 1e6  # one EFLOP/s per device: anything above is a typo
 
 
 class Dtype(StrEnum):
@@ -82,13 +83,19 @@ _DEVICE_FIELDS = ("name", "memory", "bf16_tflops", "fp16_tflops", "fp32_tflops",
 def parse_device_type(fields: Fields) -> DeviceType:
     """A device type from its YAML fields (the same for the catalog and custom types)."""
     fields.reject_unknown(_DEVICE_FIELDS)
-    fp32 = fields.number("fp32_tflops", strictly_positive=True)
+
+    def tflops(name: str, default: float | None = None) -> float:
+        number = fields.number(
+            name, default=default, maximum=MAX_TFLOPS, strictly_positive=default is None
+        )
+        return number * TFLOPS
+
     return DeviceType(
         name=fields.string("name"),
         memory_bytes=fields.size_bytes("memory"),
-        bf16_flops=fields.number("bf16_tflops", default=0.0) * TFLOPS,
-        fp16_flops=fields.number("fp16_tflops", default=0.0) * TFLOPS,
-        fp32_flops=fp32 * TFLOPS,
+        bf16_flops=tflops("bf16_tflops", default=0.0),
+        fp16_flops=tflops("fp16_tflops", default=0.0),
+        fp32_flops=tflops("fp32_tflops"),
         memory_bandwidth_bytes_per_s=fields.rate_bytes_per_s("memory_bandwidth"),
     )
 

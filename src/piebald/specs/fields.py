@@ -112,16 +112,21 @@ class Fields:
         *,
         default: float | None = None,
         minimum: float = 0.0,
+        maximum: float = math.inf,
         strictly_positive: bool = False,
     ) -> float:
         value = self.raw(name, _MISSING if default is None else default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(name, value, "a number")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer with hundreds of digits
+            number = math.inf
         too_small = number <= minimum if strictly_positive else number < minimum
-        if not math.isfinite(number) or too_small:
+        if not math.isfinite(number) or too_small or number > maximum:
             bound = ">" if strictly_positive else ">="
-            raise self.error(name, value, f"a finite number {bound} {minimum:g}")
+            upper = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+            raise self.error(name, value, f"a finite number {bound} {minimum:g}{upper}")
         return number
 
     def _quantity(

@@ -180,7 +180,7 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
             tie_embeddings=config.boolean("tie_word_embeddings", default=True),
             norm_eps=config.number("layer_norm_epsilon", default=1e-5, strictly_positive=True),
         )
-        field_of = {"hidden_size": "n_embd", "num_heads": "n_head"}
+        heads_field = "n_head"
     else:
         heads = config.integer("num_attention_heads", minimum=1)
         arch_kwargs = dict(
@@ -197,19 +197,20 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
             norm_eps=config.number("rms_norm_eps", default=1e-5, strictly_positive=True),
             rope_theta=config.number("rope_theta", default=10000.0, strictly_positive=True),
         )
-        field_of = {
-            "hidden_size": "hidden_size",
-            "num_heads": "num_attention_heads",
-            "num_kv_heads": "num_key_value_heads",
-        }
+        heads_field = "num_attention_heads"
+        kv_heads = arch_kwargs["num_kv_heads"]
+        if heads % kv_heads:
+            raise config.error(
+                "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})"
+            )
     try:
         return ModelArch(**arch_kwargs)
     except ValueError as error:
         raise SpecError(
             source=source,
-            field=field_of.get("num_heads", ""),
+            field=heads_field,
             has_value=False,
-            expected=f"consistent head counts ({error})",
+            expected=f"a head count that divides the hidden size ({error})",
         ) from None
 
 

@@ -1,0 +1,290 @@
+"""Memory model of one rank: bytes per parameter, ZeRO sharding, activations in flight.
+
+Expected bytes are worked out by hand for a small Llama-style model from the accounting in
+the docstring of ``piebald.cost.memory`` (Megatron distributed optimizer, ZeRO stages,
+Korthikanti et al. activation bytes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from piebald.cost.memory import (
+    GIB,
+    MemoryBreakdown,
+    bytes_per_param,
+    framework_reserve_bytes,
+    in_flight_micro_batches,
+    rank_memory,
+)
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.job import Optimizer
+from piebald.specs.model import Family, ModelArch, ModelSpec
+from piebald.specs.plan import Schedule, ZeroMode
+
+DEVICE = DeviceType(
+    name="round",
+    memory_bytes=100e9,
+    bf16_flops=1e12,
+    fp16_flops=1e12,
+    fp32_flops=0.5e12,
+    memory_bandwidth_bytes_per_s=1e12,
+)
+RESERVE = GIB + 0.05 * 100e9  # 1 GiB of context plus 5% of capacity
+
+# h = 64, q width 64, kv width 32, f = 128, a = 4 heads, V = 100; layers: emb, 2 blocks, head.
+MODEL = ModelSpec(
+    name="hand",
+    arch=ModelArch(
+        family=Family.LLAMA,
+        num_blocks=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=128,
+        vocab_size=100,
+        max_seq_len=64,
+        tie_embeddings=False,
+    ),
+)
+BLOCK_PARAMS = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # 36992
+TWO_BLOCKS = 2 * BLOCK_PARAMS  # layers [1, 3)
+BLOCK_ACTIVATION_BYTES = 8 * 64 + 4 * 64 + 4 * 32 + 8 * 128 + 4 * 4  # 12h+4kv+8f+4a = 1936
+HEAD_ACTIVATION_BYTES = 4 * 64 + 6 * 100  # 4h + 6V = 856
+
+
+def _blocks_memory(
+    *,
+    zero: ZeroMode = ZeroMode.NONE,
+    shard_fraction: float = 1.0,
+    dtype: Dtype = Dtype.BF16,
+    optimizer: Optimizer = Optimizer.ADAMW,
+    micro_batch_size: int = 2,
+    seq_len: int = 32,
+    num_in_flight: int = 3,
+    recompute: bool = False,
+    num_neighbor_stages: int = 0,
+    layer_start: int = 1,
+    layer_end: int = 3,
+) -> MemoryBreakdown:
+    return rank_memory(
+        MODEL,
+        layer_start=layer_start,
+        layer_end=layer_end,
+        device=DEVICE,
+        dtype=dtype,
+        optimizer=optimizer,
+        zero=zero,
+        shard_fraction=shard_fraction,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        num_in_flight=num_in_flight,
+        recompute=recompute,
+        num_neighbor_stages=num_neighbor_stages,
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "optimizer", "expected"),
+    [
+        (Dtype.BF16, Optimizer.ADAMW, (2, 4, 12)),
+        (Dtype.FP16, Optimizer.ADAMW, (2, 4, 12)),
+        (Dtype.FP32, Optimizer.ADAMW, (4, 4, 8)),
+        (Dtype.BF16, Optimizer.SGD, (2, 4, 4)),
+        (Dtype.FP32, Optimizer.SGD, (4, 4, 0)),
+    ],
+)
+def test_bytes_per_param_table(
+    dtype: Dtype, optimizer: Optimizer, expected: tuple[int, int, int]
+) -> None:
+    assert bytes_per_param(dtype=dtype, optimizer=optimizer) == expected
+
+
+def test_framework_reserve_is_one_gib_plus_five_percent() -> None:
+    assert framework_reserve_bytes(DEVICE) == pytest.approx(2**30 + 5e9, rel=1e-12)
+
+
+def test_model_parameter_counts_used_below() -> None:
+    assert MODEL.stage_params(1, 3) == TWO_BLOCKS == 73984
+    assert MODEL.layers[1].activation_bytes_per_token == BLOCK_ACTIVATION_BYTES
+
+
+# Per ZeRO mode: (weights, gradients, optimizer) divisors and the working buffers, for a
+# shard fraction of 1/4. The largest layer here is one block of 36992 parameters.
+_ZERO_CASES = {
+    ZeroMode.NONE: ((1, 1, 1), 0.0),
+    ZeroMode.OPTIMIZER: ((1, 1, 0.25), 0.0),
+    # one block's full fp32 gradient before its reduce-scatter
+    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), 36992 * 4),
+    # + the gathered block and the prefetched one, in 16 bits
+    ZeroMode.FULL: ((0.25, 0.25, 0.25), 36992 * 4 + 2 * 36992 * 2),
+}
+
+
+@pytest.mark.parametrize("zero", list(ZeroMode))
+def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
+    (weight_f, grad_f, optim_f), working = _ZERO_CASES[zero]
+    memory = _blocks_memory(zero=zero, shard_fraction=0.25)
+    assert memory.weights_bytes == pytest.approx(73984 * 2 * weight_f, rel=1e-12)
+    assert memory.gradients_bytes == pytest.approx(73984 * 4 * grad_f, rel=1e-12)
+    assert memory.optimizer_bytes == pytest.approx(73984 * 12 * optim_f, rel=1e-12)
+    assert memory.working_bytes == pytest.approx(working, rel=1e-12)
+    assert memory.reserve_bytes == pytest.approx(RESERVE, rel=1e-12)
+    # 3 micro-batches in flight x 64 tokens x 2 blocks x 1936 bytes.
+    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * 1936, rel=1e-12)
+    assert memory.state_bytes == pytest.approx(
+        memory.weights_bytes + memory.gradients_bytes + memory.optimizer_bytes
+    )
+    assert memory.total_bytes == pytest.approx(
+        memory.state_bytes + memory.activations_bytes + working + RESERVE, rel=1e-12
+    )
+
+
+def test_zero_modes_never_increase_state_memory() -> None:
+    states = [_blocks_memory(zero=zero, shard_fraction=0.25).state_bytes for zero in ZeroMode]
+    assert states == sorted(states, reverse=True)
+    assert states[0] > states[-1]
+
+
+def test_fp32_sgd_state_and_activations() -> None:
+    memory = _blocks_memory(
+        zero=ZeroMode.OPTIMIZER, shard_fraction=0.5, dtype=Dtype.FP32, optimizer=Optimizer.SGD
+    )
+    assert memory.weights_bytes == pytest.approx(73984 * 4)
+    assert memory.gradients_bytes == pytest.approx(73984 * 4)
+    assert memory.optimizer_bytes == 0.0
+    # Per-token figures are for 16-bit activations: fp32 doubles them.
+    assert memory.activations_bytes == pytest.approx(2 * 3 * 64 * 2 * 1936, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("change", "factor"),
+    [({"num_in_flight": 6}, 2), ({"micro_batch_size": 8}, 4), ({"seq_len": 64}, 2)],
+)
+def test_activations_scale_linearly(change: dict[str, int], factor: int) -> None:
+    base = _blocks_memory().activations_bytes
+    assert _blocks_memory(**change).activations_bytes == pytest.approx(factor * base, rel=1e-12)
+
+
+def test_recompute_keeps_only_each_block_input() -> None:
+    memory = _blocks_memory(recompute=True)
+    # 2h = 128 bytes per token per block stay; one block's full activations are rebuilt.
+    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * 128, rel=1e-12)
+    assert memory.working_bytes == pytest.approx(64 * 1936, rel=1e-12)
+    assert memory.activations_bytes < _blocks_memory(recompute=False).activations_bytes
+
+
+def test_recompute_does_not_shrink_the_head() -> None:
+    # Layers [3, 4): the head alone keeps 4h + 6V bytes per token either way.
+    for recompute in (False, True):
+        memory = _blocks_memory(layer_start=3, layer_end=4, recompute=recompute)
+        assert memory.activations_bytes == pytest.approx(3 * 64 * 856, rel=1e-12)
+        assert memory.working_bytes == 0.0
+
+
+def test_stage_boundary_buffers() -> None:
+    memory = _blocks_memory(num_neighbor_stages=2)
+    # Each neighbour: send and receive of a micro-batch's activations, 64 tokens x h x 2 B.
+    assert memory.working_bytes == pytest.approx(2 * 2 * 64 * 64 * 2, rel=1e-12)
+
+
+def test_no_micro_batches_in_flight_no_activations() -> None:
+    assert _blocks_memory(num_in_flight=0).activations_bytes == 0.0
+
+
+# --- micro-batches in flight --------------------------------------------------------------
+
+
+def test_gpipe_keeps_every_micro_batch() -> None:
+    for count in (1, 5, 16):
+        assert (
+            in_flight_micro_batches(
+                schedule=Schedule.GPIPE,
+                stage_index=0,
+                num_stages=4,
+                rank_micro_batches=count,
+                stage_micro_batches=32,
+            )
+            == count
+        )
+
+
+@pytest.mark.parametrize(
+    ("stage_index", "num_stages", "rank_count", "stage_count", "expected"),
+    [
+        (0, 4, 8, 8, 4),  # min(8, ceil(4 x 8 / 8))
+        (0, 4, 2, 2, 2),  # fewer micro-batches than the pipeline depth
+        (0, 4, 2, 8, 1),  # ceil(4 x 2 / 8) = 1
+        (1, 4, 3, 8, 2),  # ceil(3 x 3 / 8) = 2
+        (3, 4, 5, 8, 1),  # the last stage: ceil(1 x 5 / 8) = 1
+        (2, 4, 1, 100, 1),  # a rank with a tiny share still holds one
+        (0, 8, 6, 10, 5),  # ceil(8 x 6 / 10) = 5
+        (0, 4, 0, 8, 0),  # a rank with no micro-batches holds none
+    ],
+)
+def test_one_f_one_b_in_flight(
+    stage_index: int, num_stages: int, rank_count: int, stage_count: int, expected: int
+) -> None:
+    assert (
+        in_flight_micro_batches(
+            schedule=Schedule.ONE_F_ONE_B,
+            stage_index=stage_index,
+            num_stages=num_stages,
+            rank_micro_batches=rank_count,
+            stage_micro_batches=stage_count,
+        )
+        == expected
+    )
+
+
+def test_gpipe_rank_without_micro_batches_holds_none() -> None:
+    assert (
+        in_flight_micro_batches(
+            schedule=Schedule.GPIPE,
+            stage_index=0,
+            num_stages=2,
+            rank_micro_batches=0,
+            stage_micro_batches=4,
+        )
+        == 0
+    )
+
+
+@pytest.mark.parametrize("num_stages", range(1, 9))
+def test_first_stage_of_one_rank_holds_p_micro_batches(num_stages: int) -> None:
+    # PipeDream-Flush: stage 0 of p runs p warm-up forwards before its first backward.
+    for count in range(num_stages, 3 * num_stages + 1):
+        assert (
+            in_flight_micro_batches(
+                schedule=Schedule.ONE_F_ONE_B,
+                stage_index=0,
+                num_stages=num_stages,
+                rank_micro_batches=count,
+                stage_micro_batches=count,
+            )
+            == num_stages
+        )
+
+
+@given(num_stages=st.integers(1, 16), data=st.data())
+def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> None:
+    stage_index = data.draw(st.integers(0, num_stages - 1))
+    stage_count = data.draw(st.integers(1, 64))
+    rank_count = data.draw(st.integers(1, stage_count))
+    held = in_flight_micro_batches(
+        schedule=Schedule.ONE_F_ONE_B,
+        stage_index=stage_index,
+        num_stages=num_stages,
+        rank_micro_batches=rank_count,
+        stage_micro_batches=stage_count,
+    )
+    depth = num_stages - stage_index
+    assert 1 <= held <= rank_count
+    assert held == max(1, min(rank_count, math.ceil(depth * rank_count / stage_count)))
+    assert held <= depth  # never more than the 1F1B warm-up of the stage
+    if rank_count == stage_count:  # alone in its stage
+        assert held == min(rank_count, depth)
