@@ -18,18 +18,18 @@ demo: $(STAMP)
 	$(BIN)/piebald demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
 	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format
+	$(BIN)/ruff check --fix
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
