@@ -16,15 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piebald.cost.comm import Collective, collective_time_s, p2p_time_s
-from piebald.cost.compute import (
-    DEFAULT_CURVE,
-    EfficiencyCurve,
-    layer_backward_time_s,
-    layer_forward_time_s,
-    optimizer_step_time_s,
-)
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
-from piebald.specs.devices import Dtype
+from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.plan import Plan, Prediction, Stage, ZeroMode
 
 __all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
@@ -60,45 +55,12 @@ class PlanEstimate:
         )
 
 
-def _rank_pass_s(
-    plan: Plan,
-    stage: Stage,
-    index: int,
-    *,
-    curve: EfficiencyCurve,
-    param_bytes: float,
-    grad_bytes: float,
+def _per_pass_comm_s(
+    plan: Plan, stage: Stage, *, param_bytes: float, grad_bytes: float
 ) -> tuple[float, float]:
-    """Forward and backward time of one micro-batch on ``stage.ranks[index]``, with the
-    per-pass ZeRO traffic it cannot hide (ZeRO-2 reduce-scatter, ZeRO-3 all-gathers)."""
-    rank = stage.ranks[index]
-    device = plan.cluster.device_of(rank)
-    dtype = device.training_dtype(plan.job.precision)
-    size = stage.micro_batch_size[index]
-    layers = plan.model.layers[stage.layer_start : stage.layer_end]
-    forward_s = sum(
-        layer_forward_time_s(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=size,
-            seq_len=plan.job.seq_len,
-            curve=curve,
-        )
-        for layer in layers
-    )
-    backward_s = sum(
-        layer_backward_time_s(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=size,
-            seq_len=plan.job.seq_len,
-            recompute=stage.recompute,
-            curve=curve,
-        )
-        for layer in layers
-    )
+    """ZeRO traffic every micro-batch pass waits for: (before forward, during backward).
+    ZeRO-3 gathers the stage's parameters for each forward and each backward and
+    reduce-scatters gradients after each backward; ZeRO-2 only reduce-scatters."""
 
     def collective(kind: Collective, num_bytes: float) -> float:
         return collective_time_s(
@@ -111,34 +73,29 @@ def _rank_pass_s(
 
     if stage.zero is ZeroMode.FULL:
         gather_s = collective(Collective.ALL_GATHER, param_bytes)
-        forward_s = max(forward_s, gather_s)
-        backward_s = max(backward_s, gather_s + collective(Collective.REDUCE_SCATTER, grad_bytes))
-    elif stage.zero is ZeroMode.GRADIENTS:
-        backward_s = max(backward_s, collective(Collective.REDUCE_SCATTER, grad_bytes))
-    return forward_s, backward_s
+        return gather_s, gather_s + collective(Collective.REDUCE_SCATTER, grad_bytes)
+    if stage.zero is ZeroMode.GRADIENTS:
+        return 0.0, collective(Collective.REDUCE_SCATTER, grad_bytes)
+    return 0.0, 0.0
 
 
 def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
     """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops)."""
     stage = plan.stages[index]
     size_of = dict(zip(stage.ranks, stage.micro_batch_size, strict=True))
+    wire = 4 if plan.job.precision is Dtype.FP32 else 2
     per_rank: dict[int, float] = {}
-    worst_hop_s = 0.0
+    hop_of: dict[tuple[int, int], float] = {}
     for route in plan.routes:
-        sender, receiver = route[index], route[index + 1]
-        dtype = Dtype.FP32 if plan.job.precision is Dtype.FP32 else Dtype.BF16
-        num_bytes = (
-            size_of[sender] * plan.job.seq_len * plan.model.arch.hidden_size * dtype.num_bytes
-        )
-        hop_s = (
-            2.0 * p2p_time_s(num_bytes=num_bytes, link=plan.cluster.link_between(sender, receiver))
-            if sender != receiver
-            else 0.0
-        )
-        worst_hop_s = max(worst_hop_s, hop_s)
-        for rank in (sender, receiver):
-            per_rank[rank] = per_rank.get(rank, 0.0) + hop_s
-    return max(per_rank.values(), default=0.0), worst_hop_s
+        pair = (route[index], route[index + 1])
+        if pair not in hop_of:
+            sender, receiver = pair
+            num_bytes = size_of[sender] * plan.job.seq_len * plan.model.arch.hidden_size * wire
+            link = plan.cluster.link_between(sender, receiver)
+            hop_of[pair] = 2.0 * p2p_time_s(num_bytes=num_bytes, link=link)  # fwd + bwd
+        for rank in pair:
+            per_rank[rank] = per_rank.get(rank, 0.0) + hop_of[pair]
+    return max(per_rank.values(), default=0.0), max(hop_of.values(), default=0.0)
 
 
 def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> StageEstimate:
@@ -147,54 +104,78 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
     wire = 4 if precision is Dtype.FP32 else 2  # weights and gradients travel in 16 bits
     param_bytes, grad_bytes = params * wire, params * wire
-    compute: dict[int, float] = {}
-    micro_batch_s = 0.0
-    memory: dict[int, MemoryBreakdown] = {}
-    optimizer_s = 0.0
+    before_forward_s, during_backward_s = _per_pass_comm_s(
+        plan, stage, param_bytes=param_bytes, grad_bytes=grad_bytes
+    )
     neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
+    stage_micro_batches = sum(stage.num_micro_batches)
+    compute: dict[int, float] = {}
+    memory: dict[int, MemoryBreakdown] = {}
+    micro_batch_s = optimizer_s = 0.0
+    # Ranks of one type with the same shares cost the same: price each kind once.
+    pass_of: dict[tuple[DeviceType, int], float] = {}
+    memory_of: dict[tuple[DeviceType, int, int, float], MemoryBreakdown] = {}
     for index, rank in enumerate(stage.ranks):
-        forward_s, backward_s = _rank_pass_s(
-            plan, stage, index, curve=curve, param_bytes=param_bytes, grad_bytes=grad_bytes
-        )
-        count = stage.num_micro_batches[index]
-        compute[rank] = count * (forward_s + backward_s)
-        if count:
-            micro_batch_s = max(micro_batch_s, forward_s + backward_s)
         device = plan.cluster.device_of(rank)
-        owned = params * (stage.shard_fraction[index] if stage.zero is not ZeroMode.NONE else 1)
+        size, count = stage.micro_batch_size[index], stage.num_micro_batches[index]
+        fraction = stage.shard_fraction[index]
+        if (device, size) not in pass_of:
+            times = pass_times(
+                plan.model,
+                device=device,
+                dtype=device.training_dtype(precision),
+                micro_batch_size=size,
+                seq_len=plan.job.seq_len,
+                recompute=stage.recompute,
+                curve=curve,
+            )
+            forward_s = max(times.forward_s(stage.layer_start, stage.layer_end), before_forward_s)
+            backward_s = max(
+                times.backward_s(stage.layer_start, stage.layer_end), during_backward_s
+            )
+            pass_of[device, size] = forward_s + backward_s
+        compute[rank] = count * pass_of[device, size]
+        if count:
+            micro_batch_s = max(micro_batch_s, pass_of[device, size])
+        owned = params * (fraction if stage.zero is not ZeroMode.NONE else 1.0)
         optimizer_s = max(
             optimizer_s,
             optimizer_step_time_s(
                 num_params=owned, device=device, optimizer=plan.job.optimizer, curve=curve
             ),
         )
-        memory[rank] = rank_memory(
-            plan.model,
-            layer_start=stage.layer_start,
-            layer_end=stage.layer_end,
-            device=device,
-            dtype=device.training_dtype(precision),
-            optimizer=plan.job.optimizer,
-            zero=stage.zero,
-            shard_fraction=stage.shard_fraction[index],
-            micro_batch_size=stage.micro_batch_size[index],
-            seq_len=plan.job.seq_len,
-            num_in_flight=in_flight_micro_batches(
-                schedule=plan.schedule,
-                stage_index=stage_index,
-                num_stages=plan.num_stages,
-                rank_micro_batches=count,
-                stage_micro_batches=sum(stage.num_micro_batches),
-            ),
-            recompute=stage.recompute,
-            num_neighbor_stages=neighbors,
+        in_flight = in_flight_micro_batches(
+            schedule=plan.schedule,
+            stage_index=stage_index,
+            num_stages=plan.num_stages,
+            rank_micro_batches=count,
+            stage_micro_batches=stage_micro_batches,
         )
+        key = (device, size, in_flight, fraction)
+        if key not in memory_of:
+            memory_of[key] = rank_memory(
+                plan.model,
+                layer_start=stage.layer_start,
+                layer_end=stage.layer_end,
+                device=device,
+                dtype=device.training_dtype(precision),
+                optimizer=plan.job.optimizer,
+                zero=stage.zero,
+                shard_fraction=fraction,
+                micro_batch_size=size,
+                seq_len=plan.job.seq_len,
+                num_in_flight=in_flight,
+                recompute=stage.recompute,
+                num_neighbor_stages=neighbors,
+            )
+        memory[rank] = memory_of[key]
     sync_s = _sync_s(plan, stage, param_bytes=param_bytes, grad_bytes=grad_bytes)
-    boundary_s = _boundary_s(plan, stage_index) if stage_index < plan.num_stages - 1 else (0.0, 0.0)
+    last = stage_index == plan.num_stages - 1
+    boundary_s, hop_s = (0.0, 0.0) if last else _boundary_s(plan, stage_index)
     return StageEstimate(
         compute_s=compute,
-        micro_batch_s=micro_batch_s + boundary_s[1],
-        boundary_s=boundary_s[0],
+        micro_batch_s=micro_batch_s + hop_s,
+        boundary_s=boundary_s,
         sync_s=sync_s,
         optimizer_s=optimizer_s,
         memory=memory,
