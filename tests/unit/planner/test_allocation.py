@@ -10,10 +10,10 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from piebald.planner.allocation import min_makespan_counts
+from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 
 
 def _makespan(counts: list[int] | tuple[int, ...], times: list[float]) -> float:
@@ -82,3 +82,43 @@ def test_no_items_no_counts() -> None:
 def test_rejects_bad_input(times: list[float], num_items: int) -> None:
     with pytest.raises(ValueError):
         min_makespan_counts(times, num_items)
+
+
+def _brute_force_sized(times: list[float], sizes: list[int], total: int) -> float | None:
+    best = None
+    ranges = [range(total // size + 1) for size in sizes]
+    for counts in itertools.product(*ranges):
+        if sum(c * b for c, b in zip(counts, sizes, strict=True)) == total:
+            value = max(c * t for c, t in zip(counts, times, strict=True))
+            best = value if best is None else min(best, value)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    machines=st.lists(
+        st.tuples(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), st.sampled_from([1, 2, 3, 4])),
+        min_size=1,
+        max_size=4,
+    ),
+    total=st.integers(0, 12),
+)
+def test_sized_allocation_matches_brute_force(
+    machines: list[tuple[float, int]], total: int
+) -> None:
+    times = [t for t, _ in machines]
+    sizes = [b for _, b in machines]
+    counts = min_makespan_sized(times, sizes, total)
+    expected = _brute_force_sized(times, sizes, total)
+    if expected is None:
+        assert counts is None
+        return
+    assert counts is not None
+    assert sum(c * b for c, b in zip(counts, sizes, strict=True)) == total
+    assert max(c * t for c, t in zip(counts, times, strict=True)) == pytest.approx(expected)
+
+
+def test_sized_allocation_gives_the_fast_big_batch_gpu_more() -> None:
+    # GPU 0 runs micro-batches of 4 in 1 s, GPU 1 micro-batches of 1 in 1 s: 4x the speed.
+    counts = min_makespan_sized([1.0, 1.0], [4, 1], 20)
+    assert counts == [4, 4]
