@@ -11,15 +11,26 @@ tokens of every micro-batch the schedule keeps in flight.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import Schedule, ZeroMode
 
-__all__ = ["MemoryBreakdown", "framework_reserve_bytes", "in_flight_micro_batches", "rank_memory"]
+__all__ = [
+    "MemoryBreakdown",
+    "framework_reserve_bytes",
+    "in_flight_micro_batches",
+    "rank_memory",
+    "stage_memory_bytes",
+]
 
 GIB = 2.0**30
 
@@ -85,6 +96,147 @@ def in_flight_micro_batches(
     return max(1, min(rank_micro_batches, share))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LayerRanges:
+    """Per-model prefix sums and range maxima, so layer-range sums are O(1) and vectorise."""
+
+    num_layers: int
+    params_prefix: npt.NDArray[np.float64]
+    activation_prefix: npt.NDArray[np.float64]
+    recompute_prefix: npt.NDArray[np.float64]
+    embedding_params: float
+    block_params: float  # 0 when the model has no blocks
+    head_params: float  # the head's own parameters plus the tied weight it uses
+    head_tied_params: float
+    block_activation: float
+    hidden_size: int
+
+
+@functools.lru_cache(maxsize=64)
+def _ranges(model: ModelSpec) -> _LayerRanges:
+    layers = model.layers
+    block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
+    head = layers[-1]
+    return _LayerRanges(
+        num_layers=len(layers),
+        params_prefix=np.concatenate([[0.0], np.cumsum([x.num_params for x in layers])]),
+        activation_prefix=np.concatenate(
+            [[0.0], np.cumsum([x.activation_bytes_per_token for x in layers])]
+        ),
+        recompute_prefix=np.concatenate(
+            [[0.0], np.cumsum([x.recompute_activation_bytes_per_token for x in layers])]
+        ),
+        embedding_params=float(layers[0].num_params),
+        block_params=float(block.num_params) if block else 0.0,
+        head_params=float(head.num_params + head.num_tied_params),
+        head_tied_params=float(head.num_tied_params),
+        block_activation=block.activation_bytes_per_token if block else 0.0,
+        hidden_size=model.arch.hidden_size,
+    )
+
+
+def _stage_params(r: _LayerRanges, start: Any, end: Any) -> Any:
+    """Parameters stored for layers [start, end): a tied head replica off the first stage."""
+    tied = np.where((start > 0) & (end == r.num_layers), r.head_tied_params, 0.0)
+    return r.params_prefix[end] - r.params_prefix[start] + tied
+
+
+def _largest_layer_params(r: _LayerRanges, start: Any, end: Any) -> Any:
+    has_block = (start < r.num_layers - 1) & (end > 1) & (r.block_params > 0)
+    return np.maximum.reduce(
+        [
+            np.where(start == 0, r.embedding_params, 0.0),
+            np.where(has_block, r.block_params, 0.0),
+            np.where(end == r.num_layers, r.head_params, 0.0),
+        ]
+    )
+
+
+def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
+    """Which of (weights, gradients, optimizer state) a ZeRO mode shards."""
+    return (
+        zero is ZeroMode.FULL,
+        zero in (ZeroMode.GRADIENTS, ZeroMode.FULL),
+        zero is not ZeroMode.NONE,
+    )
+
+
+def _activations_and_working(
+    r: _LayerRanges,
+    start: Any,
+    end: Any,
+    *,
+    dtype: Dtype,
+    zero: ZeroMode,
+    tokens: int,
+    num_in_flight: Any,
+    recompute: bool,
+    num_neighbor_stages: int,
+    weight_b: float,
+    grad_b: float,
+) -> tuple[Any, Any]:
+    scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
+    prefix = r.recompute_prefix if recompute else r.activation_prefix
+    activations = num_in_flight * tokens * (prefix[end] - prefix[start]) * scale
+    largest = _largest_layer_params(r, start, end)
+    working = 0.0 * largest
+    if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL):
+        working = working + largest * grad_b  # one layer's gradient before reduce-scatter
+    if zero is ZeroMode.FULL:
+        working = working + 2 * largest * weight_b  # the gathered layer and the prefetched one
+    if recompute:  # one block's full activations while it is recomputed
+        has_block = (start < r.num_layers - 1) & (end > 1)
+        working = working + np.where(has_block, tokens * r.block_activation * scale, 0.0)
+    # Send and receive buffers of activations and their gradients at each stage boundary.
+    working = working + num_neighbor_stages * 2 * tokens * r.hidden_size * dtype.num_bytes
+    return activations, working
+
+
+def stage_memory_bytes(
+    model: ModelSpec,
+    *,
+    layer_start: Any,
+    layer_end: Any,
+    device: DeviceType,
+    dtype: Dtype,
+    optimizer: Optimizer,
+    zero: ZeroMode,
+    micro_batch_size: int,
+    seq_len: int,
+    num_in_flight: Any,
+    recompute: bool,
+    num_neighbor_stages: int,
+) -> tuple[Any, Any]:
+    """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
+    needs ``fixed + fraction * sharded``. Vectorises over arrays of layer ranges, which is
+    how the planner prices every split at once; :func:`rank_memory` is the same formula."""
+    r = _ranges(model)
+    start, end = np.asarray(layer_start), np.asarray(layer_end)
+    params = _stage_params(r, start, end)
+    per_param = bytes_per_param(dtype=dtype, optimizer=optimizer)
+    sharded_per_param = sum(b for b, s in zip(per_param, _sharded(zero), strict=True) if s)
+    activations, working = _activations_and_working(
+        r,
+        start,
+        end,
+        dtype=dtype,
+        zero=zero,
+        tokens=micro_batch_size * seq_len,
+        num_in_flight=num_in_flight,
+        recompute=recompute,
+        num_neighbor_stages=num_neighbor_stages,
+        weight_b=per_param[0],
+        grad_b=per_param[1],
+    )
+    fixed = (
+        params * (sum(per_param) - sharded_per_param)
+        + activations
+        + working
+        + framework_reserve_bytes(device)
+    )
+    return fixed, params * sharded_per_param
+
+
 def rank_memory(
     model: ModelSpec,
     *,
@@ -102,37 +254,28 @@ def rank_memory(
     num_neighbor_stages: int,
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``."""
-    layers = model.layers[layer_start:layer_end]
-    params = float(model.stage_params(layer_start, layer_end))
+    r = _ranges(model)
+    params = float(_stage_params(r, np.asarray(layer_start), np.asarray(layer_end)))
     weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer)
-    weight_f = shard_fraction if zero is ZeroMode.FULL else 1.0
-    grad_f = shard_fraction if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL) else 1.0
-    optim_f = 1.0 if zero is ZeroMode.NONE else shard_fraction
-    largest_layer = max(layer.num_params + layer.num_tied_params for layer in layers)
-    working = 0.0
-    if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL):
-        working += largest_layer * grad_b  # one layer's full gradient before reduce-scatter
-    if zero is ZeroMode.FULL:
-        working += 2 * largest_layer * weight_b  # the gathered layer and the prefetched one
-
-    tokens = micro_batch_size * seq_len
-    scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
-    stored_per_token = sum(
-        layer.recompute_activation_bytes_per_token
-        if recompute
-        else layer.activation_bytes_per_token
-        for layer in layers
+    weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
+    activations, working = _activations_and_working(
+        r,
+        np.asarray(layer_start),
+        np.asarray(layer_end),
+        dtype=dtype,
+        zero=zero,
+        tokens=micro_batch_size * seq_len,
+        num_in_flight=num_in_flight,
+        recompute=recompute,
+        num_neighbor_stages=num_neighbor_stages,
+        weight_b=weight_b,
+        grad_b=grad_b,
     )
-    activations = num_in_flight * tokens * stored_per_token * scale
-    if recompute and any(layer.kind is LayerKind.BLOCK for layer in layers):
-        working += tokens * max(layer.activation_bytes_per_token for layer in layers) * scale
-    # Send and receive buffers of activations and their gradients at each stage boundary.
-    working += num_neighbor_stages * 2 * tokens * model.arch.hidden_size * dtype.num_bytes
     return MemoryBreakdown(
         weights_bytes=params * weight_b * weight_f,
         gradients_bytes=params * grad_b * grad_f,
         optimizer_bytes=params * optim_b * optim_f,
-        activations_bytes=activations,
-        working_bytes=working,
+        activations_bytes=float(activations),
+        working_bytes=float(working),
         reserve_bytes=framework_reserve_bytes(device),
     )

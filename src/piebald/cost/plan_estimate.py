@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piebald.cost.comm import Collective, collective_time_s, p2p_time_s
+from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
+from piebald.cost.zero_comm import stage_comm
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.plan import Plan, Prediction, Stage, ZeroMode
+from piebald.specs.plan import Plan, Prediction, ZeroMode
 
 __all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
 
@@ -55,30 +56,6 @@ class PlanEstimate:
         )
 
 
-def _per_pass_comm_s(
-    plan: Plan, stage: Stage, *, param_bytes: float, grad_bytes: float
-) -> tuple[float, float]:
-    """ZeRO traffic every micro-batch pass waits for: (before forward, during backward).
-    ZeRO-3 gathers the stage's parameters for each forward and each backward and
-    reduce-scatters gradients after each backward; ZeRO-2 only reduce-scatters."""
-
-    def collective(kind: Collective, num_bytes: float) -> float:
-        return collective_time_s(
-            kind,
-            num_bytes=num_bytes,
-            ranks=stage.ranks,
-            cluster=plan.cluster,
-            shard_fractions=stage.shard_fraction,
-        )
-
-    if stage.zero is ZeroMode.FULL:
-        gather_s = collective(Collective.ALL_GATHER, param_bytes)
-        return gather_s, gather_s + collective(Collective.REDUCE_SCATTER, grad_bytes)
-    if stage.zero is ZeroMode.GRADIENTS:
-        return 0.0, collective(Collective.REDUCE_SCATTER, grad_bytes)
-    return 0.0, 0.0
-
-
 def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
     """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops)."""
     stage = plan.stages[index]
@@ -103,10 +80,14 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     precision = plan.job.precision
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
     wire = 4 if precision is Dtype.FP32 else 2  # weights and gradients travel in 16 bits
-    param_bytes, grad_bytes = params * wire, params * wire
-    before_forward_s, during_backward_s = _per_pass_comm_s(
-        plan, stage, param_bytes=param_bytes, grad_bytes=grad_bytes
+    comm = stage_comm(
+        plan.cluster,
+        ranks=stage.ranks,
+        shard_fractions=stage.shard_fraction,
+        zero=stage.zero,
+        state_bytes=params * wire,
     )
+    before_forward_s, during_backward_s = comm.before_forward_s, comm.during_backward_s
     neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
     stage_micro_batches = sum(stage.num_micro_batches)
     compute: dict[int, float] = {}
@@ -169,7 +150,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
                 num_neighbor_stages=neighbors,
             )
         memory[rank] = memory_of[key]
-    sync_s = _sync_s(plan, stage, param_bytes=param_bytes, grad_bytes=grad_bytes)
+    sync_s = comm.sync_s
     last = stage_index == plan.num_stages - 1
     boundary_s, hop_s = (0.0, 0.0) if last else _boundary_s(plan, stage_index)
     return StageEstimate(
@@ -180,29 +161,6 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
         optimizer_s=optimizer_s,
         memory=memory,
     )
-
-
-def _sync_s(plan: Plan, stage: Stage, *, param_bytes: float, grad_bytes: float) -> float:
-    """End-of-step data-parallel collectives of a stage, by ZeRO mode."""
-
-    def collective(kind: Collective, num_bytes: float, uneven: bool) -> float:
-        return collective_time_s(
-            kind,
-            num_bytes=num_bytes,
-            ranks=stage.ranks,
-            cluster=plan.cluster,
-            shard_fractions=stage.shard_fraction if uneven else None,
-        )
-
-    if stage.zero is ZeroMode.NONE:
-        return collective(Collective.ALL_REDUCE, grad_bytes, uneven=False)
-    if stage.zero is ZeroMode.OPTIMIZER:
-        return collective(Collective.REDUCE_SCATTER, grad_bytes, uneven=True) + collective(
-            Collective.ALL_GATHER, param_bytes, uneven=True
-        )
-    if stage.zero is ZeroMode.GRADIENTS:  # gradients were reduce-scattered per micro-batch
-        return collective(Collective.ALL_GATHER, param_bytes, uneven=True)
-    return 0.0  # FULL: parameters stay sharded; all traffic is per pass
 
 
 def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> PlanEstimate:

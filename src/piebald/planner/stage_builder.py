@@ -1,0 +1,251 @@
+"""Build one stage exactly: micro-batch counts, shard fractions, ZeRO mode and recompute.
+
+Given the ranks of a stage and its layers, every (recompute, ZeRO mode) the strategy allows
+is tried: micro-batches go to ranks by exact min-makespan allocation, the sharded part of
+the training state is water-filled against each rank's free memory (the most even split
+that fits, since uneven collectives are padded to the largest shard), and the fastest
+setting whose every rank fits its memory wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.layer_table import pass_times
+from piebald.cost.memory import in_flight_micro_batches, rank_memory
+from piebald.cost.zero_comm import stage_comm
+from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Schedule, Stage, ZeroMode
+
+__all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
+
+ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageRules:
+    """What a strategy may choose inside a stage."""
+
+    zero_modes: tuple[ZeroMode, ...] = ALL_ZERO_MODES
+    recompute: tuple[bool, ...] = (False, True)
+    even_shards: bool = False
+    equal_micro_batches: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageChoice:
+    stage: Stage
+    busy_s: float  # the busiest rank's compute over the step, per-pass traffic included
+    sync_s: float
+    pass_s: float  # one micro-batch through the stage on its slowest working rank
+
+
+def water_fill(capacities: Sequence[float]) -> tuple[float, ...] | None:
+    """Fractions f_i <= capacities[i] summing to 1 with the smallest max f_i, or None.
+
+    The solution is f_i = min(capacities[i], level) for the level at which they sum to 1.
+    """
+    if any(c < 0 for c in capacities) or sum(capacities) < 1.0 - 1e-12:
+        return None
+    remaining, count = 1.0, len(capacities)
+    level = 0.0
+    for index, capacity in enumerate(sorted(capacities)):
+        share = remaining / (count - index)
+        if capacity >= share:
+            level = share
+            break
+        remaining -= capacity
+    else:  # every capacity is binding; only possible when they sum to exactly 1
+        level = max(capacities)
+    fractions = [min(c, level) for c in capacities]
+    total = sum(fractions)
+    return tuple(f / total for f in fractions)
+
+
+def _counts(
+    times_s: list[float], sizes: Sequence[int], *, num_sequences: int, equal: bool
+) -> list[int] | None:
+    if len(set(sizes)) == 1:
+        num_micro_batches, rest = divmod(num_sequences, sizes[0])
+        if rest:
+            return None
+        if equal:
+            per_rank, extra = divmod(num_micro_batches, len(times_s))
+            return None if extra else [per_rank] * len(times_s)
+        return min_makespan_counts(times_s, num_micro_batches)
+    return None if equal else min_makespan_sized(times_s, sizes, num_sequences)
+
+
+def build_stage(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    ranks: tuple[int, ...],
+    layer_start: int,
+    layer_end: int,
+    micro_batch_sizes: tuple[int, ...],
+    stage_index: int,
+    num_stages: int,
+    rules: StageRules = StageRules(),
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> StageChoice | None:
+    """The fastest memory-feasible setting of this stage, or None if nothing fits."""
+    devices = [cluster.device_of(rank) for rank in ranks]
+    params = float(model.stage_params(layer_start, layer_end))
+    wire_bytes = params * (4 if job.precision is Dtype.FP32 else 2)
+    neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
+    even = tuple(1.0 / len(ranks) for _ in ranks)
+    best: StageChoice | None = None
+    for recompute in rules.recompute:
+        compute_s = []
+        for device, size in zip(devices, micro_batch_sizes, strict=True):
+            times = pass_times(
+                model,
+                device=device,
+                dtype=device.training_dtype(job.precision),
+                micro_batch_size=size,
+                seq_len=job.seq_len,
+                recompute=recompute,
+                curve=curve,
+            )
+            compute_s.append(
+                (times.forward_s(layer_start, layer_end), times.backward_s(layer_start, layer_end))
+            )
+        for zero in rules.zero_modes:
+            # Per-pass traffic with even shards; the exact plan estimate re-prices it.
+            comm = stage_comm(
+                cluster, ranks=ranks, shard_fractions=even, zero=zero, state_bytes=wire_bytes
+            )
+            pass_s = [
+                max(f, comm.before_forward_s) + max(b, comm.during_backward_s) for f, b in compute_s
+            ]
+            counts = _counts(
+                pass_s,
+                micro_batch_sizes,
+                num_sequences=job.global_batch_size,
+                equal=rules.equal_micro_batches,
+            )
+            if counts is None:
+                continue
+            fractions = _fit_memory(
+                cluster,
+                model=model,
+                job=job,
+                ranks=ranks,
+                devices=devices,
+                layers=(layer_start, layer_end),
+                sizes=micro_batch_sizes,
+                counts=counts,
+                zero=zero,
+                recompute=recompute,
+                position=(stage_index, num_stages),
+                neighbors=neighbors,
+                even_shards=rules.even_shards or zero is ZeroMode.NONE,
+            )
+            if fractions is None:
+                continue
+            stage = Stage(
+                layer_start=layer_start,
+                layer_end=layer_end,
+                ranks=ranks,
+                micro_batch_size=micro_batch_sizes,
+                num_micro_batches=tuple(counts),
+                shard_fraction=fractions,
+                zero=zero,
+                recompute=recompute,
+            )
+            sync = stage_comm(
+                cluster, ranks=ranks, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
+            ).sync_s
+            busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
+            working = [t for c, t in zip(counts, pass_s, strict=True) if c]
+            choice = StageChoice(stage=stage, busy_s=busy, sync_s=sync, pass_s=max(working))
+            if best is None or busy + sync < best.busy_s + best.sync_s:
+                best = choice
+    return best
+
+
+def _fit_memory(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    ranks: tuple[int, ...],
+    devices: list[DeviceType],
+    layers: tuple[int, int],
+    sizes: Sequence[int],
+    counts: Sequence[int],
+    zero: ZeroMode,
+    recompute: bool,
+    position: tuple[int, int],
+    neighbors: int,
+    even_shards: bool,
+) -> tuple[float, ...] | None:
+    """Shard fractions under which every rank fits its memory, or None."""
+    stage_index, num_stages = position
+    fixed_bytes, sharded_bytes, capacity_bytes = [], [], []
+    cache: dict[tuple[DeviceType, int, int], tuple[float, float]] = {}
+    for device, size, count in zip(devices, sizes, counts, strict=True):
+        in_flight = in_flight_micro_batches(
+            schedule=Schedule.ONE_F_ONE_B,
+            stage_index=stage_index,
+            num_stages=num_stages,
+            rank_micro_batches=count,
+            stage_micro_batches=sum(counts),
+        )
+        key = (device, size, in_flight)
+        if key not in cache:
+
+            def memory(
+                fraction: float,
+                device: DeviceType = device,
+                size: int = size,
+                in_flight: int = in_flight,
+            ) -> float:
+                return rank_memory(
+                    model,
+                    layer_start=layers[0],
+                    layer_end=layers[1],
+                    device=device,
+                    dtype=device.training_dtype(job.precision),
+                    optimizer=job.optimizer,
+                    zero=zero,
+                    shard_fraction=fraction,
+                    micro_batch_size=size,
+                    seq_len=job.seq_len,
+                    num_in_flight=in_flight,
+                    recompute=recompute,
+                    num_neighbor_stages=neighbors,
+                ).total_bytes
+
+            unsharded = memory(0.0)
+            cache[key] = (unsharded, memory(1.0) - unsharded)
+        fixed, sharded = cache[key]
+        fixed_bytes.append(fixed)
+        sharded_bytes.append(sharded)
+        capacity_bytes.append(device.memory_bytes)
+    if even_shards:
+        share = 1.0 / len(ranks)
+        fits = all(
+            f + share * z <= c
+            for f, z, c in zip(fixed_bytes, sharded_bytes, capacity_bytes, strict=True)
+        )
+        return tuple(share for _ in ranks) if fits else None
+    state = sharded_bytes[0]  # the sharded state is the same logical buffer on every rank
+    if state <= 0:
+        fits = all(f <= c for f, c in zip(fixed_bytes, capacity_bytes, strict=True))
+        return tuple(1.0 / len(ranks) for _ in ranks) if fits else None
+    fractions = water_fill(
+        [(c - f) / state for f, c in zip(fixed_bytes, capacity_bytes, strict=True)]
+    )
+    if fractions is not None and not all(math.isfinite(x) for x in fractions):
+        return None
+    return fractions

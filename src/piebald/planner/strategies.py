@@ -1,0 +1,108 @@
+"""The strategies piebald searches: its own full plan space and the baselines, each a
+restriction of that space (DESIGN.md section 6), all scored by the same cost model.
+
+A baseline here is what that system can express, "as modelled": its runtime's own kernels
+and overheads are not modelled, only its choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from piebald.planner.stage_builder import StageRules
+from piebald.specs.plan import ZeroMode
+
+__all__ = ["BASELINES", "PIEBALD", "STRATEGIES", "Strategy"]
+
+_NOT_SHARDED = (ZeroMode.NONE,)
+_DISTRIBUTED_OPTIMIZER = (ZeroMode.NONE, ZeroMode.OPTIMIZER)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    name: str
+    description: str
+    max_stages: int = 64
+    uniform_layers: bool = False  # equal layer counts per stage (Megatron, Sailor, Holmes)
+    equal_stage_sizes: bool = False  # every stage has the same number of GPUs (Megatron)
+    type_homogeneous_stages: bool = False  # a stage holds one GPU type (Metis)
+    domain_stages: bool = False  # a stage never spans two NIC classes or sites (Holmes)
+    grid_drop: bool = False  # may drop the slowest GPUs to form a p x d grid (Megatron)
+    allow_idle_groups: bool = False  # may leave whole node groups idle (piebald)
+    per_rank_micro_batch: bool = False  # own micro-batch size per GPU, one-stage plans
+    stage_rules: StageRules = field(default_factory=StageRules)
+
+
+PIEBALD = Strategy(
+    name="piebald",
+    description="asymmetric stages, mixed types, uneven layers, per-GPU micro-batches and "
+    "sizes, uneven shards, ZeRO mode and recompute per stage, idle groups when faster",
+    allow_idle_groups=True,
+    per_rank_micro_batch=True,
+)
+
+BASELINES: tuple[Strategy, ...] = (
+    Strategy(
+        name="megatron",
+        description="uniform layers, equal DP degree per stage, equal micro-batches, "
+        "slowest GPUs dropped to form a grid (Megatron-LM)",
+        uniform_layers=True,
+        equal_stage_sizes=True,
+        grid_drop=True,
+        stage_rules=StageRules(
+            zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True, equal_micro_batches=True
+        ),
+    ),
+    Strategy(
+        name="zero-even",
+        description="one data-parallel group, equal batch, even shards (DeepSpeed ZeRO, FSDP)",
+        max_stages=1,
+        stage_rules=StageRules(even_shards=True, equal_micro_batches=True),
+    ),
+    Strategy(
+        name="cephalo",
+        description="one data-parallel group, per-GPU batch and micro-batch size, uneven "
+        "shards by memory (Cephalo)",
+        max_stages=1,
+        per_rank_micro_batch=True,
+    ),
+    Strategy(
+        name="poplar",
+        description="one data-parallel group, per-GPU batch, even shards, ZeRO stage "
+        "searched (Poplar)",
+        max_stages=1,
+        per_rank_micro_batch=True,
+        stage_rules=StageRules(even_shards=True),
+    ),
+    Strategy(
+        name="metis",
+        description="pipeline of type-homogeneous stages, uneven layers, no ZeRO (Metis)",
+        type_homogeneous_stages=True,
+        stage_rules=StageRules(zero_modes=_NOT_SHARDED, even_shards=True),
+    ),
+    Strategy(
+        name="sailor",
+        description="uniform layers, stages of mixed GPU types with per-GPU batch (Sailor)",
+        uniform_layers=True,
+        stage_rules=StageRules(zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True),
+    ),
+    Strategy(
+        name="holmes",
+        description="stages follow NIC classes and sites, uniform layers, equal batch (Holmes)",
+        uniform_layers=True,
+        domain_stages=True,
+        stage_rules=StageRules(
+            zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True, equal_micro_batches=True
+        ),
+    ),
+    Strategy(
+        name="zorse",
+        description="asymmetric stages, mixed types, per-GPU micro-batch counts, one "
+        "micro-batch size, even shards, pipeline-efficient ZeRO, recompute on (Zorse)",
+        stage_rules=StageRules(
+            zero_modes=(ZeroMode.OPTIMIZER,), recompute=(True,), even_shards=True
+        ),
+    ),
+)
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (PIEBALD, *BASELINES)}
