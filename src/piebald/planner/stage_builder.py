@@ -239,12 +239,12 @@ def _fit_memory(
             for f, z, c in zip(fixed_bytes, sharded_bytes, capacity_bytes, strict=True)
         )
         return tuple(share for _ in ranks) if fits else None
-    state = sharded_bytes[0]  # the sharded state is the same logical buffer on every rank
-    if state <= 0:
+    if all(z <= 0 for z in sharded_bytes):
         fits = all(f <= c for f, c in zip(fixed_bytes, capacity_bytes, strict=True))
         return tuple(1.0 / len(ranks) for _ in ranks) if fits else None
+    # A rank's sharded bytes per unit of fraction depend on the dtype it trains in.
     fractions = water_fill(
-        [(c - f) / state for f, c in zip(fixed_bytes, capacity_bytes, strict=True)]
+        [(c - f) / z for f, z, c in zip(fixed_bytes, sharded_bytes, capacity_bytes, strict=True)]
     )
     if fractions is not None and not all(math.isfinite(x) for x in fractions):
         return None

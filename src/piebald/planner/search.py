@@ -1,0 +1,505 @@
+"""One search over every heterogeneous strategy: coarse structure enumerated, the rest exact.
+
+Enumerated: which node groups take part (leaving a whole group idle is tried and kept only
+when faster), the order units line up in (``units.unit_orders``), the pipeline depth, the
+micro-batch size, and where the stage cuts fall. Solved exactly for each structure: the
+layer split (bottleneck DP over the stage cost matrices, ``partition.split_layers``); then,
+for the few best structures, per-stage micro-batch counts (min-makespan), shard fractions
+(water-filling), ZeRO mode and recompute (``stage_builder``), priced by the closed-form
+plan estimate, which picks the winner.
+
+Cuts are enumerated exhaustively while there are few; otherwise they start at the speed
+quantiles and move by halving steps while the DP's bottleneck improves (a local search,
+never Zorse's repeated min-cuts or Metis' full enumeration).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.layer_table import pass_times
+from piebald.cost.memory import stage_memory_bytes
+from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
+from piebald.planner.partition import split_layers
+from piebald.planner.stage_builder import StageChoice, build_stage
+from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.strategies import PIEBALD, Strategy
+from piebald.planner.units import Unit, build_units, unit_orders
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.devices import DeviceType
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan, Schedule, weighted_round_robin
+
+__all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
+EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one
+NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
+DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
+
+Progress = Callable[[float, str], None]
+
+
+class Infeasible(Exception):  # noqa: N818 - a planning outcome, not a programming error
+    """No plan fits memory; the message says what does not fit and the smallest fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoredPlan:
+    plan: Plan
+    estimate: PlanEstimate
+    strategy: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    best: ScoredPlan
+    runners_up: tuple[ScoredPlan, ...]
+    upper_bound_tokens_per_s: float
+    num_structures: int  # coarse structures priced by the DP
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class _Candidate:
+    proxy_s: float
+    stages: tuple[tuple[int, ...], ...] = field(compare=False)
+    bounds: tuple[int, ...] = field(compare=False)
+    micro_batch_size: int = field(compare=False)
+
+
+class _Search:
+    """The state of one search: inputs, caches and the candidates found so far."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        model: ModelSpec,
+        job: JobSpec,
+        strategy: Strategy,
+        curve: EfficiencyCurve,
+    ) -> None:
+        self.cluster, self.model, self.job = cluster, model, job
+        self.strategy, self.curve = strategy, curve
+        self.costs: dict[tuple[tuple[int, ...], int, int, int], StageCost] = {}
+        self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
+        self.num_structures = 0
+
+    # -- pricing a structure with the DP ------------------------------------------------
+    def stage_cost(self, ranks: tuple[int, ...], index: int, depth: int, size: int) -> StageCost:
+        key = (ranks, index, depth, size)
+        if key not in self.costs:
+            self.costs[key] = stage_cost(
+                self.cluster,
+                model=self.model,
+                job=self.job,
+                ranks=ranks,
+                micro_batch_size=size,
+                stage_index=index,
+                num_stages=depth,
+                rules=self.strategy.stage_rules,
+                curve=self.curve,
+            )
+        return self.costs[key]
+
+    def price(self, stages: tuple[tuple[int, ...], ...], size: int) -> float:
+        """The DP's step-time estimate of a structure (inf if nothing fits); remembered."""
+        self.num_structures += 1
+        depth = len(stages)
+        costs = [self.stage_cost(ranks, i, depth, size) for i, ranks in enumerate(stages)]
+        if self.strategy.uniform_layers:
+            bounds = uniform_bounds(self.model.num_layers, depth)
+            value = max(
+                float(c.cost_s[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)
+            )
+        else:
+            value, bounds = split_layers([c.cost_s for c in costs])
+        if not math.isfinite(value):
+            return math.inf
+        passes = [float(c.pass_s[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)]
+        per_stage = [
+            float(c.cost_s[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)
+        ]
+        # Pipeline fill and drain: one micro-batch through every stage but the bottleneck.
+        proxy = value + sum(passes) - passes[int(np.argmax(per_stage))]
+        key = (stages, size)
+        if key not in self.candidates or proxy < self.candidates[key].proxy_s:
+            self.candidates[key] = _Candidate(
+                proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size
+            )
+        return proxy
+
+    # -- exact construction -------------------------------------------------------------
+    def assemble(
+        self, candidate: _Candidate, sizes_of: dict[int, int] | None = None
+    ) -> ScoredPlan | None:
+        depth = len(candidate.stages)
+        choices: list[StageChoice] = []
+        for index, ranks in enumerate(candidate.stages):
+            sizes = tuple((sizes_of or {}).get(r, candidate.micro_batch_size) for r in ranks)
+            choice = build_stage(
+                self.cluster,
+                model=self.model,
+                job=self.job,
+                ranks=ranks,
+                layer_start=candidate.bounds[index],
+                layer_end=candidate.bounds[index + 1],
+                micro_batch_sizes=sizes,
+                stage_index=index,
+                num_stages=depth,
+                rules=self.strategy.stage_rules,
+                curve=self.curve,
+            )
+            if choice is None:
+                return None
+            choices.append(choice)
+        stages = tuple(choice.stage for choice in choices)
+        orders = [
+            [stage.ranks[i] for i in weighted_round_robin(stage.num_micro_batches)]
+            for stage in stages
+        ]
+        routes = tuple(zip(*orders, strict=True))
+        plan = Plan(
+            cluster=self.cluster,
+            model=self.model,
+            job=self.job,
+            stages=stages,
+            routes=routes,
+            schedule=Schedule.ONE_F_ONE_B,
+        )
+        estimate = estimate_plan(plan, curve=self.curve)
+        for stage_estimate in estimate.stages:
+            for rank, memory in stage_estimate.memory.items():
+                if memory.total_bytes > self.cluster.device_of(rank).memory_bytes:
+                    return None
+        return ScoredPlan(plan=plan, estimate=estimate, strategy=self.strategy.name)
+
+
+def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers split as evenly as possible, earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    bounds = [0]
+    for index in range(num_stages):
+        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
+    return tuple(bounds)
+
+
+def _depths(limit: int) -> list[int]:
+    small = list(range(1, min(limit, 8) + 1))
+    large = [d for d in (10, 12, 16, 20, 24, 32, 40, 48, 64) if d <= limit]
+    return small + large
+
+
+def _quantile_cuts(
+    units: tuple[Unit, ...], depth: int, required: frozenset[int]
+) -> tuple[int, ...] | None:
+    """Cut positions (1..K-1) splitting summed peak FLOP/s into equal parts, plus required."""
+    free = depth - 1 - len(required)
+    if free < 0:
+        return None
+    speeds = np.cumsum([u.peak_flops for u in units])
+    cuts = set(required)
+    for i in range(1, depth):
+        if len(cuts) >= depth - 1:
+            break
+        target = speeds[-1] * i / depth
+        position = int(np.searchsorted(speeds, target)) + 1
+        for offset in range(len(units)):  # nearest free position
+            for candidate in (position - offset, position + offset):
+                if 0 < candidate < len(units) and candidate not in cuts:
+                    cuts.add(candidate)
+                    break
+            else:
+                continue
+            break
+    return tuple(sorted(cuts)) if len(cuts) == depth - 1 else None
+
+
+def _stages_of(units: tuple[Unit, ...], cuts: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    edges = (0, *cuts, len(units))
+    return tuple(
+        tuple(rank for unit in units[a:b] for rank in unit.ranks)
+        for a, b in itertools.pairwise(edges)
+    )
+
+
+def _boundaries(units: tuple[Unit, ...], strategy: Strategy) -> frozenset[int]:
+    """Cut positions a strategy requires (type or domain changes between neighbours)."""
+    required = set()
+    for position in range(1, len(units)):
+        left, right = units[position - 1], units[position]
+        if strategy.type_homogeneous_stages and left.device != right.device:
+            required.add(position)
+        if strategy.domain_stages and left.domain != right.domain:
+            required.add(position)
+    return frozenset(required)
+
+
+def _search_order(state: _Search, units: tuple[Unit, ...], size: int) -> None:
+    """Every depth for one order of units and one micro-batch size."""
+    strategy = state.strategy
+    required = _boundaries(units, strategy)
+    limit = min(len(units), state.model.num_layers, strategy.max_stages)
+    best = math.inf
+    patience = 0
+    for depth in _depths(limit):
+        if depth - 1 < len(required):
+            continue
+        value = _best_cuts(state, units, depth, size, required)
+        if value < best * (1 - 1e-9):
+            best, patience = value, 0
+        elif math.isfinite(best):
+            patience += 1
+            if patience >= DEPTH_PATIENCE:
+                break
+
+
+def _best_cuts(
+    state: _Search, units: tuple[Unit, ...], depth: int, size: int, required: frozenset[int]
+) -> float:
+    positions = [p for p in range(1, len(units)) if p not in required]
+    free = depth - 1 - len(required)
+    if math.comb(len(positions), free) <= EXHAUSTIVE_CUTS_UP_TO:
+        best = math.inf
+        for chosen in itertools.combinations(positions, free):
+            cuts = tuple(sorted((*required, *chosen)))
+            best = min(best, state.price(_stages_of(units, cuts), size))
+        return best
+    start = _quantile_cuts(units, depth, required)
+    if start is None:
+        return math.inf
+    cuts = start
+    value = state.price(_stages_of(units, cuts), size)
+    step = max(1, len(units) // (2 * depth))
+    while step >= 1:
+        improved = True
+        while improved:
+            improved = False
+            for index, cut in enumerate(cuts):
+                if cut in required:
+                    continue
+                for moved in (cut - step, cut + step):
+                    low = cuts[index - 1] if index else 0
+                    high = cuts[index + 1] if index + 1 < len(cuts) else len(units)
+                    if not low < moved < high:
+                        continue
+                    trial = (*cuts[:index], moved, *cuts[index + 1 :])
+                    trial_value = state.price(_stages_of(units, trial), size)
+                    if trial_value < value * (1 - 1e-9):
+                        cuts, value, improved = trial, trial_value, True
+                        break
+        step //= 2
+    return value
+
+
+def _grid_candidates(state: _Search, size: int) -> None:
+    """Megatron's p x d grids over the fastest GPUs, layers split evenly."""
+    gpus = sorted(
+        state.cluster.gpus,
+        key=lambda g: (-g.device.training_peak_flops(state.job.precision), g.rank),
+    )
+    total = len(gpus)
+    # Useful grid sizes: the whole cluster, or exactly the fastest k types.
+    sizes = {total}
+    for k in range(1, total):
+        if gpus[k].device != gpus[k - 1].device:
+            sizes.add(k)
+    for depth in range(1, min(total, state.model.num_layers, state.strategy.max_stages) + 1):
+        for used in sizes:
+            degree = used // depth
+            if degree < 1:
+                continue
+            chosen = sorted(g.rank for g in gpus[: depth * degree])
+            stages = tuple(tuple(chosen[i * degree : (i + 1) * degree]) for i in range(depth))
+            state.price(stages, size)
+
+
+def _idle_subsets(cluster: ClusterSpec, strategy: Strategy) -> list[frozenset[int]]:
+    everything = frozenset(range(len(cluster.node_groups)))
+    subsets = [everything]
+    if strategy.allow_idle_groups and len(everything) > 1:
+        subsets += [everything - {g} for g in sorted(everything)]
+    return subsets
+
+
+def _per_rank_sizes(state: _Search, ranks: tuple[int, ...]) -> dict[int, int]:
+    """Cephalo: each GPU type at the micro-batch size where it is fastest per token and its
+    activations for one micro-batch leave room for an even share of the state."""
+    sizes: dict[int, int] = {}
+    best_of: dict[DeviceType, int] = {}
+    for rank in ranks:
+        device = state.cluster.device_of(rank)
+        if device not in best_of:
+            best_of[device] = _fastest_size(state, device, len(ranks))
+        sizes[rank] = best_of[device]
+    return sizes
+
+
+def _fastest_size(state: _Search, device: DeviceType, num_ranks: int) -> int:
+    best_size, best_rate = 1, 0.0
+    last = state.model.num_layers
+    for size in MICRO_BATCH_SIZES:
+        if state.job.global_batch_size % size:
+            continue
+        fixed, sharded = stage_memory_bytes(
+            state.model,
+            layer_start=0,
+            layer_end=last,
+            device=device,
+            dtype=device.training_dtype(state.job.precision),
+            optimizer=state.job.optimizer,
+            zero=state.strategy.stage_rules.zero_modes[-1],
+            micro_batch_size=size,
+            seq_len=state.job.seq_len,
+            num_in_flight=1,
+            recompute=state.strategy.stage_rules.recompute[-1],
+            num_neighbor_stages=0,
+        )
+        if float(fixed) + float(sharded) / num_ranks > device.memory_bytes:
+            break
+        times = pass_times(
+            state.model,
+            device=device,
+            dtype=device.training_dtype(state.job.precision),
+            micro_batch_size=size,
+            seq_len=state.job.seq_len,
+            recompute=False,
+            curve=state.curve,
+        )
+        rate = size / times.pass_s(0, last)
+        if rate > best_rate * 1.01:  # a bigger micro-batch must pay for its memory
+            best_size, best_rate = size, rate
+    return best_size
+
+
+def _sizes(job: JobSpec) -> list[int]:
+    return [s for s in MICRO_BATCH_SIZES if job.global_batch_size % s == 0]
+
+
+def search(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    strategy: Strategy = PIEBALD,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """The plan with the highest predicted tokens/s that fits every GPU's memory."""
+    started = time.perf_counter()
+    report = progress or (lambda fraction, message: None)
+    subsets = _idle_subsets(cluster, strategy)
+    scored: list[ScoredPlan] = []
+    num_structures = 0
+    for subset_index, groups in enumerate(subsets):
+        state = _Search(cluster, model=model, job=job, strategy=strategy, curve=curve)
+        work = _work_items(state, groups)
+        for item_index, run in enumerate(work):
+            run()
+            report(
+                (subset_index + (item_index + 1) / len(work)) / len(subsets),
+                f"{strategy.name}: {state.num_structures} structures",
+            )
+        scored += _exact(state, strategy)
+        num_structures += state.num_structures
+    if not scored:
+        raise Infeasible(diagnose_infeasible(cluster, model=model, job=job))
+    scored.sort(key=lambda s: s.estimate.step_time_s)
+    bound = upper_bound_tokens_per_s(cluster, model=model, job=job, curve=curve)
+    best = _finish(scored[0], scored, bound)
+    runners = tuple(_distinct(scored[1:], best))[:4]
+    return SearchResult(
+        best=best,
+        runners_up=runners,
+        upper_bound_tokens_per_s=bound,
+        num_structures=num_structures,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _work_items(state: _Search, groups: frozenset[int]) -> list[Callable[[], None]]:
+    if state.strategy.grid_drop:
+        return [functools.partial(_grid_candidates, state, size) for size in _sizes(state.job)]
+    units = build_units(state.cluster, precision=state.job.precision, groups=groups)
+    return [
+        functools.partial(_search_order, state, order, size)
+        for order in unit_orders(units)
+        for size in _sizes(state.job)
+    ]
+
+
+def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
+    ranked = sorted(c for c in state.candidates.values() if math.isfinite(c.proxy_s))
+    scored: list[ScoredPlan] = []
+    for candidate in ranked[: NUM_EXACT * 2]:
+        plan = state.assemble(candidate)
+        if plan is not None:
+            scored.append(plan)
+        if strategy.per_rank_micro_batch and len(candidate.stages) == 1:
+            mixed = state.assemble(candidate, _per_rank_sizes(state, candidate.stages[0]))
+            if mixed is not None:
+                scored.append(mixed)
+        if len(scored) >= NUM_EXACT:
+            break
+    return scored
+
+
+def _finish(best: ScoredPlan, scored: list[ScoredPlan], bound: float) -> ScoredPlan:
+    """The winner with its prediction, bound and notes (idle GPUs say why)."""
+    plan = best.plan
+    notes = [
+        f"strategy {best.strategy}: {len(plan.stages)} stage(s), planned by piebald {_version()}"
+    ]
+    idle = plan.idle_ranks
+    if idle:
+        with_all = [s for s in scored if not s.plan.idle_ranks]
+        if with_all:
+            notes.append(
+                f"ranks {list(idle)} idle: using every GPU predicts "
+                f"{with_all[0].estimate.tokens_per_s:,.0f} tokens/s, fewer than "
+                f"{best.estimate.tokens_per_s:,.0f}"
+            )
+        else:
+            notes.append(f"ranks {list(idle)} idle: no plan using every GPU fits memory")
+    final = Plan(
+        cluster=plan.cluster,
+        model=plan.model,
+        job=plan.job,
+        stages=plan.stages,
+        routes=plan.routes,
+        schedule=plan.schedule,
+        predicted=best.estimate.prediction(),
+        upper_bound_tokens_per_s=bound,
+        notes=tuple(notes),
+    )
+    return ScoredPlan(plan=final, estimate=best.estimate, strategy=best.strategy)
+
+
+def _distinct(scored: Iterable[ScoredPlan], best: ScoredPlan) -> Iterable[ScoredPlan]:
+    seen = {_shape(best.plan)}
+    for candidate in scored:
+        shape = _shape(candidate.plan)
+        if shape not in seen:
+            seen.add(shape)
+            yield candidate
+
+
+def _shape(plan: Plan) -> tuple[tuple[int, int, tuple[int, ...], int], ...]:
+    return tuple((s.layer_start, s.layer_end, s.ranks, s.micro_batch_size[0]) for s in plan.stages)
+
+
+def _version() -> str:
+    from piebald import __version__
+
+    return __version__
