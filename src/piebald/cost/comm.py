@@ -16,11 +16,19 @@ NCCL), i.e. S becomes n * max(fraction) * S.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from piebald.specs.cluster import ClusterSpec, Link
 
-__all__ = ["Collective", "collective_time_s", "p2p_time_s", "ring_time_s"]
+__all__ = [
+    "Collective",
+    "RingProfile",
+    "collective_time_s",
+    "p2p_time_s",
+    "ring_profile",
+    "ring_time_s",
+]
 
 
 class Collective(StrEnum):
@@ -49,44 +57,98 @@ def ring_time_s(
     return 2.0 * one_pass_s if kind is Collective.ALL_REDUCE else one_pass_s
 
 
-def _flat_ring_s(
-    kind: Collective, *, num_bytes: float, ranks: Sequence[int], cluster: ClusterSpec
-) -> float:
-    """Ring in rank order: each node has one flow in and one out, the slowest link paces."""
-    links = [cluster.link_between(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))]
-    return ring_time_s(
-        kind,
-        num_bytes=num_bytes,
-        num_ranks=len(ranks),
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ring:
+    num_ranks: int
+    bandwidth_bytes_per_s: float  # the slowest link of the ring paces every step
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RingProfile:
+    """What a collective over a group costs, reduced to a few numbers: computing it walks
+    the group once, after which any collective size is priced in O(1)."""
+
+    num_ranks: int
+    flat: _Ring
+    intra: _Ring | None  # hierarchical phases, when every node holds the same number
+    inter: _Ring | None
+
+    def time_s(
+        self, kind: Collective, *, num_bytes: float, shard_fractions: Sequence[float] | None = None
+    ) -> float:
+        if self.num_ranks <= 1 or num_bytes <= 0:
+            return 0.0
+        if shard_fractions is not None:
+            if len(shard_fractions) != self.num_ranks:
+                raise ValueError(
+                    f"{len(shard_fractions)} shard fractions for {self.num_ranks} ranks"
+                )
+            num_bytes = num_bytes * self.num_ranks * max(shard_fractions)
+
+        def ring(kind: Collective, r: _Ring) -> float:
+            return ring_time_s(
+                kind,
+                num_bytes=num_bytes,
+                num_ranks=r.num_ranks,
+                bandwidth_bytes_per_s=r.bandwidth_bytes_per_s,
+                latency_s=r.latency_s,
+            )
+
+        flat_s = ring(kind, self.flat)
+        if self.intra is None or self.inter is None:
+            return flat_s
+        phases = 2 if kind is Collective.ALL_REDUCE else 1  # RS+AG around an all-reduce
+        # Each of the g GPUs of a node runs its own inter-node ring on num_bytes / g through
+        # the shared NIC: the same bandwidth term as one ring carrying num_bytes.
+        hierarchical_s = phases * ring(Collective.REDUCE_SCATTER, self.intra) + ring(
+            kind, self.inter
+        )
+        return min(flat_s, hierarchical_s)
+
+
+def _ring_over(links: Sequence[Link], num_ranks: int) -> _Ring:
+    return _Ring(
+        num_ranks=num_ranks,
         bandwidth_bytes_per_s=min(link.bandwidth_bytes_per_s for link in links),
         latency_s=max(link.latency_s for link in links),
     )
 
 
-def _hierarchical_s(
-    kind: Collective, *, num_bytes: float, by_node: dict[int, list[int]], cluster: ClusterSpec
-) -> float | None:
-    """Intra-node phase, inter-node ring, intra-node phase; None unless nodes are equal."""
-    sizes = {len(members) for members in by_node.values()}
+def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
+    """The flat ring in rank order (each node one flow in, one out) and, when every node
+    holds the same number of the group's GPUs, the hierarchical alternative."""
+    ordered = sorted(ranks)
+    if len(ordered) <= 1:
+        single = _Ring(num_ranks=len(ordered), bandwidth_bytes_per_s=1.0, latency_s=0.0)
+        return RingProfile(num_ranks=len(ordered), flat=single, intra=None, inter=None)
+    flat = _ring_over(
+        [
+            cluster.link_between(ordered[i], ordered[(i + 1) % len(ordered)])
+            for i in range(len(ordered))
+        ],
+        len(ordered),
+    )
+    by_node: dict[int, int] = {}
+    for rank in ordered:
+        node = cluster.gpus[rank].node_index
+        by_node[node] = by_node.get(node, 0) + 1
+    sizes = set(by_node.values())
     if len(by_node) < 2 or len(sizes) != 1 or sizes == {1}:
-        return None
-    intra_s = max(
-        _flat_ring_s(Collective.REDUCE_SCATTER, num_bytes=num_bytes, ranks=members, cluster=cluster)
-        for members in by_node.values()
+        return RingProfile(num_ranks=len(ordered), flat=flat, intra=None, inter=None)
+    per_node = sizes.pop()
+    groups = [cluster.node_groups[cluster.nodes[node].group_index] for node in by_node]
+    intra = _Ring(
+        num_ranks=per_node,
+        bandwidth_bytes_per_s=min(g.intra_link_bytes_per_s for g in groups),
+        latency_s=max(g.intra_latency_s for g in groups),
     )
-    nodes = sorted(by_node)
-    inter = [cluster.node_link(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
-    # per_node parallel rings each carry num_bytes / per_node through one shared NIC: the
-    # same bandwidth term as one ring over the nodes carrying all num_bytes.
-    inter_s = ring_time_s(
-        kind,
-        num_bytes=num_bytes,
-        num_ranks=len(nodes),
-        bandwidth_bytes_per_s=min(link.bandwidth_bytes_per_s for link in inter),
-        latency_s=max(link.latency_s for link in inter),
+    nodes = list(by_node)
+    inter = _ring_over(
+        [cluster.node_link(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))],
+        len(nodes),
     )
-    phases = 2 if kind is Collective.ALL_REDUCE else 1  # RS+AG around an all-reduce
-    return phases * intra_s + inter_s
+    return RingProfile(num_ranks=len(ordered), flat=flat, intra=intra, inter=inter)
 
 
 def collective_time_s(
@@ -104,14 +166,6 @@ def collective_time_s(
     """
     if len(ranks) <= 1 or num_bytes <= 0:
         return 0.0
-    if shard_fractions is not None:
-        if len(shard_fractions) != len(ranks):
-            raise ValueError(f"{len(shard_fractions)} shard fractions for {len(ranks)} ranks")
-        num_bytes = num_bytes * len(ranks) * max(shard_fractions)
-    ordered = sorted(ranks)
-    flat_s = _flat_ring_s(kind, num_bytes=num_bytes, ranks=ordered, cluster=cluster)
-    by_node: dict[int, list[int]] = {}
-    for rank in ordered:
-        by_node.setdefault(cluster.gpus[rank].node_index, []).append(rank)
-    hierarchical_s = _hierarchical_s(kind, num_bytes=num_bytes, by_node=by_node, cluster=cluster)
-    return flat_s if hierarchical_s is None else min(flat_s, hierarchical_s)
+    return ring_profile(cluster, ranks).time_s(
+        kind, num_bytes=num_bytes, shard_fractions=shard_fractions
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piebald.cost.comm import p2p_time_s
+from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
@@ -81,8 +81,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
     wire = 4 if precision is Dtype.FP32 else 2  # weights and gradients travel in 16 bits
     comm = stage_comm(
-        plan.cluster,
-        ranks=stage.ranks,
+        ring_profile(plan.cluster, stage.ranks),
         shard_fractions=stage.shard_fraction,
         zero=stage.zero,
         state_bytes=params * wire,

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from piebald.cost.comm import Collective, collective_time_s
-from piebald.specs.cluster import ClusterSpec
+from piebald.cost.comm import Collective, RingProfile
 from piebald.specs.plan import ZeroMode
 
 __all__ = ["StageComm", "stage_comm"]
@@ -27,22 +26,18 @@ class StageComm:
 
 
 def stage_comm(
-    cluster: ClusterSpec,
+    profile: RingProfile,
     *,
-    ranks: Sequence[int],
     shard_fractions: Sequence[float],
     zero: ZeroMode,
     state_bytes: float,
 ) -> StageComm:
-    """Traffic of a stage whose parameters (and gradients) take ``state_bytes`` on the wire."""
+    """Traffic of a stage whose parameters (and gradients) take ``state_bytes`` on the wire,
+    over the group described by ``profile`` (``comm.ring_profile`` of the stage's ranks)."""
 
     def collective(kind: Collective, uneven: bool) -> float:
-        return collective_time_s(
-            kind,
-            num_bytes=state_bytes,
-            ranks=ranks,
-            cluster=cluster,
-            shard_fractions=shard_fractions if uneven else None,
+        return profile.time_s(
+            kind, num_bytes=state_bytes, shard_fractions=shard_fractions if uneven else None
         )
 
     if zero is ZeroMode.NONE:

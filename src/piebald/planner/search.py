@@ -15,7 +15,6 @@ never Zorse's repeated min-cuts or Metis' full enumeration).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -46,6 +45,7 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
 EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one
 NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
+TOP_REFINED = 3  # coarse results whose cuts get a local search
 
 Progress = Callable[[float, str], None]
 
@@ -92,13 +92,26 @@ class _Search:
     ) -> None:
         self.cluster, self.model, self.job = cluster, model, job
         self.strategy, self.curve = strategy, curve
-        self.costs: dict[tuple[tuple[int, ...], int, int, int], StageCost] = {}
+        self.costs: dict[tuple[tuple[tuple[int, int], ...], int, int, int], StageCost] = {}
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
 
     # -- pricing a structure with the DP ------------------------------------------------
+    def signature(self, ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """(node group, GPUs of the node in the stage) for each node, in rank order."""
+        per_node: dict[int, int] = {}
+        for rank in sorted(ranks):
+            node = self.cluster.gpus[rank].node_index
+            per_node[node] = per_node.get(node, 0) + 1
+        return tuple(
+            (self.cluster.nodes[node].group_index, count) for node, count in per_node.items()
+        )
+
     def stage_cost(self, ranks: tuple[int, ...], index: int, depth: int, size: int) -> StageCost:
-        key = (ranks, index, depth, size)
+        # Stages with the same GPUs per node of the same groups, in the same ring order, at
+        # the same distance from the pipeline's end cost the same: price them once.
+        neighbors = (index > 0) + (index < depth - 1)
+        key = (self.signature(ranks), depth - index, neighbors, size)
         if key not in self.costs:
             self.costs[key] = stage_cost(
                 self.cluster,
@@ -246,27 +259,42 @@ def _boundaries(units: tuple[Unit, ...], strategy: Strategy) -> frozenset[int]:
     return frozenset(required)
 
 
-def _search_order(state: _Search, units: tuple[Unit, ...], size: int) -> None:
-    """Every depth for one order of units and one micro-batch size."""
-    strategy = state.strategy
-    required = _boundaries(units, strategy)
-    limit = min(len(units), state.model.num_layers, strategy.max_stages)
-    best = math.inf
-    patience = 0
-    for depth in _depths(limit):
-        if depth - 1 < len(required):
+def _scan_depths(
+    state: _Search,
+    units: tuple[Unit, ...],
+    size: int,
+    *,
+    refine: bool,
+    depths: Iterable[int] | None = None,
+) -> list[tuple[float, int]]:
+    """(estimate, depth) for every depth tried for one order and micro-batch size; stops
+    deepening once DEPTH_PATIENCE depths in a row bring no improvement."""
+    required = _boundaries(units, state.strategy)
+    limit = min(len(units), state.model.num_layers, state.strategy.max_stages)
+    results: list[tuple[float, int]] = []
+    best, patience = math.inf, 0
+    for depth in depths if depths is not None else _depths(limit):
+        if depth - 1 < len(required) or depth > limit:
             continue
-        value = _best_cuts(state, units, depth, size, required)
+        value = _best_cuts(state, units, depth, size, required, refine=refine)
+        results.append((value, depth))
         if value < best * (1 - 1e-9):
             best, patience = value, 0
         elif math.isfinite(best):
             patience += 1
-            if patience >= DEPTH_PATIENCE:
+            if patience >= DEPTH_PATIENCE and depths is None:
                 break
+    return results
 
 
 def _best_cuts(
-    state: _Search, units: tuple[Unit, ...], depth: int, size: int, required: frozenset[int]
+    state: _Search,
+    units: tuple[Unit, ...],
+    depth: int,
+    size: int,
+    required: frozenset[int],
+    *,
+    refine: bool,
 ) -> float:
     positions = [p for p in range(1, len(units)) if p not in required]
     free = depth - 1 - len(required)
@@ -281,7 +309,7 @@ def _best_cuts(
         return math.inf
     cuts = start
     value = state.price(_stages_of(units, cuts), size)
-    step = max(1, len(units) // (2 * depth))
+    step = max(1, len(units) // (2 * depth)) if refine else 0
     while step >= 1:
         improved = True
         while improved:
@@ -399,22 +427,17 @@ def search(
     """The plan with the highest predicted tokens/s that fits every GPU's memory."""
     started = time.perf_counter()
     report = progress or (lambda fraction, message: None)
-    subsets = _idle_subsets(cluster, strategy)
-    scored: list[ScoredPlan] = []
-    num_structures = 0
-    for subset_index, groups in enumerate(subsets):
-        state = _Search(cluster, model=model, job=job, strategy=strategy, curve=curve)
-        work = _work_items(state, groups)
-        for item_index, run in enumerate(work):
-            run()
-            report(
-                (subset_index + (item_index + 1) / len(work)) / len(subsets),
-                f"{strategy.name}: {state.num_structures} structures",
-            )
-        scored += _exact(state, strategy)
-        num_structures += state.num_structures
+    state = _Search(cluster, model=model, job=job, strategy=strategy, curve=curve)
+    if strategy.grid_drop:
+        sizes = _sizes(job)
+        for index, size in enumerate(sizes):
+            _grid_candidates(state, size)
+            report((index + 1) / len(sizes), f"{strategy.name}: {state.num_structures} structures")
+    else:
+        _search_structures(state, report)
+    scored = _exact(state, strategy)
     if not scored:
-        raise Infeasible(diagnose_infeasible(cluster, model=model, job=job))
+        raise Infeasible(_why_infeasible(state))
     scored.sort(key=lambda s: s.estimate.step_time_s)
     bound = upper_bound_tokens_per_s(cluster, model=model, job=job, curve=curve)
     best = _finish(scored[0], scored, bound)
@@ -423,20 +446,51 @@ def search(
         best=best,
         runners_up=runners,
         upper_bound_tokens_per_s=bound,
-        num_structures=num_structures,
+        num_structures=state.num_structures,
         elapsed_s=time.perf_counter() - started,
     )
 
 
-def _work_items(state: _Search, groups: frozenset[int]) -> list[Callable[[], None]]:
-    if state.strategy.grid_drop:
-        return [functools.partial(_grid_candidates, state, size) for size in _sizes(state.job)]
-    units = build_units(state.cluster, precision=state.job.precision, groups=groups)
-    return [
-        functools.partial(_search_order, state, order, size)
-        for order in unit_orders(units)
-        for size in _sizes(state.job)
-    ]
+def _search_structures(state: _Search, report: Progress) -> None:
+    """Coarse scan of every (order, micro-batch size) over depths with speed-quantile cuts;
+    local search of the cuts around the best few; then the same for each idle-group subset,
+    in the orders and sizes that won with every group."""
+    subsets = _idle_subsets(state.cluster, state.strategy)
+    full_units = build_units(state.cluster, precision=state.job.precision, groups=subsets[0])
+    orders = unit_orders(full_units)
+    sizes = _sizes(state.job)
+    scans: list[tuple[float, int, int, int]] = []  # (estimate, order, size, depth)
+    steps = len(orders) * len(sizes) + len(subsets)
+    done = 0
+    for order_index, order in enumerate(orders):
+        for size in sizes:
+            for value, depth in _scan_depths(state, order, size, refine=False):
+                scans.append((value, order_index, size, depth))
+            done += 1
+            report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
+    best = sorted(v for v in scans if math.isfinite(v[0]))[:TOP_REFINED]
+    for _, order_index, size, depth in best:
+        _scan_depths(
+            state, orders[order_index], size, refine=True, depths=(depth - 1, depth, depth + 1)
+        )
+    for groups in subsets[1:]:
+        for _, order_index, size, _ in best[:2]:
+            order = tuple(u for u in orders[order_index] if u.group_index in groups)
+            _scan_depths(state, order, size, refine=True)
+        done += 1
+        report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
+
+
+def _why_infeasible(state: _Search) -> str:
+    if state.strategy.stage_rules.equal_micro_batches and any(
+        math.isfinite(c.proxy_s) for c in state.candidates.values()
+    ):
+        return (
+            f"{state.strategy.name} gives every GPU of a stage the same number of "
+            "micro-batches, and no structure that fits memory has stages whose size "
+            f"divides the micro-batches of a global batch of {state.job.global_batch_size}"
+        )
+    return diagnose_infeasible(state.cluster, model=state.model, job=state.job)
 
 
 def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:

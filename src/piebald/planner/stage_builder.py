@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import in_flight_micro_batches, rank_memory
@@ -103,6 +104,7 @@ def build_stage(
     wire_bytes = params * (4 if job.precision is Dtype.FP32 else 2)
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(ranks) for _ in ranks)
+    profile = ring_profile(cluster, ranks)
     best: StageChoice | None = None
     for recompute in rules.recompute:
         compute_s = []
@@ -121,9 +123,7 @@ def build_stage(
             )
         for zero in rules.zero_modes:
             # Per-pass traffic with even shards; the exact plan estimate re-prices it.
-            comm = stage_comm(
-                cluster, ranks=ranks, shard_fractions=even, zero=zero, state_bytes=wire_bytes
-            )
+            comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
             pass_s = [
                 max(f, comm.before_forward_s) + max(b, comm.during_backward_s) for f, b in compute_s
             ]
@@ -163,7 +163,7 @@ def build_stage(
                 recompute=recompute,
             )
             sync = stage_comm(
-                cluster, ranks=ranks, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
+                profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
             ).sync_s
             busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
             working = [t for c, t in zip(counts, pass_s, strict=True) if c]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes
@@ -41,12 +42,12 @@ class StageCost:
 
 
 def _affine_comm(
-    cluster: ClusterSpec, ranks: tuple[int, ...], zero: ZeroMode
+    profile: RingProfile, num_ranks: int, zero: ZeroMode
 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """(intercept, slope per byte) of per-pass traffic and of the end-of-step sync."""
-    even = tuple(1.0 / len(ranks) for _ in ranks)
+    even = tuple(1.0 / num_ranks for _ in range(num_ranks))
     low, high = (
-        stage_comm(cluster, ranks=ranks, shard_fractions=even, zero=zero, state_bytes=size)
+        stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=size)
         for size in _PROBE_BYTES
     )
     span = _PROBE_BYTES[1] - _PROBE_BYTES[0]
@@ -111,6 +112,8 @@ def _stage_cost(
     depth = num_stages - stage_index  # micro-batches in flight in the stage under 1F1B
     wire = 4.0 if job.precision is Dtype.FP32 else 2.0
     params = _params_matrix(model, safe_start, safe_end)
+    profile = ring_profile(cluster, ranks)
+    comm_of = {zero: _affine_comm(profile, len(ranks), zero) for zero in rules.zero_modes}
     best = np.full((size, size), np.inf)
     best_pass = np.full((size, size), np.inf)
     for recompute in rules.recompute:
@@ -127,7 +130,7 @@ def _stage_cost(
             ).total_prefix_s
             times[device] = np.where(valid, prefix[safe_end] - prefix[safe_start], np.inf)
         for zero in rules.zero_modes:
-            (pass_a, pass_b), (sync_a, sync_b) = _affine_comm(cluster, ranks, zero)
+            (pass_a, pass_b), (sync_a, sync_b) = comm_of[zero]
             comm_pass = np.where(params > 0, pass_a + pass_b * params * wire, 0.0)
             rate = np.zeros((size, size))
             for device, count in classes.items():
