@@ -30,6 +30,7 @@ __all__ = [
     "in_flight_micro_batches",
     "rank_memory",
     "stage_memory_bytes",
+    "stage_params_matrix",
 ]
 
 GIB = 2.0**30
@@ -98,58 +99,59 @@ def in_flight_micro_batches(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _LayerRanges:
-    """Per-model prefix sums and range maxima, so layer-range sums are O(1) and vectorise."""
+    """Per-model sums and maxima over every layer range [a, b), as (L+1) x (L+1) matrices
+    indexed [a, b]: a range lookup is O(1), and the planner reads whole matrices."""
 
     num_layers: int
-    params_prefix: npt.NDArray[np.float64]
-    activation_prefix: npt.NDArray[np.float64]
-    recompute_prefix: npt.NDArray[np.float64]
-    embedding_params: float
-    block_params: float  # 0 when the model has no blocks
-    head_params: float  # the head's own parameters plus the tied weight it uses
-    head_tied_params: float
+    params: npt.NDArray[np.float64]  # stored parameters, tied head replica included
+    largest_params: npt.NDArray[np.float64]  # the largest single layer (with tied weight)
+    activations: npt.NDArray[np.float64]  # bytes per token kept without recompute
+    recompute_activations: npt.NDArray[np.float64]  # ... with recompute
+    has_block: npt.NDArray[np.bool_]
     block_activation: float
     hidden_size: int
+
+
+def _prefix(values: list[float]) -> npt.NDArray[np.float64]:
+    return np.concatenate([[0.0], np.cumsum(values)])
 
 
 @functools.lru_cache(maxsize=64)
 def _ranges(model: ModelSpec) -> _LayerRanges:
     layers = model.layers
+    size = len(layers) + 1
+    start, end = np.arange(size)[:, None], np.arange(size)[None, :]
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
     head = layers[-1]
+    params = _prefix([x.num_params for x in layers])
+    activation = _prefix([x.activation_bytes_per_token for x in layers])
+    recompute = _prefix([x.recompute_activation_bytes_per_token for x in layers])
+    last = len(layers)
+    has_block = (start < last - 1) & (end > 1) & (block is not None)
+    # A stage holding the tied head but not the embedding keeps a replica of the weight.
+    tied = np.where((start > 0) & (end == last), float(head.num_tied_params), 0.0)
+    largest = np.maximum(
+        np.maximum(
+            np.where(start == 0, float(layers[0].num_params), 0.0),
+            np.where(has_block, float(block.num_params) if block else 0.0, 0.0),
+        ),
+        np.where(end == last, float(head.num_params + head.num_tied_params), 0.0),
+    )
     return _LayerRanges(
-        num_layers=len(layers),
-        params_prefix=np.concatenate([[0.0], np.cumsum([x.num_params for x in layers])]),
-        activation_prefix=np.concatenate(
-            [[0.0], np.cumsum([x.activation_bytes_per_token for x in layers])]
-        ),
-        recompute_prefix=np.concatenate(
-            [[0.0], np.cumsum([x.recompute_activation_bytes_per_token for x in layers])]
-        ),
-        embedding_params=float(layers[0].num_params),
-        block_params=float(block.num_params) if block else 0.0,
-        head_params=float(head.num_params + head.num_tied_params),
-        head_tied_params=float(head.num_tied_params),
+        num_layers=last,
+        params=params[end] - params[start] + tied,
+        largest_params=largest,
+        activations=activation[end] - activation[start],
+        recompute_activations=recompute[end] - recompute[start],
+        has_block=has_block,
         block_activation=block.activation_bytes_per_token if block else 0.0,
         hidden_size=model.arch.hidden_size,
     )
 
 
-def _stage_params(r: _LayerRanges, start: Any, end: Any) -> Any:
-    """Parameters stored for layers [start, end): a tied head replica off the first stage."""
-    tied = np.where((start > 0) & (end == r.num_layers), r.head_tied_params, 0.0)
-    return r.params_prefix[end] - r.params_prefix[start] + tied
-
-
-def _largest_layer_params(r: _LayerRanges, start: Any, end: Any) -> Any:
-    has_block = (start < r.num_layers - 1) & (end > 1) & (r.block_params > 0)
-    return np.maximum.reduce(
-        [
-            np.where(start == 0, r.embedding_params, 0.0),
-            np.where(has_block, r.block_params, 0.0),
-            np.where(end == r.num_layers, r.head_params, 0.0),
-        ]
-    )
+def stage_params_matrix(model: ModelSpec) -> npt.NDArray[np.float64]:
+    """Parameters a stage stores for every layer range, indexed [a, b] (tied replica included)."""
+    return _ranges(model).params
 
 
 def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
@@ -163,8 +165,7 @@ def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
 
 def _activations_and_working(
     r: _LayerRanges,
-    start: Any,
-    end: Any,
+    index: Any,
     *,
     dtype: Dtype,
     zero: ZeroMode,
@@ -176,17 +177,16 @@ def _activations_and_working(
     grad_b: float,
 ) -> tuple[Any, Any]:
     scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
-    prefix = r.recompute_prefix if recompute else r.activation_prefix
-    activations = num_in_flight * tokens * (prefix[end] - prefix[start]) * scale
-    largest = _largest_layer_params(r, start, end)
+    stored = (r.recompute_activations if recompute else r.activations)[index]
+    activations = num_in_flight * tokens * stored * scale
+    largest = r.largest_params[index]
     working = 0.0 * largest
     if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL):
         working = working + largest * grad_b  # one layer's gradient before reduce-scatter
     if zero is ZeroMode.FULL:
         working = working + 2 * largest * weight_b  # the gathered layer and the prefetched one
     if recompute:  # one block's full activations while it is recomputed
-        has_block = (start < r.num_layers - 1) & (end > 1)
-        working = working + np.where(has_block, tokens * r.block_activation * scale, 0.0)
+        working = working + np.where(r.has_block[index], tokens * r.block_activation * scale, 0.0)
     # Send and receive buffers of activations and their gradients at each stage boundary.
     working = working + num_neighbor_stages * 2 * tokens * r.hidden_size * dtype.num_bytes
     return activations, working
@@ -195,8 +195,7 @@ def _activations_and_working(
 def stage_memory_bytes(
     model: ModelSpec,
     *,
-    layer_start: Any,
-    layer_end: Any,
+    layers: tuple[int, int] | None,
     device: DeviceType,
     dtype: Dtype,
     optimizer: Optimizer,
@@ -208,17 +207,17 @@ def stage_memory_bytes(
     num_neighbor_stages: int,
 ) -> tuple[Any, Any]:
     """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
-    needs ``fixed + fraction * sharded``. Vectorises over arrays of layer ranges, which is
+    holding ``layers`` = [a, b) needs ``fixed + fraction * sharded``. With ``layers=None``
+    both are (L+1) x (L+1) matrices over every range [a, b) (garbage where b <= a), which is
     how the planner prices every split at once; :func:`rank_memory` is the same formula."""
     r = _ranges(model)
-    start, end = np.asarray(layer_start), np.asarray(layer_end)
-    params = _stage_params(r, start, end)
+    index: Any = slice(None) if layers is None else layers
+    params = r.params[index]
     per_param = bytes_per_param(dtype=dtype, optimizer=optimizer)
     sharded_per_param = sum(b for b, s in zip(per_param, _sharded(zero), strict=True) if s)
     activations, working = _activations_and_working(
         r,
-        start,
-        end,
+        index,
         dtype=dtype,
         zero=zero,
         tokens=micro_batch_size * seq_len,
@@ -255,13 +254,13 @@ def rank_memory(
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``."""
     r = _ranges(model)
-    params = float(_stage_params(r, np.asarray(layer_start), np.asarray(layer_end)))
+    index = (layer_start, layer_end)
+    params = float(r.params[index])
     weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer)
     weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
     activations, working = _activations_and_working(
         r,
-        np.asarray(layer_start),
-        np.asarray(layer_end),
+        index,
         dtype=dtype,
         zero=zero,
         tokens=micro_batch_size * seq_len,

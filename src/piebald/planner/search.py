@@ -45,7 +45,8 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
 EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one
 NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
-TOP_REFINED = 3  # coarse results whose cuts get a local search
+TOP_REFINED = 2  # coarse results whose cuts get a local search
+LOCAL_SEARCH_ROUNDS = 2
 
 Progress = Callable[[float, str], None]
 
@@ -309,26 +310,42 @@ def _best_cuts(
         return math.inf
     cuts = start
     value = state.price(_stages_of(units, cuts), size)
-    step = max(1, len(units) // (2 * depth)) if refine else 0
-    while step >= 1:
-        improved = True
-        while improved:
-            improved = False
+    if refine:
+        cuts, value = _local_search(state, units, size, cuts, value, required)
+    return value
+
+
+def _local_search(
+    state: _Search,
+    units: tuple[Unit, ...],
+    size: int,
+    cuts: tuple[int, ...],
+    value: float,
+    required: frozenset[int],
+) -> tuple[tuple[int, ...], float]:
+    """Move one cut at a time by halving steps while the estimate improves: one sweep per
+    step size, the whole schedule at most LOCAL_SEARCH_ROUNDS times."""
+    for _ in range(LOCAL_SEARCH_ROUNDS):
+        start_value = value
+        step = max(1, len(units) // (2 * (len(cuts) + 1)))
+        while step >= 1:
             for index, cut in enumerate(cuts):
                 if cut in required:
                     continue
+                low = cuts[index - 1] if index else 0
+                high = cuts[index + 1] if index + 1 < len(cuts) else len(units)
                 for moved in (cut - step, cut + step):
-                    low = cuts[index - 1] if index else 0
-                    high = cuts[index + 1] if index + 1 < len(cuts) else len(units)
                     if not low < moved < high:
                         continue
                     trial = (*cuts[:index], moved, *cuts[index + 1 :])
                     trial_value = state.price(_stages_of(units, trial), size)
                     if trial_value < value * (1 - 1e-9):
-                        cuts, value, improved = trial, trial_value, True
+                        cuts, value = trial, trial_value
                         break
-        step //= 2
-    return value
+            step //= 2
+        if value >= start_value * (1 - 1e-9):
+            break
+    return cuts, value
 
 
 def _grid_candidates(state: _Search, size: int) -> None:
@@ -382,8 +399,7 @@ def _fastest_size(state: _Search, device: DeviceType, num_ranks: int) -> int:
             continue
         fixed, sharded = stage_memory_bytes(
             state.model,
-            layer_start=0,
-            layer_end=last,
+            layers=(0, last),
             device=device,
             dtype=device.training_dtype(state.job.precision),
             optimizer=state.job.optimizer,
@@ -464,19 +480,28 @@ def _search_structures(state: _Search, report: Progress) -> None:
     done = 0
     for order_index, order in enumerate(orders):
         for size in sizes:
-            for value, depth in _scan_depths(state, order, size, refine=False):
-                scans.append((value, order_index, size, depth))
             done += 1
+            tried = _scan_depths(state, order, size, refine=False)
+            scans += [(value, order_index, size, depth) for value, depth in tried]
             report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
+            if not any(math.isfinite(value) for value, _ in tried):
+                break  # activations grow with the micro-batch: larger ones cannot fit either
     best = sorted(v for v in scans if math.isfinite(v[0]))[:TOP_REFINED]
     for _, order_index, size, depth in best:
         _scan_depths(
             state, orders[order_index], size, refine=True, depths=(depth - 1, depth, depth + 1)
         )
     for groups in subsets[1:]:
-        for _, order_index, size, _ in best[:2]:
-            order = tuple(u for u in orders[order_index] if u.group_index in groups)
-            _scan_depths(state, order, size, refine=True)
+        # Idle groups: the winning order and size without the group, depths near the best.
+        if not best:
+            break
+        _, order_index, size, depth = best[0]
+        order = tuple(u for u in orders[order_index] if u.group_index in groups)
+        near = range(max(1, depth - 2), depth + 3)
+        tried = _scan_depths(state, order, size, refine=False, depths=near)
+        finite = [t for t in tried if math.isfinite(t[0])]
+        if finite:
+            _scan_depths(state, order, size, refine=True, depths=(min(finite)[1],))
         done += 1
         report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
 

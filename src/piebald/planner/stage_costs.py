@@ -20,7 +20,7 @@ import numpy.typing as npt
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import stage_memory_bytes
+from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
@@ -105,13 +105,12 @@ def _stage_cost(
     start = np.arange(size)[:, None]
     end = np.arange(size)[None, :]
     valid = start < end
-    safe_start, safe_end = np.where(valid, start, 0), np.where(valid, end, 1)
     classes = Counter(cluster.device_of(rank) for rank in ranks)
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     depth = num_stages - stage_index  # micro-batches in flight in the stage under 1F1B
     wire = 4.0 if job.precision is Dtype.FP32 else 2.0
-    params = _params_matrix(model, safe_start, safe_end)
+    params = stage_params_matrix(model)
     profile = ring_profile(cluster, ranks)
     comm_of = {zero: _affine_comm(profile, len(ranks), zero) for zero in rules.zero_modes}
     best = np.full((size, size), np.inf)
@@ -128,7 +127,7 @@ def _stage_cost(
                 recompute=recompute,
                 curve=curve,
             ).total_prefix_s
-            times[device] = np.where(valid, prefix[safe_end] - prefix[safe_start], np.inf)
+            times[device] = np.where(valid, prefix[None, :] - prefix[:, None], np.inf)
         for zero in rules.zero_modes:
             (pass_a, pass_b), (sync_a, sync_b) = comm_of[zero]
             comm_pass = np.where(params > 0, pass_a + pass_b * params * wire, 0.0)
@@ -150,8 +149,6 @@ def _stage_cost(
                 recompute=recompute,
                 micro_batch_size=micro_batch_size,
                 neighbors=neighbors,
-                start=safe_start,
-                end=safe_end,
                 even_shards=rules.even_shards or zero is ZeroMode.NONE,
                 num_ranks=len(ranks),
             )
@@ -161,17 +158,6 @@ def _stage_cost(
             best = np.where(better, cost, best)
             best_pass = np.where(better, slowest, best_pass)
     return StageCost(cost_s=best, pass_s=best_pass)
-
-
-def _params_matrix(
-    model: ModelSpec, start: npt.NDArray[np.int_], end: npt.NDArray[np.int_]
-) -> Matrix:
-    prefix = np.concatenate([[0.0], np.cumsum([layer.num_params for layer in model.layers])])
-    tied = float(model.layers[-1].num_tied_params)
-    params: Matrix = (
-        prefix[end] - prefix[start] + np.where((start > 0) & (end == model.num_layers), tied, 0.0)
-    )
-    return params
 
 
 def _fits(
@@ -188,8 +174,6 @@ def _fits(
     recompute: bool,
     micro_batch_size: int,
     neighbors: int,
-    start: npt.NDArray[np.int_],
-    end: npt.NDArray[np.int_],
     even_shards: bool,
     num_ranks: int,
 ) -> npt.NDArray[np.bool_]:
@@ -203,8 +187,7 @@ def _fits(
         in_flight = np.maximum(1.0, np.minimum(micro_batches, np.ceil(depth * share)))
         fixed, sharded = stage_memory_bytes(
             model,
-            layer_start=start,
-            layer_end=end,
+            layers=None,
             device=device,
             dtype=device.training_dtype(job.precision),
             optimizer=job.optimizer,

@@ -125,6 +125,11 @@ class ModelSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", _build_layers(self.arch))
 
+    def __hash__(self) -> int:
+        # The layers follow from the architecture; hashing them too would make every cache
+        # keyed by a model walk its whole layer list.
+        return hash((self.name, self.arch))
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
