@@ -17,11 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from scaling_clusters import TYPES, scaling_cluster  # noqa: E402
-
-from piebald.planner.search import search  # noqa: E402
-from piebald.specs.job import JobSpec  # noqa: E402
-from piebald.specs.presets import load_model  # noqa: E402
+from piebald.planner.search import search
+from piebald.specs.job import JobSpec
+from piebald.specs.presets import load_model
+from scaling_clusters import TYPES, scaling_cluster
 
 REPEATS = 3
 
@@ -34,10 +33,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     model = load_model(args.model)
-    print(f"model {model.name}, seq {args.seq_len}, global batch = max(512, GPUs) sequences; "
-          f"GPU types: {', '.join(t[0] for t in TYPES)}")
-    print(f"| GPUs | nodes | median plan time (s) | min..max (s) | structures | stages | "
-          f"idle GPUs | predicted tokens/s | efficiency vs bound |")
+    print(
+        f"model {model.name}, seq {args.seq_len}, global batch = max(512, GPUs) sequences; "
+        f"GPU types: {', '.join(t[0] for t in TYPES)}"
+    )
+    print(
+        "| GPUs | nodes | median plan time (s) | min..max (s) | structures | stages | "
+        "idle GPUs | predicted tokens/s | efficiency vs bound |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in (int(s) for s in args.sizes.split(",")):
         cluster = scaling_cluster(size)
@@ -49,10 +52,13 @@ def main() -> None:
             times.append(time.perf_counter() - started)
         plan = result.best.plan
         tokens = result.best.estimate.tokens_per_s
-        print(f"| {size} | {len(cluster.nodes)} | {statistics.median(times):.1f} | "
-              f"{min(times):.1f}..{max(times):.1f} | {result.num_structures} | "
-              f"{plan.num_stages} | {len(plan.idle_ranks)} | {tokens:,.0f} | "
-              f"{tokens / result.upper_bound_tokens_per_s:.2f} |", flush=True)
+        print(
+            f"| {size} | {len(cluster.nodes)} | {statistics.median(times):.1f} | "
+            f"{min(times):.1f}..{max(times):.1f} | {result.num_structures} | "
+            f"{plan.num_stages} | {len(plan.idle_ranks)} | {tokens:,.0f} | "
+            f"{tokens / result.upper_bound_tokens_per_s:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

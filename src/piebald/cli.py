@@ -6,26 +6,51 @@ fits), never a traceback. Tables are drawn with rich; library code below never p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from piebald import __version__
 from piebald.errors import SpecError
 from piebald.examples import example_path
-from piebald.planner.data_parallel import Infeasible, build_data_parallel_plan
-from piebald.render import catalog_table, cluster_table, models_table, plan_table
+from piebald.planner.compare import Comparison, compare_strategies
+from piebald.planner.explain import explain_plan
+from piebald.planner.search import Infeasible, search
+from piebald.planner.strategies import STRATEGIES
+from piebald.plots import plot_comparison
+from piebald.render import (
+    catalog_table,
+    cluster_table,
+    comparison_table,
+    explanation_tables,
+    models_table,
+    plan_summary,
+    plan_table,
+)
+from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
+from piebald.specs.fields import suggest
 from piebald.specs.job import JobSpec
-from piebald.specs.plan_io import plan_to_dict, save_plan
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan_io import load_plan, plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
 
 app = typer.Typer(
@@ -120,45 +145,172 @@ def gpus() -> None:
     console.print(catalog_table(list(builtin_catalog().values())))
 
 
+def _job(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
+    return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+
+
+@contextlib.contextmanager
+def _progress(description: str) -> Iterator[Callable[[float, str], None]]:
+    """A progress bar that appears only once the work has taken a second (on a terminal)."""
+    started = time.perf_counter()
+    bar: Progress | None = None
+    task = None
+
+    def update(fraction: float, message: str) -> None:
+        nonlocal bar, task
+        if bar is None and console.is_terminal and time.perf_counter() - started > 1.0:
+            bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            bar.start()
+            task = bar.add_task(description, total=1.0)
+        if bar is not None and task is not None:
+            bar.update(task, completed=fraction, description=f"{description}: {message}")
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _inputs(
+    cluster: Path, model: str, global_batch: int, seq_len: int, precision: Dtype
+) -> tuple[ClusterSpec, ModelSpec, JobSpec]:
+    return (
+        load_cluster(cluster),
+        load_model(model),
+        _job(global_batch=global_batch, seq_len=seq_len, precision=precision),
+    )
+
+
+ClusterOption = Annotated[Path, typer.Option(help="Cluster YAML file.")]
+ModelOption = Annotated[str, typer.Option(help="Preset name or Hugging Face config.json path.")]
+BatchOption = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
+SeqOption = Annotated[int, typer.Option(min=1, help="Tokens per sequence.")]
+PrecisionOption = Annotated[Dtype, typer.Option(help="Requested training precision.")]
+
+
 @app.command("plan")
 @user_errors
 def plan(
-    cluster: Annotated[Path, typer.Option(help="Cluster YAML file.")],
-    model: Annotated[str, typer.Option(help="Preset name or Hugging Face config.json path.")],
-    global_batch: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")],
-    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")],
-    micro_batch_size: Annotated[int, typer.Option(min=1)] = 1,
-    precision: Annotated[Dtype, typer.Option(help="Requested training precision.")] = Dtype.BF16,
+    cluster: ClusterOption,
+    model: ModelOption,
+    global_batch: BatchOption,
+    seq_len: SeqOption,
+    precision: PrecisionOption = Dtype.BF16,
+    strategy: Annotated[str, typer.Option(help="piebald, or a baseline to plan as.")] = "piebald",
     out: Annotated[Path | None, typer.Option(help="Write the plan JSON here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON.")] = False,
 ) -> None:
-    """Plan training of MODEL on CLUSTER (one-stage heterogeneous data parallelism for now)."""
-    cluster_spec = load_cluster(cluster)
-    model_spec = load_model(model)
-    job = _job(global_batch=global_batch, seq_len=seq_len, precision=precision)
-    if global_batch % micro_batch_size:
+    """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
+    if strategy not in STRATEGIES:
         raise SpecError(
-            source="--global-batch",
+            source="--strategy",
             field="",
-            value=global_batch,
-            expected=f"a multiple of --micro-batch-size {micro_batch_size}",
+            value=strategy,
+            expected=f"one of {list(STRATEGIES)}{suggest(strategy, STRATEGIES)}",
         )
-    scored = build_data_parallel_plan(
-        cluster_spec, model=model_spec, job=job, micro_batch_size=micro_batch_size
-    )
+    if out is not None and out.exists() and not force:
+        raise FileExistsError(f"{out} exists; not overwriting it (pass --force to replace)")
+    cluster_spec, model_spec, job = _inputs(cluster, model, global_batch, seq_len, precision)
+    with _progress("planning") as progress:
+        result = search(
+            cluster_spec,
+            model=model_spec,
+            job=job,
+            strategy=STRATEGIES[strategy],
+            progress=progress,
+        )
+    best = result.best
     if out is not None:
-        save_plan(scored.plan, out, overwrite=force)
+        save_plan(best.plan, out, overwrite=force)
     if as_json:
-        print(json.dumps(plan_to_dict(scored.plan), indent=1))
+        print(json.dumps(plan_to_dict(best.plan), indent=1))
         return
-    console.print(plan_table(scored.plan, scored.estimate))
+    console.print(plan_table(best.plan, best.estimate))
+    for line in plan_summary(
+        best.plan, best.estimate, elapsed_s=result.elapsed_s, num_structures=result.num_structures
+    ):
+        console.print(line, highlight=False)
     if out is not None:
         console.print(f"plan written to {out}")
 
 
-def _job(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
-    return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+@app.command("explain")
+@user_errors
+def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]) -> None:
+    """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
+    loaded = load_plan(plan_file)
+    explanation = explain_plan(loaded)
+    for renderable in explanation_tables(loaded, explanation):
+        console.print(renderable)
+
+
+@app.command("compare")
+@user_errors
+def compare(
+    cluster: ClusterOption,
+    model: ModelOption,
+    global_batch: BatchOption,
+    seq_len: SeqOption,
+    precision: PrecisionOption = Dtype.BF16,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw a bar chart (PNG) here.")] = None,
+) -> None:
+    """piebald against every baseline (as modelled) and the upper bound."""
+    cluster_spec, model_spec, job = _inputs(cluster, model, global_batch, seq_len, precision)
+    comparison = _compare(cluster_spec, model_spec, job)
+    if plot is not None:
+        plot_comparison(comparison, plot, title=_compare_title(cluster_spec, model_spec, job))
+    if as_json:
+        print(json.dumps(comparison_to_dict(comparison), indent=1))
+        return
+    console.print(comparison_table(comparison, title=_compare_title(cluster_spec, model_spec, job)))
+    if plot is not None:
+        console.print(f"bar chart written to {plot}")
+
+
+def _compare(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> Comparison:
+    names = list(STRATEGIES)
+    with _progress("comparing") as progress:
+        return compare_strategies(
+            cluster,
+            model=model,
+            job=job,
+            on_strategy=lambda name: progress(names.index(name) / len(names), name),
+        )
+
+
+def _compare_title(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> str:
+    return (
+        f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch "
+        f"{job.global_batch_size} x {job.seq_len} tokens"
+    )
+
+
+def comparison_to_dict(comparison: Comparison) -> dict[str, object]:
+    return {
+        "results": [
+            {
+                "strategy": row.strategy,
+                "feasible": row.feasible,
+                "tokens_per_s": row.tokens_per_s,
+                "step_time_s": row.step_time_s if row.feasible else None,
+                "num_gpus_used": row.num_gpus_used,
+                "reason": row.reason,
+            }
+            for row in comparison.rows
+        ],
+        "upper_bound_tokens_per_s": comparison.upper_bound_tokens_per_s,
+    }
 
 
 @app.command("demo")
@@ -168,19 +320,36 @@ def demo(
         "out/demo"
     ),
 ) -> None:
-    """Check the built-in example cluster, then plan gpt2 on it and save the plan."""
+    """Describe the built-in cluster, plan llama-3.2-1b on it, explain it, compare baselines."""
     cluster = load_cluster(example_path())
+    model = load_model("llama-3.2-1b")
+    job = _job(global_batch=32, seq_len=2048, precision=Dtype.BF16)
     console.rule("[bold]1. describe: the built-in example cluster")
     console.print(cluster_table(cluster))
-    model = load_model("gpt2")
-    job = _job(global_batch=64, seq_len=1024, precision=Dtype.BF16)
     console.rule(
         f"[bold]2. plan: {model.name}, global batch {job.global_batch_size} x {job.seq_len} tokens"
     )
-    scored = build_data_parallel_plan(cluster, model=model, job=job, micro_batch_size=4)
-    console.print(plan_table(scored.plan, scored.estimate))
-    save_plan(scored.plan, out_dir / "plan.json", overwrite=True)
-    console.print(f"plan written to {out_dir / 'plan.json'}")
+    with _progress("planning") as progress:
+        result = search(cluster, model=model, job=job, progress=progress)
+    console.print(plan_table(result.best.plan, result.best.estimate))
+    for line in plan_summary(
+        result.best.plan,
+        result.best.estimate,
+        elapsed_s=result.elapsed_s,
+        num_structures=result.num_structures,
+    ):
+        console.print(line, highlight=False)
+    plan_path = out_dir / "plan.json"
+    save_plan(result.best.plan, plan_path, overwrite=True)
+    console.rule("[bold]3. explain")
+    for renderable in explanation_tables(result.best.plan, explain_plan(result.best.plan)):
+        console.print(renderable)
+    console.rule("[bold]4. compare with the baselines")
+    comparison = _compare(cluster, model, job)
+    console.print(comparison_table(comparison, title=_compare_title(cluster, model, job)))
+    plot_path = out_dir / "compare.png"
+    plot_comparison(comparison, plot_path, title=_compare_title(cluster, model, job))
+    console.print(f"artefacts: {plan_path}, {plot_path}")
 
 
 def main() -> None:

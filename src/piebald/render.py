@@ -5,13 +5,23 @@ from __future__ import annotations
 from rich.table import Table
 
 from piebald.cost.plan_estimate import PlanEstimate, model_flops_utilization
+from piebald.planner.compare import Comparison
+from piebald.planner.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 from piebald.specs.units import format_bytes, format_rate
 
-__all__ = ["catalog_table", "cluster_table", "models_table", "plan_table"]
+__all__ = [
+    "catalog_table",
+    "cluster_table",
+    "comparison_table",
+    "explanation_tables",
+    "models_table",
+    "plan_summary",
+    "plan_table",
+]
 
 
 def _tflops(flops: float) -> str:
@@ -168,4 +178,111 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
                 f"{memory / 2**30:.1f} / {device.memory_bytes / 2**30:.1f} GiB",
             )
         table.add_section()
+    return table
+
+
+def plan_summary(
+    plan: Plan, estimate: PlanEstimate, *, elapsed_s: float, num_structures: int
+) -> list[str]:
+    """Lines under the plan table: bound, efficiency, notes, how long the search took."""
+    lines = []
+    if plan.upper_bound_tokens_per_s:
+        lines.append(
+            f"upper bound {plan.upper_bound_tokens_per_s:,.0f} tokens/s (each GPU's "
+            "best standalone throughput, summed); achievable efficiency "
+            f"{estimate.tokens_per_s / plan.upper_bound_tokens_per_s:.1%}"
+        )
+    lines += [f"note: {note}" for note in plan.notes]
+    lines.append(f"searched {num_structures:,} structures in {elapsed_s:.1f} s")
+    return lines
+
+
+def explanation_tables(plan: Plan, explanation: Explanation) -> list[Table | str]:
+    estimate = explanation.estimate
+    step = estimate.step_time_s
+    time_table = Table(
+        title=f"where the {step:.3f} s step goes (bottleneck: {estimate.bottleneck})"
+    )
+    for column in (
+        "stage",
+        "layers",
+        "compute",
+        "bubble",
+        "p2p to next",
+        "DP sync",
+        "sync exposed",
+    ):
+        time_table.add_column(column, justify="right", no_wrap=True)
+    for stage in explanation.stages:
+        time_table.add_row(
+            str(stage.index),
+            f"{stage.layers[0]}-{stage.layers[1] - 1}",
+            f"{stage.compute_s:.3f} s ({stage.compute_s / step:.0%})",
+            f"{stage.bubble_s:.3f} s ({stage.bubble_s / step:.0%})",
+            f"{stage.p2p_s:.3f} s",
+            f"{stage.sync_s:.3f} s",
+            f"{stage.exposed_sync_s:.3f} s",
+        )
+    time_table.caption = (
+        f"pipeline {estimate.pipeline_s:.3f} s + exposed sync "
+        f"{estimate.exposed_sync_s:.3f} s + optimizer step "
+        f"{explanation.optimizer_s:.3f} s = {step:.3f} s"
+    )
+    gpu_table = Table(title="what limits each GPU")
+    for column in ("rank", "GPU", "stage", "busy", "memory (peak / capacity)", "verdict"):
+        gpu_table.add_column(
+            column, justify="left" if column in ("GPU", "verdict") else "right", no_wrap=True
+        )
+    for gpu in explanation.gpus:
+        gpu_table.add_row(
+            str(gpu.rank),
+            gpu.device,
+            str(gpu.stage),
+            f"{gpu.busy_fraction:.0%}",
+            f"{gpu.memory_bytes / 2**30:.1f} / {gpu.capacity_bytes / 2**30:.1f} GiB",
+            gpu.verdict,
+        )
+    out: list[Table | str] = [time_table, gpu_table]
+    if plan.idle_ranks:
+        out.append(f"idle GPUs: {list(plan.idle_ranks)}")
+    if plan.runners_up:
+        runners = Table(title="runner-up plans")
+        runners.add_column("tokens/s", justify="right", no_wrap=True)
+        runners.add_column("vs chosen", justify="right", no_wrap=True)
+        runners.add_column("structure")
+        for runner in plan.runners_up:
+            runners.add_row(
+                f"{runner.tokens_per_s:,.0f}",
+                f"{runner.tokens_per_s / estimate.tokens_per_s - 1:+.1%}",
+                runner.description,
+            )
+        out.append(runners)
+    return out
+
+
+def comparison_table(comparison: Comparison, *, title: str) -> Table:
+    bound = comparison.upper_bound_tokens_per_s
+    table = Table(
+        title=title,
+        caption=f"upper bound {bound:,.0f} tokens/s; baselines are the "
+        "same search restricted to what each system can express (as modelled)",
+    )
+    for column in ("strategy", "tokens/s", "of bound", "step", "GPUs used", "plan or reason"):
+        table.add_column(
+            column,
+            justify="left" if column in ("strategy", "plan or reason") else "right",
+            no_wrap=column != "plan or reason",
+        )
+    for row in comparison.rows:
+        if row.feasible:
+            table.add_row(
+                row.strategy,
+                f"{row.tokens_per_s:,.0f}",
+                f"{row.tokens_per_s / bound:.0%}",
+                f"{row.step_time_s:.3f} s",
+                str(row.num_gpus_used),
+                row.reason,
+            )
+        else:
+            table.add_row(row.strategy, "-", "-", "-", "-", f"does not fit: {row.reason}")
     return table

@@ -28,6 +28,7 @@ from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
+from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
@@ -37,7 +38,7 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, Schedule, weighted_round_robin
+from piebald.specs.plan import Plan, RunnerUp, Schedule, weighted_round_robin
 
 __all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
 
@@ -535,22 +536,28 @@ def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
 
 
 def _finish(best: ScoredPlan, scored: list[ScoredPlan], bound: float) -> ScoredPlan:
-    """The winner with its prediction, bound and notes (idle GPUs say why)."""
+    """The winner with its prediction, bound, runner-ups and notes (idle GPUs say why)."""
     plan = best.plan
-    notes = [
-        f"strategy {best.strategy}: {len(plan.stages)} stage(s), planned by piebald {_version()}"
-    ]
+    notes = [f"strategy {best.strategy} (piebald {_version()})"]
     idle = plan.idle_ranks
     if idle:
         with_all = [s for s in scored if not s.plan.idle_ranks]
         if with_all:
             notes.append(
-                f"ranks {list(idle)} idle: using every GPU predicts "
-                f"{with_all[0].estimate.tokens_per_s:,.0f} tokens/s, fewer than "
-                f"{best.estimate.tokens_per_s:,.0f}"
+                f"ranks {list(idle)} idle on purpose: the best plan using every GPU "
+                f"predicts {with_all[0].estimate.tokens_per_s:,.0f} tokens/s, fewer "
+                f"than {best.estimate.tokens_per_s:,.0f}"
             )
         else:
             notes.append(f"ranks {list(idle)} idle: no plan using every GPU fits memory")
+    runners = tuple(
+        RunnerUp(
+            description=describe_plan(s.plan),
+            tokens_per_s=s.estimate.tokens_per_s,
+            step_time_s=s.estimate.step_time_s,
+        )
+        for s in list(_distinct(scored[1:], best))[:4]
+    )
     final = Plan(
         cluster=plan.cluster,
         model=plan.model,
@@ -561,6 +568,7 @@ def _finish(best: ScoredPlan, scored: list[ScoredPlan], bound: float) -> ScoredP
         predicted=best.estimate.prediction(),
         upper_bound_tokens_per_s=bound,
         notes=tuple(notes),
+        runners_up=runners,
     )
     return ScoredPlan(plan=final, estimate=best.estimate, strategy=best.strategy)
 

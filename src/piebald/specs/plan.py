@@ -27,6 +27,7 @@ __all__ = [
     "PLAN_VERSION",
     "Plan",
     "Prediction",
+    "RunnerUp",
     "Schedule",
     "Stage",
     "ZeroMode",
@@ -87,6 +88,15 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerUp:
+    """A plan the planner priced but did not choose, for ``piebald explain``."""
+
+    description: str
+    tokens_per_s: float
+    step_time_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     cluster: ClusterSpec
     model: ModelSpec
@@ -97,6 +107,7 @@ class Plan:
     predicted: Prediction | None = None
     upper_bound_tokens_per_s: float | None = None
     notes: tuple[str, ...] = ()
+    runners_up: tuple[RunnerUp, ...] = ()
     version: int = PLAN_VERSION
     stage_of_rank: Mapping[int, int] = field(init=False, repr=False, compare=False)
 

@@ -16,7 +16,15 @@ from piebald.errors import SpecError
 from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
 from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
-from piebald.specs.plan import PLAN_VERSION, Plan, Prediction, Schedule, Stage, ZeroMode
+from piebald.specs.plan import (
+    PLAN_VERSION,
+    Plan,
+    Prediction,
+    RunnerUp,
+    Schedule,
+    Stage,
+    ZeroMode,
+)
 from piebald.specs.presets import model_from_dict, model_to_dict
 
 __all__ = ["load_plan", "plan_from_dict", "plan_to_dict", "save_plan", "write_atomic"]
@@ -57,6 +65,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     if plan.predicted is not None and plan.upper_bound_tokens_per_s:
         out["achievable_efficiency"] = plan.predicted.tokens_per_s / plan.upper_bound_tokens_per_s
     out["notes"] = list(plan.notes)
+    out["runners_up"] = [
+        {"description": r.description, "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s}
+        for r in plan.runners_up
+    ]
     out["cluster"] = cluster_to_dict(plan.cluster)
     out["model"] = model_to_dict(plan.model)
     out["job"] = job_to_dict(plan.job)
@@ -125,6 +137,14 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
             top.number("upper_bound_tokens_per_s") if top.has("upper_bound_tokens_per_s") else None
         )
         notes = top.items("notes", default_empty=True)
+        runners_up = tuple(
+            RunnerUp(
+                description=entry.string("description"),
+                tokens_per_s=entry.number("tokens_per_s"),
+                step_time_s=entry.number("step_time_s"),
+            )
+            for entry in top.sub_list("runners_up", default_empty=True)
+        )
         plan = Plan(
             cluster=parse_cluster(top.raw("cluster"), source=f"{source} (cluster)"),
             model=model_from_dict(top.raw("model"), source=source),
@@ -135,6 +155,7 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
             predicted=_prediction_from(top.sub("predicted")) if top.has("predicted") else None,
             upper_bound_tokens_per_s=upper,
             notes=tuple(str(n) for n in notes),
+            runners_up=runners_up,
         )
     except SpecError as error:
         raise (error if error.source.startswith(source) else error.with_source(source)) from None

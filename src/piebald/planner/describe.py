@@ -1,0 +1,28 @@
+"""One-line descriptions of a plan's structure, for runner-ups, comparisons and logs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from piebald.specs.plan import Plan
+
+__all__ = ["describe_plan"]
+
+
+def describe_plan(plan: Plan) -> str:
+    """``"2 stages: layers 0-8 on 2x A100-80GB (zero optimizer) | layers 9-17 on ..."``."""
+    parts = []
+    for stage in plan.stages:
+        types = Counter(plan.cluster.device_of(rank).name for rank in stage.ranks)
+        gpus = " + ".join(f"{count}x {name}" for name, count in types.items())
+        sizes = sorted(set(stage.micro_batch_size))
+        extras = [f"zero {stage.zero.value}"]
+        if stage.recompute:
+            extras.append("recompute")
+        extras.append("mbs " + "/".join(str(s) for s in sizes))
+        parts.append(
+            f"layers {stage.layer_start}-{stage.layer_end - 1} on {gpus} ({', '.join(extras)})"
+        )
+    idle = f"; {len(plan.idle_ranks)} GPUs idle" if plan.idle_ranks else ""
+    count = len(plan.stages)
+    return f"{count} stage{'s' if count > 1 else ''}: " + " | ".join(parts) + idle
