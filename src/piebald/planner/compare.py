@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.planner.bounds import upper_bound_tokens_per_s
 from piebald.planner.describe import describe_plan
-from piebald.planner.search import Infeasible, search
+from piebald.planner.search import Infeasible, ScoredPlan, search
 from piebald.planner.strategies import PIEBALD, STRATEGIES, Strategy
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
@@ -46,11 +46,23 @@ def compare_strategies(
 ) -> Comparison:
     """Plan with every strategy under one cost model; infeasible ones say why."""
     rows = []
-    for strategy in strategies:
+    seeds: list[ScoredPlan] = []
+    # Baselines first: their plans lie in piebald's plan space and seed its search.
+    ordered = sorted(strategies, key=lambda s: s is PIEBALD)
+    for strategy in ordered:
         if on_strategy is not None:
             on_strategy(strategy.name)
         try:
-            result = search(cluster, model=model, job=job, strategy=strategy, curve=curve)
+            result = search(
+                cluster,
+                model=model,
+                job=job,
+                strategy=strategy,
+                curve=curve,
+                seeds=seeds if strategy is PIEBALD else (),
+            )
+            if strategy is not PIEBALD:
+                seeds.append(result.best)
         except Infeasible as error:
             rows.append(
                 ComparisonRow(
@@ -78,4 +90,5 @@ def compare_strategies(
             )
         )
     bound = upper_bound_tokens_per_s(cluster, model=model, job=job, curve=curve)
+    rows.sort(key=lambda row: row.strategy != PIEBALD.name)  # piebald's row first
     return Comparison(rows=tuple(rows), upper_bound_tokens_per_s=bound)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,10 +32,10 @@ from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
-from piebald.planner.strategies import PIEBALD, Strategy
+from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
 from piebald.planner.units import Unit, build_units, unit_orders
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import DeviceType
+from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, RunnerUp, Schedule, weighted_round_robin
@@ -361,7 +361,7 @@ def _grid_candidates(state: _Search, size: int) -> None:
     for k in range(1, total):
         if gpus[k].device != gpus[k - 1].device:
             sizes.add(k)
-    for depth in range(1, min(total, state.model.num_layers, state.strategy.max_stages) + 1):
+    for depth in _depths(min(total, state.model.num_layers, state.strategy.max_stages)):
         for used in sizes:
             degree = used // depth
             if degree < 1:
@@ -371,12 +371,22 @@ def _grid_candidates(state: _Search, size: int) -> None:
             state.price(stages, size)
 
 
-def _idle_subsets(cluster: ClusterSpec, strategy: Strategy) -> list[frozenset[int]]:
+def _idle_subsets(
+    cluster: ClusterSpec, strategy: Strategy, precision: Dtype
+) -> list[frozenset[int]]:
+    """Node groups that take part: all of them first; then, where idle groups are allowed,
+    all but one, and the fastest k types alone (what dropping the slowest GPUs gives)."""
     everything = frozenset(range(len(cluster.node_groups)))
     subsets = [everything]
     if strategy.allow_idle_groups and len(everything) > 1:
         subsets += [everything - {g} for g in sorted(everything)]
-    return subsets
+        speed = {
+            g: cluster.node_groups[g].device.training_peak_flops(precision) for g in everything
+        }
+        fastest = sorted(everything, key=lambda g: -speed[g])
+        for k in range(1, len(fastest) - 1):
+            subsets.append(frozenset(g for g in fastest if speed[g] >= speed[fastest[k - 1]]))
+    return list(dict.fromkeys(subsets))
 
 
 def _per_rank_sizes(state: _Search, ranks: tuple[int, ...]) -> dict[int, int]:
@@ -440,9 +450,18 @@ def search(
     strategy: Strategy = PIEBALD,
     curve: EfficiencyCurve = DEFAULT_CURVE,
     progress: Progress | None = None,
+    seeds: Sequence[ScoredPlan] | None = None,
 ) -> SearchResult:
-    """The plan with the highest predicted tokens/s that fits every GPU's memory."""
+    """The plan with the highest predicted tokens/s that fits every GPU's memory.
+
+    ``seeds`` are plans found by restricted searches (the baselines), all inside this
+    strategy's plan space: they compete with what the search finds, so the result is never
+    worse than any of them. When none are given and the strategy asks for it (piebald, up
+    to ``seed_with_baselines_up_to`` GPUs), the baseline searches run first.
+    """
     started = time.perf_counter()
+    if seeds is None and cluster.num_gpus <= strategy.seed_with_baselines_up_to:
+        seeds = _baseline_seeds(cluster, model=model, job=job, curve=curve)
     report = progress or (lambda fraction, message: None)
     state = _Search(cluster, model=model, job=job, strategy=strategy, curve=curve)
     if strategy.grid_drop:
@@ -453,6 +472,14 @@ def search(
     else:
         _search_structures(state, report)
     scored = _exact(state, strategy)
+    scored += [
+        ScoredPlan(
+            plan=seed.plan,
+            estimate=seed.estimate,
+            strategy=f"{strategy.name}, found by the {seed.strategy} search",
+        )
+        for seed in seeds or ()
+    ]
     if not scored:
         raise Infeasible(_why_infeasible(state))
     scored.sort(key=lambda s: s.estimate.step_time_s)
@@ -468,11 +495,25 @@ def search(
     )
 
 
+def _baseline_seeds(
+    cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec, curve: EfficiencyCurve
+) -> list[ScoredPlan]:
+    seeds = []
+    for baseline in BASELINES:
+        try:
+            seeds.append(
+                search(cluster, model=model, job=job, strategy=baseline, curve=curve, seeds=()).best
+            )
+        except Infeasible:
+            continue
+    return seeds
+
+
 def _search_structures(state: _Search, report: Progress) -> None:
     """Coarse scan of every (order, micro-batch size) over depths with speed-quantile cuts;
     local search of the cuts around the best few; then the same for each idle-group subset,
     in the orders and sizes that won with every group."""
-    subsets = _idle_subsets(state.cluster, state.strategy)
+    subsets = _idle_subsets(state.cluster, state.strategy, state.job.precision)
     full_units = build_units(state.cluster, precision=state.job.precision, groups=subsets[0])
     orders = unit_orders(full_units)
     sizes = _sizes(state.job)

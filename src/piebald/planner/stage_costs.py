@@ -32,6 +32,7 @@ from piebald.specs.plan import ZeroMode
 __all__ = ["StageCost", "stage_cost"]
 
 Matrix = npt.NDArray[np.float64]
+_MAKESPAN_STEPS = 8
 _PROBE_BYTES = (1e6, 1e9)  # collective time is affine in bytes: two probes give the line
 
 
@@ -134,7 +135,12 @@ def _stage_cost(
             rate = np.zeros((size, size))
             for device, count in classes.items():
                 rate += count / (times[device] + comm_pass)
-            busy = num_micro_batches / rate
+            busy = _makespan(
+                {d: times[d] + comm_pass for d in classes},
+                classes,
+                num_micro_batches,
+                continuous=num_micro_batches / rate,
+            )
             sync = np.where(params > 0, sync_a + sync_b * params * wire, 0.0)
             fits = _fits(
                 model,
@@ -158,6 +164,33 @@ def _stage_cost(
             best = np.where(better, cost, best)
             best_pass = np.where(better, slowest, best_pass)
     return StageCost(cost_s=best, pass_s=best_pass)
+
+
+def _makespan(
+    times: dict[DeviceType, Matrix],
+    classes: Counter[DeviceType],
+    num_micro_batches: float,
+    *,
+    continuous: Matrix,
+) -> Matrix:
+    """The integer min-makespan of the micro-batches over the stage's ranks, for every range.
+
+    It is the smallest T with sum_k n_k floor(T / t_k) >= M, and such a T is a multiple of
+    some t_k; starting from the continuous bound M / sum_k (n_k / t_k), step to the next
+    such breakpoint until enough micro-batches fit (a few steps; capped, which can only
+    leave the estimate at the continuous bound's side, never above the exact value)."""
+    makespan = continuous
+    for _ in range(_MAKESPAN_STEPS):
+        fitted = sum(n * np.floor(makespan / times[d] + 1e-9) for d, n in classes.items())
+        short = fitted < num_micro_batches - 1e-9
+        if not np.any(short):
+            break
+        following = np.minimum.reduce(
+            [(np.floor(makespan / times[d] + 1e-9) + 1.0) * times[d] for d in classes]
+        )
+        makespan = np.where(short, following, makespan)
+    result: Matrix = makespan
+    return result
 
 
 def _fits(

@@ -30,6 +30,9 @@ class Strategy:
     grid_drop: bool = False  # may drop the slowest GPUs to form a p x d grid (Megatron)
     allow_idle_groups: bool = False  # may leave whole node groups idle (piebald)
     per_rank_micro_batch: bool = False  # own micro-batch size per GPU, one-stage plans
+    # Run the baseline searches first and let their plans compete (clusters up to this many
+    # GPUs; beyond, planning time matters more than the guarantee).
+    seed_with_baselines_up_to: int = 0
     stage_rules: StageRules = field(default_factory=StageRules)
 
 
@@ -39,6 +42,7 @@ PIEBALD = Strategy(
     "sizes, uneven shards, ZeRO mode and recompute per stage, idle groups when faster",
     allow_idle_groups=True,
     per_rank_micro_batch=True,
+    seed_with_baselines_up_to=256,
 )
 
 BASELINES: tuple[Strategy, ...] = (
