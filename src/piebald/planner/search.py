@@ -36,7 +36,7 @@ from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
 from piebald.planner.units import Unit, build_units, unit_orders
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.job import JobSpec
+from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, RunnerUp, Schedule, weighted_round_robin
 
@@ -460,6 +460,7 @@ def search(
     to ``seed_with_baselines_up_to`` GPUs), the baseline searches run first.
     """
     started = time.perf_counter()
+    check_job_fits_model(job, model)
     if seeds is None and cluster.num_gpus <= strategy.seed_with_baselines_up_to:
         seeds = _baseline_seeds(cluster, model=model, job=job, curve=curve)
     report = progress or (lambda fraction, message: None)

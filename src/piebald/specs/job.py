@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from piebald.errors import SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.fields import Fields
+from piebald.specs.model import Family, ModelSpec
 
-__all__ = ["JobSpec", "Optimizer", "job_from_dict", "job_to_dict"]
+__all__ = ["JobSpec", "Optimizer", "check_job_fits_model", "job_from_dict", "job_to_dict"]
 
 
 class Optimizer(StrEnum):
@@ -58,3 +60,15 @@ def job_from_dict(data: object, *, source: str) -> JobSpec:
         ),
         seed=fields.integer("seed", default=0, minimum=0),
     )
+
+
+def check_job_fits_model(job: JobSpec, model: ModelSpec, *, source: str = "--seq-len") -> None:
+    """GPT-2 has learned positions: it cannot run sequences longer than it was built for."""
+    if model.arch.family is Family.GPT2 and job.seq_len > model.arch.max_seq_len:
+        raise SpecError(
+            source=source,
+            field="",
+            value=job.seq_len,
+            expected=f"at most {model.arch.max_seq_len} for {model.name} "
+            "(GPT-2 has learned positions)",
+        )

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.job import JobSpec
+from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 
 __all__ = [
@@ -265,9 +265,7 @@ def validate_plan(plan: Plan) -> None:
             "along its route)",
         )
     _validate_routes(plan)
-    if plan.model.arch.family.value == "gpt2" and plan.job.seq_len > plan.model.arch.max_seq_len:
-        raise _fail(
-            "job.seq_len",
-            plan.job.seq_len,
-            f"at most {plan.model.arch.max_seq_len} (GPT-2 has learned positions)",
-        )
+    try:
+        check_job_fits_model(plan.job, plan.model)
+    except SpecError as error:
+        raise _fail("job.seq_len", plan.job.seq_len, error.expected) from None

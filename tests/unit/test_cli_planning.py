@@ -1,0 +1,115 @@
+"""The planning commands end to end: plan, explain, compare (JSON shape, plot), exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from piebald.cli import app
+from piebald.examples import example_path
+from piebald.planner.explain import explain_plan
+from piebald.specs.plan_io import load_plan
+
+SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_plan_writes_a_valid_plan_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
+    assert code == 0, output
+    assert "achievable efficiency" in output and "tokens/s" in output
+    plan = load_plan(out)
+    assert plan.predicted is not None and plan.upper_bound_tokens_per_s is not None
+    assert plan.predicted.tokens_per_s <= plan.upper_bound_tokens_per_s
+    before = out.read_bytes()
+    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
+    assert code == 2 and "exists" in output
+    assert out.read_bytes() == before
+    code, _ = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out), "--force")
+    assert code == 0
+
+
+def test_plan_json_is_the_plan(tmp_path: Path) -> None:
+    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--json")
+    assert code == 0
+    data = json.loads(output)
+    assert data["version"] == 1 and data["stages"] and "predicted" in data
+    assert data["upper_bound_tokens_per_s"] >= data["predicted"]["tokens_per_s"]
+
+
+def test_infeasible_plan_exits_3_with_what_does_not_fit() -> None:
+    code, output = _run(
+        "plan",
+        "--cluster",
+        str(example_path()),
+        "--model",
+        "llama-3-70b",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "2048",
+    )
+    assert code == 3
+    assert "llama-3-70b" in output and "smallest fix" in output
+    assert "Traceback" not in output
+
+
+def test_unknown_strategy_is_one_line() -> None:
+    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--strategy", "zorze")
+    assert code == 2 and "did you mean 'zorse'" in output
+
+
+def test_explain_names_the_bottleneck_and_every_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    assert _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))[0] == 0
+    code, output = _run("explain", str(out))
+    assert code == 0, output
+    assert "bottleneck" in output and "what limits each GPU" in output
+    plan = load_plan(out)
+    explanation = explain_plan(plan)
+    assert sorted(g.rank for g in explanation.gpus) == sorted(plan.used_ranks)
+    assert any(g.verdict.startswith("compute-bound") for g in explanation.gpus)
+    total = explanation.estimate.pipeline_s + explanation.estimate.exposed_sync_s
+    assert explanation.estimate.step_time_s == pytest.approx(total + explanation.optimizer_s)
+
+
+def test_compare_json_shape_and_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "compare.png"
+    code, output = _run(
+        "compare", "--cluster", str(example_path()), *SMALL, "--json", "--plot", str(plot)
+    )
+    assert code == 0, output
+    data = json.loads(output)
+    assert set(data) == {"results", "upper_bound_tokens_per_s"}
+    names = [row["strategy"] for row in data["results"]]
+    assert names[0] == "piebald"
+    assert {
+        "megatron",
+        "zero-even",
+        "cephalo",
+        "poplar",
+        "metis",
+        "sailor",
+        "holmes",
+        "zorse",
+    } <= set(names)
+    for row in data["results"]:
+        assert set(row) == {
+            "strategy",
+            "feasible",
+            "tokens_per_s",
+            "step_time_s",
+            "num_gpus_used",
+            "reason",
+        }
+    feasible = [row["tokens_per_s"] for row in data["results"] if row["feasible"]]
+    assert data["results"][0]["tokens_per_s"] == pytest.approx(max(feasible))
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
