@@ -61,8 +61,11 @@ DEFAULT_CURVE = EfficiencyCurve()
 
 
 def _forward_bytes(layer: LayerSpec, *, tokens: int, dtype: Dtype) -> float:
-    """Bytes a forward pass moves: weights read once, activations written once."""
-    weights = 0.0 if layer.kind is LayerKind.EMBEDDING else layer.num_params + layer.num_tied_params
+    """Bytes a forward pass moves: weights read once, activations written once. The
+    embedding only gathers one table row per token and writes it out."""
+    if layer.kind is LayerKind.EMBEDDING:
+        return 2.0 * layer.output_bytes_per_token * tokens * dtype.num_bytes / 2
+    weights = layer.num_params + layer.num_tied_params
     return (
         weights * dtype.num_bytes + layer.activation_bytes_per_token * tokens * dtype.num_bytes / 2
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes
@@ -48,6 +49,7 @@ NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
 TOP_REFINED = 2  # coarse results whose cuts get a local search
 LOCAL_SEARCH_ROUNDS = 2
+ALL_SIZES_UP_TO = 64  # GPUs; idle-group subsets try every micro-batch size up to here
 
 Progress = Callable[[float, str], None]
 
@@ -97,6 +99,7 @@ class _Search:
         self.costs: dict[tuple[tuple[tuple[int, int], ...], int, int, int], StageCost] = {}
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
+        self.hops: dict[tuple[object, ...], float] = {}
 
     # -- pricing a structure with the DP ------------------------------------------------
     def signature(self, ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -142,18 +145,38 @@ class _Search:
             value, bounds = split_layers([c.cost_s for c in costs])
         if not math.isfinite(value):
             return math.inf
-        passes = [float(c.pass_s[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)]
-        per_stage = [
-            float(c.cost_s[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)
+        hops = [self.hop_s(a, b, size) for a, b in itertools.pairwise(stages)]
+        # A stage boundary can be the bottleneck: each side's GPUs send or receive their
+        # share of the step's micro-batches over it.
+        link_busy = [
+            hop * self.job.global_batch_size / size / min(len(a), len(b))
+            for hop, (a, b) in zip(hops, itertools.pairwise(stages), strict=True)
         ]
-        # Pipeline fill and drain: one micro-batch through every stage but the bottleneck.
-        proxy = value + sum(passes) - passes[int(np.argmax(per_stage))]
+        proxy = _pipeline_proxy(costs, bounds, hops, link_busy)
+        if not self.strategy.uniform_layers:
+            bounds, proxy = _polish_bounds(costs, bounds, hops, link_busy, proxy)
         key = (stages, size)
         if key not in self.candidates or proxy < self.candidates[key].proxy_s:
             self.candidates[key] = _Candidate(
                 proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size
             )
         return proxy
+
+    def hop_s(self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int) -> float:
+        """Activations there and gradients back for one micro-batch over the slowest link
+        between two neighbouring stages (one GPU per node group on each side)."""
+        key = (self.signature(sender), self.signature(receiver), size)
+        if key not in self.hops:
+            wire = 4 if self.job.precision is Dtype.FP32 else 2
+            num_bytes = size * self.job.seq_len * self.model.arch.hidden_size * wire
+            left = {self.cluster.gpus[r].group_index: r for r in sender}
+            right = {self.cluster.gpus[r].group_index: r for r in receiver}
+            self.hops[key] = max(
+                2.0 * p2p_time_s(num_bytes=num_bytes, link=self.cluster.link_between(a, b))
+                for a in left.values()
+                for b in right.values()
+            )
+        return self.hops[key]
 
     # -- exact construction -------------------------------------------------------------
     def assemble(
@@ -199,6 +222,49 @@ class _Search:
                 if memory.total_bytes > self.cluster.device_of(rank).memory_bytes:
                     return None
         return ScoredPlan(plan=plan, estimate=estimate, strategy=self.strategy.name)
+
+
+def _pipeline_proxy(
+    costs: Sequence[StageCost], bounds: tuple[int, ...], hops: list[float], link_busy: list[float]
+) -> float:
+    """The plan estimate's form on DP prices: the busiest stage or link, plus one
+    micro-batch through every stage and hop except the bottleneck stage, plus the sync the
+    drain does not hide, plus the slowest optimizer step."""
+    ranges = list(itertools.pairwise(bounds))
+    sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
+    busy = [float(c.cost_s[a, b]) - s for c, (a, b), s in zip(costs, ranges, sync, strict=True)]
+    passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
+    optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
+    slowest_stage = int(np.argmax(busy))
+    if max(link_busy, default=0.0) > busy[slowest_stage]:
+        pipeline = max(link_busy) + sum(passes) + sum(hops)
+    else:
+        pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
+    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
+    return pipeline + exposed + optimizer
+
+
+def _polish_bounds(
+    costs: Sequence[StageCost],
+    bounds: tuple[int, ...],
+    hops: list[float],
+    link_busy: list[float],
+    proxy: float,
+) -> tuple[tuple[int, ...], float]:
+    """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
+    tie, moving a boundary by one layer can still shorten the fill and drain."""
+    improved = True
+    while improved:
+        improved = False
+        for index in range(1, len(bounds) - 1):
+            for moved in (bounds[index] - 1, bounds[index] + 1):
+                if not bounds[index - 1] < moved < bounds[index + 1]:
+                    continue
+                trial = (*bounds[:index], moved, *bounds[index + 1 :])
+                value = _pipeline_proxy(costs, trial, hops, link_busy)
+                if value < proxy * (1 - 1e-9):
+                    bounds, proxy, improved = trial, value, True
+    return bounds, proxy
 
 
 def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -535,16 +601,28 @@ def _search_structures(state: _Search, report: Progress) -> None:
             state, orders[order_index], size, refine=True, depths=(depth - 1, depth, depth + 1)
         )
     for groups in subsets[1:]:
-        # Idle groups: the winning order and size without the group, depths near the best.
+        # Idle groups: the winning orders without the group, depths near the best, every
+        # micro-batch size in small clusters (fewer GPUs may favour larger micro-batches).
         if not best:
             break
-        _, order_index, size, depth = best[0]
-        order = tuple(u for u in orders[order_index] if u.group_index in groups)
-        near = range(max(1, depth - 2), depth + 3)
-        tried = _scan_depths(state, order, size, refine=False, depths=near)
-        finite = [t for t in tried if math.isfinite(t[0])]
+        _, order_index, best_size, depth = best[0]
+        near = sorted({1, *range(max(1, depth - 2), depth + 3)})  # one stage always
+        small = state.cluster.num_gpus <= ALL_SIZES_UP_TO
+        if small:  # every order and size of the subset's own units
+            subset_units = build_units(state.cluster, precision=state.job.precision, groups=groups)
+            subset_orders = unit_orders(subset_units)
+        else:  # the winning order without the idle groups, at the winning size
+            subset_orders = [tuple(u for u in orders[order_index] if u.group_index in groups)]
+        subset_tried = [
+            (value, size, d, i)
+            for i, order in enumerate(subset_orders)
+            for size in (sizes if small else [best_size])
+            for value, d in _scan_depths(state, order, size, refine=False, depths=near)
+        ]
+        finite = [t for t in subset_tried if math.isfinite(t[0])]
         if finite:
-            _scan_depths(state, order, size, refine=True, depths=(min(finite)[1],))
+            _, size, depth, i = min(finite)
+            _scan_depths(state, subset_orders[i], size, refine=True, depths=(depth,))
         done += 1
         report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
 
@@ -563,8 +641,10 @@ def _why_infeasible(state: _Search) -> str:
 
 def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
     ranked = sorted(c for c in state.candidates.values() if math.isfinite(c.proxy_s))
+    # Small clusters can afford to price many more structures exactly.
+    wanted = NUM_EXACT * (3 if state.cluster.num_gpus <= ALL_SIZES_UP_TO else 1)
     scored: list[ScoredPlan] = []
-    for candidate in ranked[: NUM_EXACT * 2]:
+    for candidate in ranked[: wanted * 2]:
         plan = state.assemble(candidate)
         if plan is not None:
             scored.append(plan)
@@ -572,7 +652,7 @@ def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
             mixed = state.assemble(candidate, _per_rank_sizes(state, candidate.stages[0]))
             if mixed is not None:
                 scored.append(mixed)
-        if len(scored) >= NUM_EXACT:
+        if len(scored) >= wanted:
             break
     return scored
 

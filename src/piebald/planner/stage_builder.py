@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from piebald.cost.comm import ring_profile
-from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import in_flight_micro_batches, rank_memory
 from piebald.cost.zero_comm import stage_comm
@@ -46,6 +46,12 @@ class StageChoice:
     busy_s: float  # the busiest rank's compute over the step, per-pass traffic included
     sync_s: float
     pass_s: float  # one micro-batch through the stage on its slowest working rank
+    optimizer_s: float  # the slowest owner's optimizer step
+
+    @property
+    def total_s(self) -> float:
+        """What this stage alone adds to a step: busy, sync and optimizer step."""
+        return self.busy_s + self.sync_s + self.optimizer_s
 
 
 def water_fill(capacities: Sequence[float]) -> tuple[float, ...] | None:
@@ -124,8 +130,11 @@ def build_stage(
         for zero in rules.zero_modes:
             # Per-pass traffic with even shards; the exact plan estimate re-prices it.
             comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
+            # A pass never takes zero time (a stage of only the embedding of a tiny model
+            # comes close); the allocation needs positive times.
             pass_s = [
-                max(f, comm.before_forward_s) + max(b, comm.during_backward_s) for f, b in compute_s
+                max(max(f, comm.before_forward_s) + max(b, comm.during_backward_s), 1e-12)
+                for f, b in compute_s
             ]
             counts = _counts(
                 pass_s,
@@ -167,8 +176,19 @@ def build_stage(
             ).sync_s
             busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
             working = [t for c, t in zip(counts, pass_s, strict=True) if c]
-            choice = StageChoice(stage=stage, busy_s=busy, sync_s=sync, pass_s=max(working))
-            if best is None or busy + sync < best.busy_s + best.sync_s:
+            optimizer = max(
+                optimizer_step_time_s(
+                    num_params=params * (1.0 if zero is ZeroMode.NONE else fraction),
+                    device=device,
+                    optimizer=job.optimizer,
+                    curve=curve,
+                )
+                for device, fraction in zip(devices, fractions, strict=True)
+            )
+            choice = StageChoice(
+                stage=stage, busy_s=busy, sync_s=sync, pass_s=max(working), optimizer_s=optimizer
+            )
+            if best is None or choice.total_s < best.total_s:
                 best = choice
     return best
 

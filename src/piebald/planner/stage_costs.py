@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from piebald.cost.comm import RingProfile, ring_profile
-from piebald.cost.compute import EfficiencyCurve
+from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
 from piebald.cost.zero_comm import stage_comm
@@ -38,14 +38,17 @@ _PROBE_BYTES = (1e6, 1e9)  # collective time is affine in bytes: two probes give
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
-    cost_s: Matrix  # per-step time of the stage for layers [a, b); inf where nothing fits
+    cost_s: Matrix  # busy + sync per step for layers [a, b); inf where nothing fits
     pass_s: Matrix  # one micro-batch through the stage on its slowest rank
+    sync_s: Matrix  # the end-of-step data-parallel collectives (part of cost_s)
+    optimizer_s: Matrix  # the stage's optimizer step (not part of cost_s)
 
 
 def _affine_comm(
     profile: RingProfile, num_ranks: int, zero: ZeroMode
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(intercept, slope per byte) of per-pass traffic and of the end-of-step sync."""
+) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+    """(intercept, slope per byte) of the traffic a forward pass waits for, of the traffic
+    a backward pass takes at least, and of the end-of-step sync."""
     even = tuple(1.0 / num_ranks for _ in range(num_ranks))
     low, high = (
         stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=size)
@@ -57,10 +60,11 @@ def _affine_comm(
         slope = (hi - lo) / span
         return lo - slope * _PROBE_BYTES[0], slope
 
-    per_pass = line(
-        low.before_forward_s + low.during_backward_s, high.before_forward_s + high.during_backward_s
+    return (
+        line(low.before_forward_s, high.before_forward_s),
+        line(low.during_backward_s, high.during_backward_s),
+        line(low.sync_s, high.sync_s),
     )
-    return per_pass, line(low.sync_s, high.sync_s)
 
 
 def stage_cost(
@@ -116,10 +120,18 @@ def _stage_cost(
     comm_of = {zero: _affine_comm(profile, len(ranks), zero) for zero in rules.zero_modes}
     best = np.full((size, size), np.inf)
     best_pass = np.full((size, size), np.inf)
+    best_sync = np.zeros((size, size))
+    best_optimizer = np.zeros((size, size))
+    # The optimizer step is memory-bound and linear in the parameters a rank owns.
+    optimizer_per_param_s = max(
+        optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
+        for d in classes
+    )
     for recompute in rules.recompute:
-        times: dict[DeviceType, Matrix] = {}
+        forward: dict[DeviceType, Matrix] = {}
+        backward: dict[DeviceType, Matrix] = {}
         for device in classes:
-            prefix = pass_times(
+            times = pass_times(
                 model,
                 device=device,
                 dtype=device.training_dtype(job.precision),
@@ -127,28 +139,31 @@ def _stage_cost(
                 seq_len=job.seq_len,
                 recompute=recompute,
                 curve=curve,
-            ).total_prefix_s
-            times[device] = np.where(valid, prefix[None, :] - prefix[:, None], np.inf)
+            )
+            forward[device] = _range_matrix(times.forward_prefix_s, valid)
+            backward[device] = _range_matrix(times.backward_prefix_s, valid)
         for zero in rules.zero_modes:
-            (pass_a, pass_b), (sync_a, sync_b) = comm_of[zero]
-            comm_pass = np.where(params > 0, pass_a + pass_b * params * wire, 0.0)
+            (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = comm_of[zero]
+            on_wire = params * wire
+            # Per-pass traffic overlaps the pass, as in the exact stage and plan estimate.
+            pass_of = {
+                d: np.maximum(forward[d], np.where(params > 0, pre_a + pre_b * on_wire, 0.0))
+                + np.maximum(backward[d], np.where(params > 0, during_a + during_b * on_wire, 0.0))
+                for d in classes
+            }
             rate = np.zeros((size, size))
             for device, count in classes.items():
-                rate += count / (times[device] + comm_pass)
+                rate += count / pass_of[device]
             busy = _makespan(
-                {d: times[d] + comm_pass for d in classes},
-                classes,
-                num_micro_batches,
-                continuous=num_micro_batches / rate,
+                pass_of, classes, num_micro_batches, continuous=num_micro_batches / rate
             )
-            sync = np.where(params > 0, sync_a + sync_b * params * wire, 0.0)
+            sync = np.where(params > 0, sync_a + sync_b * on_wire, 0.0)
             fits = _fits(
                 model,
                 job=job,
                 classes=classes,
-                times=times,
+                pass_of=pass_of,
                 rate=rate,
-                comm_pass=comm_pass,
                 num_micro_batches=num_micro_batches,
                 depth=depth,
                 zero=zero,
@@ -158,12 +173,25 @@ def _stage_cost(
                 even_shards=rules.even_shards or zero is ZeroMode.NONE,
                 num_ranks=len(ranks),
             )
+            # The optimizer step stays out of the DP's cost: the step pays the slowest
+            # stage's once, a max of its own, which the pipeline proxy adds.
             cost = np.where(valid & fits, busy + sync, np.inf)
-            slowest = np.maximum.reduce([times[d] + comm_pass for d in classes])
+            slowest = np.maximum.reduce([pass_of[d] for d in classes])
+            owned = 1.0 if zero is ZeroMode.NONE else 1.0 / len(ranks)
             better = cost < best
             best = np.where(better, cost, best)
             best_pass = np.where(better, slowest, best_pass)
-    return StageCost(cost_s=best, pass_s=best_pass)
+            best_sync = np.where(better, sync, best_sync)
+            best_optimizer = np.where(
+                better, params * owned * optimizer_per_param_s, best_optimizer
+            )
+    return StageCost(cost_s=best, pass_s=best_pass, sync_s=best_sync, optimizer_s=best_optimizer)
+
+
+def _range_matrix(prefix: npt.NDArray[np.float64], valid: npt.NDArray[np.bool_]) -> Matrix:
+    """[a, b] -> prefix[b] - prefix[a] where a < b, inf elsewhere."""
+    result: Matrix = np.where(valid, prefix[None, :] - prefix[:, None], np.inf)
+    return result
 
 
 def _makespan(
@@ -198,9 +226,8 @@ def _fits(
     *,
     job: JobSpec,
     classes: Counter[DeviceType],
-    times: dict[DeviceType, Matrix],
+    pass_of: dict[DeviceType, Matrix],
     rate: Matrix,
-    comm_pass: Matrix,
     num_micro_batches: float,
     depth: int,
     zero: ZeroMode,
@@ -215,7 +242,7 @@ def _fits(
     all_fit = np.ones(rate.shape, dtype=bool)
     shard_capacity = np.zeros(rate.shape)  # sum over ranks of free bytes / sharded bytes
     for device, count in classes.items():
-        share = 1.0 / (times[device] + comm_pass) / rate  # this rank's share of the stage
+        share = 1.0 / pass_of[device] / rate  # this rank's share of the stage
         micro_batches = np.ceil(num_micro_batches * share)
         in_flight = np.maximum(1.0, np.minimum(micro_batches, np.ceil(depth * share)))
         fixed, sharded = stage_memory_bytes(

@@ -20,6 +20,7 @@ __all__ = ["GPU_UNITS_UP_TO", "Unit", "build_units", "unit_orders"]
 
 GPU_UNITS_UP_TO = 16
 ALL_PERMUTATIONS_UP_TO = 4  # node groups; beyond this, a few heuristic orders
+ROTATIONS_UP_TO = 8  # units; small clusters also try every rotation of each order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,6 +28,7 @@ class Unit:
     ranks: tuple[int, ...]
     device: DeviceType
     group_index: int
+    node_index: int
     domain: tuple[str, str]  # (site, NIC class): stages inside one domain talk RDMA
     peak_flops: float  # summed training peak of the unit's GPUs, the speed proxy for cuts
     memory_bytes: float
@@ -50,6 +52,7 @@ def build_units(cluster: ClusterSpec, *, precision: Dtype, groups: frozenset[int
                     ranks=chunk,
                     device=group.device,
                     group_index=node.group_index,
+                    node_index=node.index,
                     domain=(group.site, nic),
                     peak_flops=len(chunk) * group.device.training_peak_flops(precision),
                     memory_bytes=len(chunk) * group.device.memory_bytes,
@@ -76,7 +79,7 @@ def unit_orders(units: list[Unit]) -> list[tuple[Unit, ...]]:
             sorted(groups, key=lambda g: (-memory[g], -speed[g])),
         ]
     orders: list[tuple[Unit, ...]] = []
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple[tuple[int, int], ...]] = set()
     for group_order in group_orders:
         rank_of = {g: i for i, g in enumerate(group_order)}
         # Keep domains together, in the order of their first group in this permutation.
@@ -86,8 +89,42 @@ def unit_orders(units: list[Unit]) -> list[tuple[Unit, ...]]:
         order = tuple(
             sorted(units, key=lambda u: (domain_rank[u.domain], rank_of[u.group_index], u.ranks))
         )
-        key = tuple(u.ranks[0] for u in order)
-        if key not in seen:
-            seen.add(key)
-            orders.append(order)
+        candidates = [order]
+        if len(units) <= ROTATIONS_UP_TO:
+            # Every rotation, so one group can sit at both ends of the pipeline (a fast GPU
+            # first and last around slower middle stages).
+            candidates += [order[shift:] + order[:shift] for shift in range(1, len(order))]
+        if any(len(u.ranks) == 1 for u in units):
+            # Striped: GPU i of every node of a group together, so a stage takes one GPU per
+            # node and a micro-batch's pipeline hops stay inside its node, while
+            # data-parallel traffic crosses nodes once per step.
+            local = {
+                u.ranks[0]: u.ranks[0]
+                - min(v.ranks[0] for v in units if v.node_index == u.node_index)
+                for u in units
+            }
+            candidates.append(
+                tuple(
+                    sorted(
+                        units,
+                        key=lambda u: (
+                            domain_rank[u.domain],
+                            rank_of[u.group_index],
+                            local[u.ranks[0]],
+                            u.node_index,
+                        ),
+                    )
+                )
+            )
+        for candidate in candidates:
+            key = _structure_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                orders.append(candidate)
     return orders
+
+
+def _structure_key(order: tuple[Unit, ...]) -> tuple[tuple[int, int], ...]:
+    """Orders equal up to renaming interchangeable nodes of a group cost the same."""
+    renamed: dict[int, int] = {}
+    return tuple((u.group_index, renamed.setdefault(u.node_index, len(renamed))) for u in order)

@@ -111,6 +111,7 @@ class LayerSpec:
     attention_flops_per_token_per_position: float  # x seq_len
     activation_bytes_per_token: float
     recompute_activation_bytes_per_token: float
+    output_bytes_per_token: float  # what the layer hands to the next one (16-bit): 2h
 
     def forward_flops_per_token(self, *, seq_len: int) -> float:
         return self.matmul_flops_per_token + self.attention_flops_per_token_per_position * seq_len
@@ -188,6 +189,7 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         attention_flops_per_token_per_position=0.0,
         activation_bytes_per_token=0.0,
         recompute_activation_bytes_per_token=0.0,
+        output_bytes_per_token=2.0 * h,
     )
     block_params, block_weights = _block_params(arch)
     blocks = [
@@ -200,6 +202,7 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
             attention_flops_per_token_per_position=4.0 * arch.q_width,
             activation_bytes_per_token=_block_activation_bytes(arch),
             recompute_activation_bytes_per_token=2.0 * h,
+            output_bytes_per_token=2.0 * h,
         )
         for i in range(arch.num_blocks)
     ]
@@ -214,5 +217,6 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         attention_flops_per_token_per_position=0.0,
         activation_bytes_per_token=4.0 * h + 6.0 * vocab,
         recompute_activation_bytes_per_token=4.0 * h + 6.0 * vocab,
+        output_bytes_per_token=0.0,  # the loss
     )
     return (embedding, *blocks, head)

@@ -187,9 +187,16 @@ def test_forward_bytes_set_the_time_on_a_slow_memory_device() -> None:
     assert time_s == pytest.approx(num_bytes / (0.8 * 1e6) + 1e-5, rel=1e-12)
 
 
-def test_embedding_lookup_costs_nothing_in_the_model() -> None:
-    assert _forward_s(EMBEDDING) == 0.0
-    assert _backward_s(EMBEDDING, recompute=True) == 0.0
+def test_embedding_lookup_is_a_memory_bound_gather() -> None:
+    # No FLOPs: it reads one 2h-byte row per token and writes it out, at the memory
+    # bandwidth's sustained fraction, plus the launch constant; backward moves twice that.
+    moved = 2 * EMBEDDING.output_bytes_per_token * TOKENS
+    forward_s = moved / (DEVICE.memory_bandwidth_bytes_per_s * CURVE.bandwidth_fraction)
+    assert EMBEDDING.forward_flops_per_token(seq_len=SEQ_LEN) == 0
+    assert _forward_s(EMBEDDING) == pytest.approx(forward_s + CURVE.half_saturation_s)
+    assert _backward_s(EMBEDDING, recompute=True) == pytest.approx(
+        2 * forward_s + CURVE.half_saturation_s
+    )
 
 
 @pytest.mark.parametrize("layer_name", ["block", "head"])

@@ -2,9 +2,10 @@
 
 The model is a small Llama whose head costs exactly one block: with h = 64, q width 64,
 kv width 32, f = 128 and s = 32 a block does 2 x 36864 + 4 x 32 x 64 = 81920 FLOPs per
-token, and a head over V = 640 does 2 x 640 x 64 = 81920 too; the embedding lookup costs
-nothing. So a pipeline whose stages hold [embedding, block], [block], ..., [head] has
-identical stages, and (m + p - 1) t is its makespan (Huang et al. 2019).
+token, and a head over V = 640 does 2 x 640 x 64 = 81920 too; the embedding lookup is a
+memory-bound gather costing EMBEDDING_S. So a pipeline whose stages hold [embedding,
+block], [block], ..., [head] has identical stages but for the first one's EMBEDDING_S per
+micro-batch, and its makespan is (m + p - 1) t + m EMBEDDING_S (Huang et al. 2019).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ MICRO_BATCH = 2
 # 0.5 TFLOP/s = c; forward c + 10 us, backward 2c + 10 us (all compute-bound).
 C_S = 81920 * 64 / 0.5e12
 LAYER_S = (C_S + 1e-5) + (2 * C_S + 1e-5)
+# The embedding reads and writes one 2h = 128-byte row per token (64 tokens) at 1 TB/s;
+# backward moves twice that; one launch constant each.
+EMBEDDING_BYTES = 2 * 128 * 64
+EMBEDDING_S = (EMBEDDING_BYTES / 1e12 + 1e-5) + (2 * EMBEDDING_BYTES / 1e12 + 1e-5)
 PEAK = 1e12
 # Parameters: embedding V h = 40960; block 36864 + 2h = 36992; head h + V h = 41024.
 EMBEDDING_PARAMS, BLOCK_PARAMS, HEAD_PARAMS = 40960, 36992, 41024
@@ -139,14 +144,18 @@ def test_uniform_pipeline_makespan_is_m_plus_p_minus_one_stage_times(
         routes=tuple(tuple(range(p)) for _ in range(m)),
     )
     estimate = estimate_plan(plan, curve=CURVE)
-    # Every stage is busy m x t for the same t, one block's forward plus backward.
+    # Every stage is busy m x t for the same t, one block's forward plus backward; the
+    # first also gathers the embedding.
     busy = [stage.compute_s[rank] for rank, stage in enumerate(estimate.stages)]
-    assert busy == pytest.approx([m * LAYER_S] * p, rel=1e-12)
+    expected_busy = [m * (LAYER_S + EMBEDDING_S)] + [m * LAYER_S] * (p - 1)
+    assert busy == pytest.approx(expected_busy, rel=1e-12)
     # Each activation hop (64 tokens x h x 2 B there, gradient back) is negligible here.
     hop_s = 2 * (MICRO_BATCH * SEQ_LEN * 64 * 2) / 1e15
     assert hop_s < 1e-6 * LAYER_S
-    assert estimate.pipeline_s == pytest.approx((m + p - 1) * LAYER_S, rel=1e-6)
-    bubble = (estimate.pipeline_s - m * LAYER_S) / estimate.pipeline_s
+    assert estimate.pipeline_s == pytest.approx((m + p - 1) * LAYER_S + m * EMBEDDING_S, rel=1e-6)
+    # The bubble of the equal stages: (p - 1) / (m + p - 1) of the block-only pipeline.
+    blocks_only_s = estimate.pipeline_s - m * EMBEDDING_S
+    bubble = (blocks_only_s - m * LAYER_S) / blocks_only_s
     assert bubble == pytest.approx((p - 1) / (m + p - 1), rel=1e-5, abs=1e-9)
     # No data parallelism, so no sync; then the slowest optimizer step (stage 0's
     # embedding and block) at 30 B per parameter over 1 TB/s.
@@ -158,12 +167,14 @@ def test_uniform_pipeline_makespan_is_m_plus_p_minus_one_stage_times(
 def test_one_gpu_step_is_m_passes_plus_the_optimizer_step() -> None:
     plan = _one_stage_plan(_cluster(1), num_micro_batches=(4,))
     estimate = estimate_plan(plan, curve=CURVE)
-    # A micro-batch: embedding (free) + 3 blocks + head, each LAYER_S.
+    # A micro-batch: the embedding gather, then 3 blocks and the head, each LAYER_S.
     params = EMBEDDING_PARAMS + 3 * BLOCK_PARAMS + HEAD_PARAMS  # 192960
     assert plan.model.num_params == params
-    assert estimate.pipeline_s == pytest.approx(4 * 4 * LAYER_S, rel=1e-12)
+    assert estimate.pipeline_s == pytest.approx(4 * (4 * LAYER_S + EMBEDDING_S), rel=1e-12)
     assert estimate.exposed_sync_s == 0.0
-    assert estimate.step_time_s == pytest.approx(4 * 4 * LAYER_S + params * 30 / 1e12, rel=1e-12)
+    assert estimate.step_time_s == pytest.approx(
+        4 * (4 * LAYER_S + EMBEDDING_S) + params * 30 / 1e12, rel=1e-12
+    )
     assert estimate.bottleneck == "stage 0"
 
 
@@ -183,7 +194,7 @@ def test_second_gpu_in_data_parallel_adds_one_all_reduce() -> None:
     )
     assert estimate.stages[0].sync_s == pytest.approx(all_reduce_s, rel=1e-12)
     assert estimate.exposed_sync_s == pytest.approx(all_reduce_s, rel=1e-12)
-    expected = 2 * 4 * LAYER_S + all_reduce_s + params * 30 / 1e12
+    expected = 2 * (4 * LAYER_S + EMBEDDING_S) + all_reduce_s + params * 30 / 1e12
     assert estimate.step_time_s == pytest.approx(expected, rel=1e-12)
 
 
@@ -200,7 +211,7 @@ def test_optimizer_sharding_prices_uneven_collectives_and_owned_state() -> None:
     optimizer_s = 0.75 * params * 30 / 1e12
     assert estimate.stages[0].sync_s == pytest.approx(2 * one_pass_s, rel=1e-12)
     assert estimate.stages[0].optimizer_s == pytest.approx(optimizer_s, rel=1e-12)
-    expected = 2 * 4 * LAYER_S + 2 * one_pass_s + optimizer_s
+    expected = 2 * (4 * LAYER_S + EMBEDDING_S) + 2 * one_pass_s + optimizer_s
     assert estimate.step_time_s == pytest.approx(expected, rel=1e-12)
 
 
@@ -210,7 +221,7 @@ def test_tokens_per_second_is_tokens_per_step_over_step_time() -> None:
     tokens_per_step = 4 * MICRO_BATCH * SEQ_LEN  # 256
     assert estimate.tokens_per_s == pytest.approx(tokens_per_step / estimate.step_time_s)
     # The rank with 3 micro-batches sets the pace.
-    assert estimate.pipeline_s == pytest.approx(3 * 4 * LAYER_S, rel=1e-12)
+    assert estimate.pipeline_s == pytest.approx(3 * (4 * LAYER_S + EMBEDDING_S), rel=1e-12)
     prediction = estimate.prediction()
     assert prediction.step_time_s == estimate.step_time_s
     assert prediction.tokens_per_s == estimate.tokens_per_s
