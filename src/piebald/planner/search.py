@@ -34,7 +34,7 @@ from piebald.planner.partition import split_layers
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
-from piebald.planner.units import Unit, build_units, unit_orders
+from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, unit_orders
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model
@@ -44,12 +44,12 @@ from piebald.specs.plan import Plan, RunnerUp, Schedule, weighted_round_robin
 __all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
-EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one
+EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one, small
 NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
 TOP_REFINED = 2  # coarse results whose cuts get a local search
 LOCAL_SEARCH_ROUNDS = 2
-ALL_SIZES_UP_TO = 64  # GPUs; idle-group subsets try every micro-batch size up to here
+ALL_SIZES_UP_TO = GPU_UNITS_UP_TO  # GPUs; small clusters get the thorough treatment
 
 Progress = Callable[[float, str], None]
 
@@ -145,22 +145,37 @@ class _Search:
             value, bounds = split_layers([c.cost_s for c in costs])
         if not math.isfinite(value):
             return math.inf
-        hops = [self.hop_s(a, b, size) for a, b in itertools.pairwise(stages)]
-        # A stage boundary can be the bottleneck: each side's GPUs send or receive their
-        # share of the step's micro-batches over it.
-        link_busy = [
-            hop * self.job.global_batch_size / size / min(len(a), len(b))
-            for hop, (a, b) in zip(hops, itertools.pairwise(stages), strict=True)
-        ]
+        hops, link_busy = self.links(stages, size)
         proxy = _pipeline_proxy(costs, bounds, hops, link_busy)
-        if not self.strategy.uniform_layers:
-            bounds, proxy = _polish_bounds(costs, bounds, hops, link_busy, proxy)
         key = (stages, size)
         if key not in self.candidates or proxy < self.candidates[key].proxy_s:
             self.candidates[key] = _Candidate(
                 proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size
             )
         return proxy
+
+    def polished(self, candidate: _Candidate) -> _Candidate:
+        """The candidate with its layer split polished against the full step proxy."""
+        if self.strategy.uniform_layers:
+            return candidate
+        stages, size = candidate.stages, candidate.micro_batch_size
+        depth = len(stages)
+        costs = [self.stage_cost(ranks, i, depth, size) for i, ranks in enumerate(stages)]
+        hops, link_busy = self.links(stages, size)
+        bounds, proxy = _polish_bounds(costs, candidate.bounds, hops, link_busy, candidate.proxy_s)
+        return _Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
+
+    def links(
+        self, stages: tuple[tuple[int, ...], ...], size: int
+    ) -> tuple[list[float], list[float]]:
+        """Per boundary: one micro-batch's hop, and the link's busy time over the step (each
+        side's GPUs send or receive their share of the micro-batches over it)."""
+        hops = [self.hop_s(a, b, size) for a, b in itertools.pairwise(stages)]
+        busy = [
+            hop * self.job.global_batch_size / size / min(len(a), len(b))
+            for hop, (a, b) in zip(hops, itertools.pairwise(stages), strict=True)
+        ]
+        return hops, busy
 
     def hop_s(self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int) -> float:
         """Activations there and gradients back for one micro-batch over the slowest link
@@ -366,7 +381,8 @@ def _best_cuts(
 ) -> float:
     positions = [p for p in range(1, len(units)) if p not in required]
     free = depth - 1 - len(required)
-    if math.comb(len(positions), free) <= EXHAUSTIVE_CUTS_UP_TO:
+    small = state.cluster.num_gpus <= ALL_SIZES_UP_TO
+    if math.comb(len(positions), free) <= (EXHAUSTIVE_CUTS_UP_TO if small else 2 * depth):
         best = math.inf
         for chosen in itertools.combinations(positions, free):
             cuts = tuple(sorted((*required, *chosen)))
@@ -644,7 +660,7 @@ def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
     # Small clusters can afford to price many more structures exactly.
     wanted = NUM_EXACT * (3 if state.cluster.num_gpus <= ALL_SIZES_UP_TO else 1)
     scored: list[ScoredPlan] = []
-    for candidate in ranked[: wanted * 2]:
+    for candidate in (state.polished(c) for c in ranked[: wanted * 2]):
         plan = state.assemble(candidate)
         if plan is not None:
             scored.append(plan)

@@ -67,34 +67,9 @@ def _affine_comm(
     )
 
 
+# inf and 0 entries (invalid ranges) divide freely; they are masked at the end.
+@np.errstate(divide="ignore", invalid="ignore")
 def stage_cost(
-    cluster: ClusterSpec,
-    *,
-    model: ModelSpec,
-    job: JobSpec,
-    ranks: tuple[int, ...],
-    micro_batch_size: int,
-    stage_index: int,
-    num_stages: int,
-    rules: StageRules,
-    curve: EfficiencyCurve,
-) -> StageCost:
-    # inf and 0 entries (invalid ranges) divide freely; they are masked at the end.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _stage_cost(
-            cluster,
-            model=model,
-            job=job,
-            ranks=ranks,
-            micro_batch_size=micro_batch_size,
-            stage_index=stage_index,
-            num_stages=num_stages,
-            rules=rules,
-            curve=curve,
-        )
-
-
-def _stage_cost(
     cluster: ClusterSpec,
     *,
     model: ModelSpec,

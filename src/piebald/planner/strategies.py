@@ -42,7 +42,7 @@ PIEBALD = Strategy(
     "sizes, uneven shards, ZeRO mode and recompute per stage, idle groups when faster",
     allow_idle_groups=True,
     per_rank_micro_batch=True,
-    seed_with_baselines_up_to=256,
+    seed_with_baselines_up_to=16,
 )
 
 BASELINES: tuple[Strategy, ...] = (
