@@ -48,6 +48,7 @@ EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by o
 NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
 TOP_REFINED = 2  # coarse results whose cuts get a local search
+SIZE_PATIENCE = 1.1  # a micro-batch size this much slower than the best ends the scan
 LOCAL_SEARCH_ROUNDS = 2
 ALL_SIZES_UP_TO = GPU_UNITS_UP_TO  # GPUs; small clusters get the thorough treatment
 
@@ -100,17 +101,22 @@ class _Search:
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
         self.hops: dict[tuple[object, ...], float] = {}
+        self.signatures: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
 
     # -- pricing a structure with the DP ------------------------------------------------
     def signature(self, ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """(node group, GPUs of the node in the stage) for each node, in rank order."""
+        if ranks in self.signatures:
+            return self.signatures[ranks]
         per_node: dict[int, int] = {}
         for rank in sorted(ranks):
             node = self.cluster.gpus[rank].node_index
             per_node[node] = per_node.get(node, 0) + 1
-        return tuple(
+        signature = tuple(
             (self.cluster.nodes[node].group_index, count) for node, count in per_node.items()
         )
+        self.signatures[ranks] = signature
+        return signature
 
     def stage_cost(self, ranks: tuple[int, ...], index: int, depth: int, size: int) -> StageCost:
         # Stages with the same GPUs per node of the same groups, in the same ring order, at
@@ -604,18 +610,24 @@ def _search_structures(state: _Search, report: Progress) -> None:
     steps = len(orders) * len(sizes) + len(subsets)
     done = 0
     for order_index, order in enumerate(orders):
+        best_of_order = math.inf
         for size in sizes:
             done += 1
             tried = _scan_depths(state, order, size, refine=False)
             scans += [(value, order_index, size, depth) for value, depth in tried]
             report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
-            if not any(math.isfinite(value) for value, _ in tried):
+            best_of_size = min((value for value, _ in tried), default=math.inf)
+            if not math.isfinite(best_of_size):
                 break  # activations grow with the micro-batch: larger ones cannot fit either
+            if best_of_size > SIZE_PATIENCE * best_of_order:
+                break  # past the best micro-batch size, bubbles and memory only grow
+            best_of_order = min(best_of_order, best_of_size)
     best = sorted(v for v in scans if math.isfinite(v[0]))[:TOP_REFINED]
+    small = state.cluster.num_gpus <= ALL_SIZES_UP_TO
     for _, order_index, size, depth in best:
-        _scan_depths(
-            state, orders[order_index], size, refine=True, depths=(depth - 1, depth, depth + 1)
-        )
+        # Neighbouring depths too where structures are cheap to price.
+        around = (depth - 1, depth, depth + 1) if small else (depth,)
+        _scan_depths(state, orders[order_index], size, refine=True, depths=around)
     for groups in subsets[1:]:
         # Idle groups: the winning orders without the group, depths near the best, every
         # micro-batch size in small clusters (fewer GPUs may favour larger micro-batches).

@@ -182,6 +182,10 @@ def _makespan(
     some t_k; starting from the continuous bound M / sum_k (n_k / t_k), step to the next
     such breakpoint until enough micro-batches fit (a few steps; capped, which can only
     leave the estimate at the continuous bound's side, never above the exact value)."""
+    if len(classes) == 1:  # one GPU type: ceil(M / n) micro-batches each, exactly
+        ((device, count),) = classes.items()
+        exact: Matrix = np.ceil(num_micro_batches / count - 1e-9) * times[device]
+        return exact
     makespan = continuous
     for _ in range(_MAKESPAN_STEPS):
         fitted = sum(n * np.floor(makespan / times[d] + 1e-9) for d, n in classes.items())

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
@@ -142,16 +144,29 @@ class Plan:
 def weighted_round_robin(counts: Sequence[int]) -> list[int]:
     """Interleave indices so index i appears counts[i] times, spread evenly.
 
-    Stride scheduling (Waldspurger and Weihl 1995): the k-th turn of index i falls at
-    (k + 1/2) / counts[i] of the way through; turns are taken in that order, ties to the
-    lower index. O(n log n) in the number of turns.
+    Smooth weighted round robin (as in nginx): every turn each index gains its count, the
+    richest takes the turn and pays the total. Each index's turns land within two of its
+    periods (total / count) of each other, first and last within one period of the ends.
+    Equal counts reduce to plain round robin.
 
     >>> weighted_round_robin([2, 1, 1])
     [0, 1, 2, 0]
     """
-    turns = [((k + 0.5) / count, index) for index, count in enumerate(counts) for k in range(count)]
-    turns.sort()
-    return [index for _, index in turns]
+    total = sum(counts)
+    active = [count for count in counts if count]
+    if active and all(count == active[0] for count in active):
+        indices = [i for i, count in enumerate(counts) if count]
+        return indices * active[0]
+    weights = np.asarray(counts, dtype=np.int64)
+    current = np.zeros(len(counts), dtype=np.int64)
+    order: list[int] = []
+    for _ in range(total):
+        current += weights
+        # argmax takes the first maximum: ties go to the lower index.
+        best = int(np.argmax(current))
+        current[best] -= total
+        order.append(best)
+    return order
 
 
 def _fail(field_name: str, value: object, expected: str) -> SpecError:
