@@ -21,16 +21,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
+from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
 from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
+from piebald.planner.proxy import pipeline_proxy, polish_bounds, uniform_bounds
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
@@ -152,7 +152,7 @@ class _Search:
         if not math.isfinite(value):
             return math.inf
         hops, link_busy = self.links(stages, size)
-        proxy = _pipeline_proxy(costs, bounds, hops, link_busy)
+        proxy = pipeline_proxy(costs, bounds, hops, link_busy)
         key = (stages, size)
         if key not in self.candidates or proxy < self.candidates[key].proxy_s:
             self.candidates[key] = _Candidate(
@@ -168,7 +168,7 @@ class _Search:
         depth = len(stages)
         costs = [self.stage_cost(ranks, i, depth, size) for i, ranks in enumerate(stages)]
         hops, link_busy = self.links(stages, size)
-        bounds, proxy = _polish_bounds(costs, candidate.bounds, hops, link_busy, candidate.proxy_s)
+        bounds, proxy = polish_bounds(costs, candidate.bounds, hops, link_busy, candidate.proxy_s)
         return _Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
 
     def links(
@@ -245,110 +245,7 @@ class _Search:
         return ScoredPlan(plan=plan, estimate=estimate, strategy=self.strategy.name)
 
 
-def _pipeline_proxy(
-    costs: Sequence[StageCost], bounds: tuple[int, ...], hops: list[float], link_busy: list[float]
-) -> float:
-    """The plan estimate's form on DP prices: the busiest stage or link, plus one
-    micro-batch through every stage and hop except the bottleneck stage, plus the sync the
-    drain does not hide, plus the slowest optimizer step."""
-    ranges = list(itertools.pairwise(bounds))
-    sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    busy = [float(c.cost_s[a, b]) - s for c, (a, b), s in zip(costs, ranges, sync, strict=True)]
-    passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
-    slowest_stage = int(np.argmax(busy))
-    if max(link_busy, default=0.0) > busy[slowest_stage]:
-        pipeline = max(link_busy) + sum(passes) + sum(hops)
-    else:
-        pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
-    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
-    return pipeline + exposed + optimizer
-
-
-def _polish_bounds(
-    costs: Sequence[StageCost],
-    bounds: tuple[int, ...],
-    hops: list[float],
-    link_busy: list[float],
-    proxy: float,
-) -> tuple[tuple[int, ...], float]:
-    """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
-    tie, moving a boundary by one layer can still shorten the fill and drain."""
-    improved = True
-    while improved:
-        improved = False
-        for index in range(1, len(bounds) - 1):
-            for moved in (bounds[index] - 1, bounds[index] + 1):
-                if not bounds[index - 1] < moved < bounds[index + 1]:
-                    continue
-                trial = (*bounds[:index], moved, *bounds[index + 1 :])
-                value = _pipeline_proxy(costs, trial, hops, link_busy)
-                if value < proxy * (1 - 1e-9):
-                    bounds, proxy, improved = trial, value, True
-    return bounds, proxy
-
-
-def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Layers split as evenly as possible, earlier stages taking the remainder."""
-    base, extra = divmod(num_layers, num_stages)
-    bounds = [0]
-    for index in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
-    return tuple(bounds)
-
-
-def _depths(limit: int) -> list[int]:
-    small = list(range(1, min(limit, 8) + 1))
-    large = [d for d in (10, 12, 16, 20, 24, 32, 40, 48, 64) if d <= limit]
-    return small + large
-
-
-def _quantile_cuts(
-    units: tuple[Unit, ...], depth: int, required: frozenset[int]
-) -> tuple[int, ...] | None:
-    """Cut positions (1..K-1) splitting summed peak FLOP/s into equal parts, plus required."""
-    free = depth - 1 - len(required)
-    if free < 0:
-        return None
-    speeds = np.cumsum([u.peak_flops for u in units])
-    cuts = set(required)
-    for i in range(1, depth):
-        if len(cuts) >= depth - 1:
-            break
-        target = speeds[-1] * i / depth
-        position = int(np.searchsorted(speeds, target)) + 1
-        for offset in range(len(units)):  # nearest free position
-            for candidate in (position - offset, position + offset):
-                if 0 < candidate < len(units) and candidate not in cuts:
-                    cuts.add(candidate)
-                    break
-            else:
-                continue
-            break
-    return tuple(sorted(cuts)) if len(cuts) == depth - 1 else None
-
-
-def _stages_of(units: tuple[Unit, ...], cuts: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    edges = (0, *cuts, len(units))
-    return tuple(
-        tuple(rank for unit in units[a:b] for rank in unit.ranks)
-        for a, b in itertools.pairwise(edges)
-    )
-
-
-def _boundaries(units: tuple[Unit, ...], strategy: Strategy) -> frozenset[int]:
-    """Cut positions a strategy requires (type or domain changes between neighbours)."""
-    required = set()
-    for position in range(1, len(units)):
-        left, right = units[position - 1], units[position]
-        if strategy.type_homogeneous_stages and left.device != right.device:
-            required.add(position)
-        if strategy.domain_stages and left.domain != right.domain:
-            required.add(position)
-    return frozenset(required)
-
-
-def _scan_depths(
+def _scandepths_to_try(
     state: _Search,
     units: tuple[Unit, ...],
     size: int,
@@ -358,11 +255,11 @@ def _scan_depths(
 ) -> list[tuple[float, int]]:
     """(estimate, depth) for every depth tried for one order and micro-batch size; stops
     deepening once DEPTH_PATIENCE depths in a row bring no improvement."""
-    required = _boundaries(units, state.strategy)
+    required = required_cuts(units, state.strategy)
     limit = min(len(units), state.model.num_layers, state.strategy.max_stages)
     results: list[tuple[float, int]] = []
     best, patience = math.inf, 0
-    for depth in depths if depths is not None else _depths(limit):
+    for depth in depths if depths is not None else depths_to_try(limit):
         if depth - 1 < len(required) or depth > limit:
             continue
         value = _best_cuts(state, units, depth, size, required, refine=refine)
@@ -392,13 +289,13 @@ def _best_cuts(
         best = math.inf
         for chosen in itertools.combinations(positions, free):
             cuts = tuple(sorted((*required, *chosen)))
-            best = min(best, state.price(_stages_of(units, cuts), size))
+            best = min(best, state.price(stages_of(units, cuts), size))
         return best
-    start = _quantile_cuts(units, depth, required)
+    start = quantile_cuts(units, depth, required)
     if start is None:
         return math.inf
     cuts = start
-    value = state.price(_stages_of(units, cuts), size)
+    value = state.price(stages_of(units, cuts), size)
     if refine:
         cuts, value = _local_search(state, units, size, cuts, value, required)
     return value
@@ -427,7 +324,7 @@ def _local_search(
                     if not low < moved < high:
                         continue
                     trial = (*cuts[:index], moved, *cuts[index + 1 :])
-                    trial_value = state.price(_stages_of(units, trial), size)
+                    trial_value = state.price(stages_of(units, trial), size)
                     if trial_value < value * (1 - 1e-9):
                         cuts, value = trial, trial_value
                         break
@@ -449,7 +346,7 @@ def _grid_candidates(state: _Search, size: int) -> None:
     for k in range(1, total):
         if gpus[k].device != gpus[k - 1].device:
             sizes.add(k)
-    for depth in _depths(min(total, state.model.num_layers, state.strategy.max_stages)):
+    for depth in depths_to_try(min(total, state.model.num_layers, state.strategy.max_stages)):
         for used in sizes:
             degree = used // depth
             if degree < 1:
@@ -613,7 +510,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
         best_of_order = math.inf
         for size in sizes:
             done += 1
-            tried = _scan_depths(state, order, size, refine=False)
+            tried = _scandepths_to_try(state, order, size, refine=False)
             scans += [(value, order_index, size, depth) for value, depth in tried]
             report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
             best_of_size = min((value for value, _ in tried), default=math.inf)
@@ -627,7 +524,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
     for _, order_index, size, depth in best:
         # Neighbouring depths too where structures are cheap to price.
         around = (depth - 1, depth, depth + 1) if small else (depth,)
-        _scan_depths(state, orders[order_index], size, refine=True, depths=around)
+        _scandepths_to_try(state, orders[order_index], size, refine=True, depths=around)
     for groups in subsets[1:]:
         # Idle groups: the winning orders without the group, depths near the best, every
         # micro-batch size in small clusters (fewer GPUs may favour larger micro-batches).
@@ -645,12 +542,12 @@ def _search_structures(state: _Search, report: Progress) -> None:
             (value, size, d, i)
             for i, order in enumerate(subset_orders)
             for size in (sizes if small else [best_size])
-            for value, d in _scan_depths(state, order, size, refine=False, depths=near)
+            for value, d in _scandepths_to_try(state, order, size, refine=False, depths=near)
         ]
         finite = [t for t in subset_tried if math.isfinite(t[0])]
         if finite:
             _, size, depth, i = min(finite)
-            _scan_depths(state, subset_orders[i], size, refine=True, depths=(depth,))
+            _scandepths_to_try(state, subset_orders[i], size, refine=True, depths=(depth,))
         done += 1
         report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
 

@@ -1,0 +1,68 @@
+"""The planner's step-time proxy for a priced structure, and the polish of its layer split.
+
+The proxy mirrors the closed-form plan estimate (``cost.plan_estimate``) on the DP's stage
+prices, so that ranking structures by it ranks them as the exact estimate would.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from piebald.planner.stage_costs import StageCost
+
+__all__ = ["pipeline_proxy", "polish_bounds", "uniform_bounds"]
+
+
+def pipeline_proxy(
+    costs: Sequence[StageCost], bounds: tuple[int, ...], hops: list[float], link_busy: list[float]
+) -> float:
+    """The plan estimate's form on DP prices: the busiest stage or link, plus one
+    micro-batch through every stage and hop except the bottleneck stage, plus the sync the
+    drain does not hide, plus the slowest optimizer step."""
+    ranges = list(itertools.pairwise(bounds))
+    sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
+    busy = [float(c.cost_s[a, b]) - s for c, (a, b), s in zip(costs, ranges, sync, strict=True)]
+    passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
+    optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
+    slowest_stage = int(np.argmax(busy))
+    if max(link_busy, default=0.0) > busy[slowest_stage]:
+        pipeline = max(link_busy) + sum(passes) + sum(hops)
+    else:
+        pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
+    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
+    return pipeline + exposed + optimizer
+
+
+def polish_bounds(
+    costs: Sequence[StageCost],
+    bounds: tuple[int, ...],
+    hops: list[float],
+    link_busy: list[float],
+    proxy: float,
+) -> tuple[tuple[int, ...], float]:
+    """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
+    tie, moving a boundary by one layer can still shorten the fill and drain."""
+    improved = True
+    while improved:
+        improved = False
+        for index in range(1, len(bounds) - 1):
+            for moved in (bounds[index] - 1, bounds[index] + 1):
+                if not bounds[index - 1] < moved < bounds[index + 1]:
+                    continue
+                trial = (*bounds[:index], moved, *bounds[index + 1 :])
+                value = pipeline_proxy(costs, trial, hops, link_busy)
+                if value < proxy * (1 - 1e-9):
+                    bounds, proxy, improved = trial, value, True
+    return bounds, proxy
+
+
+def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers split as evenly as possible, earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    bounds = [0]
+    for index in range(num_stages):
+        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
+    return tuple(bounds)
