@@ -1,8 +1,14 @@
-"""Test-suite wide settings: ``gpu`` tests skip themselves where there is no CUDA."""
+"""Test-suite wide settings: ``gpu`` tests skip themselves where there is no CUDA, and
+shared test helpers (``tests/cluster_builders.py``) are importable."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _cuda_available() -> bool:

@@ -37,6 +37,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from cluster_builders import cluster as _cluster
+from cluster_builders import group as _group
 from piebald.cost.compute import optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.plan_estimate import estimate_plan
@@ -45,7 +47,6 @@ from piebald.planner.search import search
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.strategies import PIEBALD
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
@@ -59,31 +60,6 @@ Structure = tuple[tuple[int, ...], ...]  # the ranks of each stage, in pipeline 
 
 
 # -- clusters ---------------------------------------------------------------------------
-
-
-def _group(
-    name: str,
-    gpu: str,
-    gpus_per_node: int,
-    *,
-    count: int = 1,
-    intra: str = "64GB/s",
-    nic: tuple[str, str] | None = None,
-) -> dict[str, Any]:
-    group: dict[str, Any] = {
-        "name": name,
-        "gpu": gpu,
-        "gpus_per_node": gpus_per_node,
-        "count": count,
-        "intra_link": intra,
-    }
-    if nic is not None:
-        group["nic"] = {"kind": nic[0], "bandwidth": nic[1]}
-    return group
-
-
-def _cluster(name: str, *groups: dict[str, Any]) -> ClusterSpec:
-    return parse_cluster({"name": name, "nodes": list(groups)}, source=f"test:{name}")
 
 
 CLUSTERS = {

@@ -20,44 +20,20 @@ from typing import Any
 
 import pytest
 
+from cluster_builders import cluster as _cluster
+from cluster_builders import group as _group
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.describe import describe_plan
 from piebald.planner.search import Infeasible, search
 from piebald.planner.strategies import PIEBALD, STRATEGIES
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 from piebald.specs.presets import load_model
 
 RELATIVE_SLACK = 1e-9
-
-
-def _group(
-    name: str,
-    gpu: str,
-    gpus_per_node: int,
-    *,
-    count: int = 1,
-    intra: str = "64GB/s",
-    nic: tuple[str, str] | None = None,
-) -> dict[str, Any]:
-    group: dict[str, Any] = {
-        "name": name,
-        "gpu": gpu,
-        "gpus_per_node": gpus_per_node,
-        "count": count,
-        "intra_link": intra,
-    }
-    if nic is not None:
-        group["nic"] = {"kind": nic[0], "bandwidth": nic[1]}
-    return group
-
-
-def _cluster(name: str, *groups: dict[str, Any]) -> ClusterSpec:
-    return parse_cluster({"name": name, "nodes": list(groups)}, source=f"test:{name}")
 
 
 def _a100(*, count: int = 1, nic: str = "200Gb/s", intra: str = "600GB/s") -> dict[str, Any]:
