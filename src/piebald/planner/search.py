@@ -245,7 +245,7 @@ class _Search:
         return ScoredPlan(plan=plan, estimate=estimate, strategy=self.strategy.name)
 
 
-def _scandepths_to_try(
+def _scan_depths(
     state: _Search,
     units: tuple[Unit, ...],
     size: int,
@@ -510,7 +510,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
         best_of_order = math.inf
         for size in sizes:
             done += 1
-            tried = _scandepths_to_try(state, order, size, refine=False)
+            tried = _scan_depths(state, order, size, refine=False)
             scans += [(value, order_index, size, depth) for value, depth in tried]
             report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
             best_of_size = min((value for value, _ in tried), default=math.inf)
@@ -524,7 +524,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
     for _, order_index, size, depth in best:
         # Neighbouring depths too where structures are cheap to price.
         around = (depth - 1, depth, depth + 1) if small else (depth,)
-        _scandepths_to_try(state, orders[order_index], size, refine=True, depths=around)
+        _scan_depths(state, orders[order_index], size, refine=True, depths=around)
     for groups in subsets[1:]:
         # Idle groups: the winning orders without the group, depths near the best, every
         # micro-batch size in small clusters (fewer GPUs may favour larger micro-batches).
@@ -542,12 +542,12 @@ def _search_structures(state: _Search, report: Progress) -> None:
             (value, size, d, i)
             for i, order in enumerate(subset_orders)
             for size in (sizes if small else [best_size])
-            for value, d in _scandepths_to_try(state, order, size, refine=False, depths=near)
+            for value, d in _scan_depths(state, order, size, refine=False, depths=near)
         ]
         finite = [t for t in subset_tried if math.isfinite(t[0])]
         if finite:
             _, size, depth, i = min(finite)
-            _scandepths_to_try(state, subset_orders[i], size, refine=True, depths=(depth,))
+            _scan_depths(state, subset_orders[i], size, refine=True, depths=(depth,))
         done += 1
         report(done / steps, f"{state.strategy.name}: {state.num_structures} structures")
 
