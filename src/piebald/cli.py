@@ -52,6 +52,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan_io import load_plan, plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.units import format_rate
 
 app = typer.Typer(
     add_completion=False,
@@ -126,7 +127,7 @@ def check_cluster(
     for link in cluster.site_links:
         console.print(
             f"site link {link.sites[0]} <-> {link.sites[1]}: "
-            f"{link.bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s, "
+            f"{format_rate(link.bandwidth_bytes_per_s)}, "
             f"{link.latency_s * 1e3:g} ms"
         )
 

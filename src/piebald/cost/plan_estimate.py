@@ -20,7 +20,7 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
 from piebald.cost.zero_comm import stage_comm
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction, ZeroMode
 
 __all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
@@ -60,7 +60,7 @@ def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
     """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops)."""
     stage = plan.stages[index]
     size_of = dict(zip(stage.ranks, stage.micro_batch_size, strict=True))
-    wire = 4 if plan.job.precision is Dtype.FP32 else 2
+    wire = plan.job.precision.num_bytes
     per_rank: dict[int, float] = {}
     hop_of: dict[tuple[int, int], float] = {}
     for route in plan.routes:
@@ -79,7 +79,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     stage = plan.stages[stage_index]
     precision = plan.job.precision
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
-    wire = 4 if precision is Dtype.FP32 else 2  # weights and gradients travel in 16 bits
+    wire = precision.num_bytes  # weights and gradients travel in the job's width
     comm = stage_comm(
         ring_profile(plan.cluster, stage.ranks),
         shard_fractions=stage.shard_fraction,

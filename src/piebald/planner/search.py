@@ -188,7 +188,7 @@ class _Search:
         between two neighbouring stages (one GPU per node group on each side)."""
         key = (self.signature(sender), self.signature(receiver), size)
         if key not in self.hops:
-            wire = 4 if self.job.precision is Dtype.FP32 else 2
+            wire = self.job.precision.num_bytes  # activations travel in the job's width
             num_bytes = size * self.job.seq_len * self.model.arch.hidden_size * wire
             left = {self.cluster.gpus[r].group_index: r for r in sender}
             right = {self.cluster.gpus[r].group_index: r for r in receiver}

@@ -20,7 +20,7 @@ from piebald.cost.memory import in_flight_micro_batches, rank_memory
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Schedule, Stage, ZeroMode
@@ -107,7 +107,7 @@ def build_stage(
     """The fastest memory-feasible setting of this stage, or None if nothing fits."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
-    wire_bytes = params * (4 if job.precision is Dtype.FP32 else 2)
+    wire_bytes = params * job.precision.num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(ranks) for _ in ranks)
     profile = ring_profile(cluster, ranks)

@@ -24,7 +24,7 @@ from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
@@ -89,7 +89,7 @@ def stage_cost(
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     depth = num_stages - stage_index  # micro-batches in flight in the stage under 1F1B
-    wire = 4.0 if job.precision is Dtype.FP32 else 2.0
+    wire = float(job.precision.num_bytes)  # weights and gradients travel in this width
     params = stage_params_matrix(model)
     profile = ring_profile(cluster, ranks)
     comm_of = {zero: _affine_comm(profile, len(ranks), zero) for zero in rules.zero_modes}
