@@ -6,33 +6,31 @@ fits), never a traceback. Tables are drawn with rich; library code below never p
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    SpinnerColumn,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from piebald import __version__
+from piebald.cli_common import (
+    BatchOption,
+    ClusterOption,
+    ModelOption,
+    PrecisionOption,
+    SeqOption,
+    console,
+    inputs_from,
+    job_from,
+    progress_bar,
+    user_errors,
+)
 from piebald.errors import SpecError
 from piebald.examples import example_path
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.explain import explain_plan
-from piebald.planner.search import Infeasible, search
+from piebald.planner.search import search
 from piebald.planner.strategies import STRATEGIES
 from piebald.plots import plot_comparison
 from piebald.render import (
@@ -59,39 +57,6 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Plan, simulate and train LLMs on heterogeneous GPU clusters.",
 )
-# Piped output (CI logs, the README) gets 120 columns instead of rich's default of 80.
-console = Console(width=None if sys.stdout.isatty() else 120)
-errors = Console(stderr=True)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-EXIT_BAD_INPUT = 2
-EXIT_INFEASIBLE = 3
-
-
-def user_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Report bad input as one line and a non-zero exit code instead of a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return command(*args, **kwargs)
-        except SpecError as error:
-            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except FileExistsError as error:
-            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except Infeasible as error:
-            errors.print(
-                f"[red]no feasible plan:[/red] {escape(str(error))}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(EXIT_INFEASIBLE) from None
-
-    return wrapper
 
 
 def _version(value: bool) -> None:
@@ -146,58 +111,6 @@ def gpus() -> None:
     console.print(catalog_table(list(builtin_catalog().values())))
 
 
-def _job(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
-    return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
-
-
-@contextlib.contextmanager
-def _progress(description: str) -> Iterator[Callable[[float, str], None]]:
-    """A progress bar that appears only once the work has taken a second (on a terminal)."""
-    started = time.perf_counter()
-    bar: Progress | None = None
-    task = None
-
-    def update(fraction: float, message: str) -> None:
-        nonlocal bar, task
-        if bar is None and console.is_terminal and time.perf_counter() - started > 1.0:
-            bar = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TaskProgressColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            )
-            bar.start()
-            task = bar.add_task(description, total=1.0)
-        if bar is not None and task is not None:
-            bar.update(task, completed=fraction, description=f"{description}: {message}")
-
-    try:
-        yield update
-    finally:
-        if bar is not None:
-            bar.stop()
-
-
-def _inputs(
-    cluster: Path, model: str, global_batch: int, seq_len: int, precision: Dtype
-) -> tuple[ClusterSpec, ModelSpec, JobSpec]:
-    return (
-        load_cluster(cluster),
-        load_model(model),
-        _job(global_batch=global_batch, seq_len=seq_len, precision=precision),
-    )
-
-
-ClusterOption = Annotated[Path, typer.Option(help="Cluster YAML file.")]
-ModelOption = Annotated[str, typer.Option(help="Preset name or Hugging Face config.json path.")]
-BatchOption = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
-SeqOption = Annotated[int, typer.Option(min=1, help="Tokens per sequence.")]
-PrecisionOption = Annotated[Dtype, typer.Option(help="Requested training precision.")]
-
-
 @app.command("plan")
 @user_errors
 def plan(
@@ -221,8 +134,8 @@ def plan(
         )
     if out is not None and out.exists() and not force:
         raise FileExistsError(f"{out} exists; not overwriting it (pass --force to replace)")
-    cluster_spec, model_spec, job = _inputs(cluster, model, global_batch, seq_len, precision)
-    with _progress("planning") as progress:
+    cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
+    with progress_bar("planning") as progress:
         result = search(
             cluster_spec,
             model=model_spec,
@@ -267,7 +180,7 @@ def compare(
     plot: Annotated[Path | None, typer.Option(help="Draw a bar chart (PNG) here.")] = None,
 ) -> None:
     """piebald against every baseline (as modelled) and the upper bound."""
-    cluster_spec, model_spec, job = _inputs(cluster, model, global_batch, seq_len, precision)
+    cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
     comparison = _compare(cluster_spec, model_spec, job)
     if plot is not None:
         plot_comparison(comparison, plot, title=_compare_title(cluster_spec, model_spec, job))
@@ -281,7 +194,7 @@ def compare(
 
 def _compare(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> Comparison:
     names = list(STRATEGIES)
-    with _progress("comparing") as progress:
+    with progress_bar("comparing") as progress:
         return compare_strategies(
             cluster,
             model=model,
@@ -324,13 +237,13 @@ def demo(
     """Describe the built-in cluster, plan llama-3.2-1b on it, explain it, compare baselines."""
     cluster = load_cluster(example_path())
     model = load_model("llama-3.2-1b")
-    job = _job(global_batch=32, seq_len=2048, precision=Dtype.BF16)
+    job = job_from(global_batch=32, seq_len=2048, precision=Dtype.BF16)
     console.rule("[bold]1. describe: the built-in example cluster")
     console.print(cluster_table(cluster))
     console.rule(
         f"[bold]2. plan: {model.name}, global batch {job.global_batch_size} x {job.seq_len} tokens"
     )
-    with _progress("planning") as progress:
+    with progress_bar("planning") as progress:
         result = search(cluster, model=model, job=job, progress=progress)
     console.print(plan_table(result.best.plan, result.best.estimate))
     for line in plan_summary(
@@ -351,6 +264,9 @@ def demo(
     plot_path = out_dir / "compare.png"
     plot_comparison(comparison, plot_path, title=_compare_title(cluster, model, job))
     console.print(f"artefacts: {plan_path}, {plot_path}")
+
+
+# Commands that live in their own modules (cli_*.py) are registered here, one line each.
 
 
 def main() -> None:

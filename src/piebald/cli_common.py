@@ -1,0 +1,138 @@
+"""What every ``piebald`` command shares: the consoles, the bad-input guard, a progress
+bar that appears after a second, the common options, and reading cluster, model and job.
+
+Command modules (``cli_*.py``) import from here; ``cli.py`` registers them on the app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from piebald.errors import SpecError
+from piebald.planner.search import Infeasible
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.cluster_yaml import load_cluster
+from piebald.specs.devices import Dtype
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.presets import load_model
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_INFEASIBLE",
+    "BatchOption",
+    "ClusterOption",
+    "ModelOption",
+    "PrecisionOption",
+    "SeqOption",
+    "console",
+    "errors",
+    "inputs_from",
+    "job_from",
+    "progress_bar",
+    "user_errors",
+]
+
+# Piped output (CI logs, the README) gets 120 columns instead of rich's default of 80.
+console = Console(width=None if sys.stdout.isatty() else 120)
+errors = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+
+def user_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Report bad input as one line and a non-zero exit code instead of a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except SpecError as error:
+            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except FileExistsError as error:
+            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except Infeasible as error:
+            errors.print(
+                f"[red]no feasible plan:[/red] {escape(str(error))}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_INFEASIBLE) from None
+
+    return wrapper
+
+
+def job_from(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
+    return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+
+
+@contextlib.contextmanager
+def progress_bar(description: str) -> Iterator[Callable[[float, str], None]]:
+    """A progress bar that appears only once the work has taken a second (on a terminal)."""
+    started = time.perf_counter()
+    bar: Progress | None = None
+    task = None
+
+    def update(fraction: float, message: str) -> None:
+        nonlocal bar, task
+        if bar is None and console.is_terminal and time.perf_counter() - started > 1.0:
+            bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            bar.start()
+            task = bar.add_task(description, total=1.0)
+        if bar is not None and task is not None:
+            bar.update(task, completed=fraction, description=f"{description}: {message}")
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def inputs_from(
+    cluster: Path, model: str, global_batch: int, seq_len: int, precision: Dtype
+) -> tuple[ClusterSpec, ModelSpec, JobSpec]:
+    return (
+        load_cluster(cluster),
+        load_model(model),
+        job_from(global_batch=global_batch, seq_len=seq_len, precision=precision),
+    )
+
+
+ClusterOption = Annotated[Path, typer.Option(help="Cluster YAML file.")]
+ModelOption = Annotated[str, typer.Option(help="Preset name or Hugging Face config.json path.")]
+BatchOption = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
+SeqOption = Annotated[int, typer.Option(min=1, help="Tokens per sequence.")]
+PrecisionOption = Annotated[Dtype, typer.Option(help="Requested training precision.")]
