@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-CORE = ["piebald.specs", "piebald.cost", "piebald.planner", "piebald.cli"]
+CORE = ["piebald.specs", "piebald.cost", "piebald.planner", "piebald.simulator", "piebald.cli"]
 
 
 @pytest.mark.parametrize("module", CORE)
