@@ -1,8 +1,8 @@
 """Closed-form estimate of a plan's step time, throughput and peak memory per rank.
 
 Pipeline time follows the bottleneck form of the 1F1B/GPipe makespan: the busiest stage
-(or stage boundary) runs for its whole busy time, and every other stage adds one
-micro-batch's forward plus backward for the fill and drain. For p equal stages of t per
+(or stage boundary) runs for its whole busy time, and every other stage and every boundary
+adds one micro-batch's forward plus backward for the fill and drain. For p equal stages of t per
 micro-batch and m micro-batches this is (m + p - 1) * t, bubble (p-1)/(m+p-1)
 (Huang et al. 2019; Narayanan et al. 2021). Data-parallel traffic is priced per stage by
 its ZeRO mode; the part of the gradient sync not hidden behind the drain of later stages
@@ -29,7 +29,8 @@ __all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utiliz
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageEstimate:
     compute_s: dict[int, float]  # busy time of each rank over the step
-    micro_batch_s: float  # forward + backward of one micro-batch on the slowest rank
+    micro_batch_s: float  # forward + backward of one micro-batch on the slowest rank + hop_s
+    hop_s: float  # one micro-batch's activation and gradient over the next boundary (0 last)
     boundary_s: float  # busy time of the link to the next stage (0 for the last stage)
     sync_s: float  # data-parallel collectives at the end of the step
     optimizer_s: float
@@ -155,6 +156,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     return StageEstimate(
         compute_s=compute,
         micro_batch_s=micro_batch_s + hop_s,
+        hop_s=hop_s,
         boundary_s=boundary_s,
         sync_s=sync_s,
         optimizer_s=optimizer_s,
@@ -174,9 +176,12 @@ def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Plan
         for index, stage in enumerate(stages[:-1])
     ]
     bottleneck_s, bottleneck_stage, bottleneck = max(candidates)
-    # Fill and drain: one micro-batch through every stage but the bottleneck stage.
+    # Fill and drain: one micro-batch through every stage but the bottleneck stage, and
+    # over every boundary (the bottleneck stage's own hop too: its last micro-batch still
+    # has to cross it before the later stages can drain).
     fill_s = sum(
-        stage.micro_batch_s for index, stage in enumerate(stages) if index != bottleneck_stage
+        stage.hop_s if index == bottleneck_stage else stage.micro_batch_s
+        for index, stage in enumerate(stages)
     )
     pipeline_s = bottleneck_s + fill_s
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.

@@ -51,6 +51,7 @@ TOP_REFINED = 2  # coarse results whose cuts get a local search
 SIZE_PATIENCE = 1.1  # a micro-batch size this much slower than the best ends the scan
 LOCAL_SEARCH_ROUNDS = 2
 ALL_SIZES_UP_TO = GPU_UNITS_UP_TO  # GPUs; small clusters get the thorough treatment
+ALL_NODE_SUBSETS_UP_TO = 4  # nodes; small clusters also try leaving any nodes idle
 
 Progress = Callable[[float, str], None]
 
@@ -359,19 +360,33 @@ def _grid_candidates(state: _Search, size: int) -> None:
 def _idle_subsets(
     cluster: ClusterSpec, strategy: Strategy, precision: Dtype
 ) -> list[frozenset[int]]:
-    """Node groups that take part: all of them first; then, where idle groups are allowed,
-    all but one, and the fastest k types alone (what dropping the slowest GPUs gives)."""
-    everything = frozenset(range(len(cluster.node_groups)))
+    """Nodes (by index) that take part: all of them first; then, where idle GPUs are
+    allowed, all but one node group, and the fastest k types alone (what dropping the
+    slowest GPUs gives); in clusters of a few nodes, every subset of nodes (one node of a
+    group alone may beat the whole group when the group's nodes share a slow network)."""
+    everything = frozenset(node.index for node in cluster.nodes)
     subsets = [everything]
-    if strategy.allow_idle_groups and len(everything) > 1:
-        subsets += [everything - {g} for g in sorted(everything)]
-        speed = {
-            g: cluster.node_groups[g].device.training_peak_flops(precision) for g in everything
-        }
-        fastest = sorted(everything, key=lambda g: -speed[g])
+    if not strategy.allow_idle_groups:
+        return subsets
+    groups = range(len(cluster.node_groups))
+    nodes_of = {g: frozenset(n.index for n in cluster.nodes if n.group_index == g) for g in groups}
+    if len(groups) > 1:
+        subsets += [everything - nodes_of[g] for g in groups]
+        speed = {g: cluster.node_groups[g].device.training_peak_flops(precision) for g in groups}
+        fastest = sorted(groups, key=lambda g: -speed[g])
         for k in range(1, len(fastest) - 1):
-            subsets.append(frozenset(g for g in fastest if speed[g] >= speed[fastest[k - 1]]))
-    return list(dict.fromkeys(subsets))
+            subsets.append(
+                frozenset().union(
+                    *(nodes_of[g] for g in fastest if speed[g] >= speed[fastest[k - 1]])
+                )
+            )
+    if len(everything) <= ALL_NODE_SUBSETS_UP_TO and cluster.num_gpus <= ALL_SIZES_UP_TO:
+        subsets += [
+            frozenset(chosen)
+            for size in range(len(everything) - 1, 0, -1)
+            for chosen in itertools.combinations(sorted(everything), size)
+        ]
+    return [subset for subset in dict.fromkeys(subsets) if subset]
 
 
 def _per_rank_sizes(state: _Search, ranks: tuple[int, ...]) -> dict[int, int]:
@@ -500,7 +515,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
     local search of the cuts around the best few; then the same for each idle-group subset,
     in the orders and sizes that won with every group."""
     subsets = _idle_subsets(state.cluster, state.strategy, state.job.precision)
-    full_units = build_units(state.cluster, precision=state.job.precision, groups=subsets[0])
+    full_units = build_units(state.cluster, precision=state.job.precision, nodes=subsets[0])
     orders = unit_orders(full_units)
     sizes = _sizes(state.job)
     scans: list[tuple[float, int, int, int]] = []  # (estimate, order, size, depth)
@@ -525,7 +540,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
         # Neighbouring depths too where structures are cheap to price.
         around = (depth - 1, depth, depth + 1) if small else (depth,)
         _scan_depths(state, orders[order_index], size, refine=True, depths=around)
-    for groups in subsets[1:]:
+    for nodes in subsets[1:]:
         # Idle groups: the winning orders without the group, depths near the best, every
         # micro-batch size in small clusters (fewer GPUs may favour larger micro-batches).
         if not best:
@@ -534,10 +549,10 @@ def _search_structures(state: _Search, report: Progress) -> None:
         near = sorted({1, *range(max(1, depth - 2), depth + 3)})  # one stage always
         small = state.cluster.num_gpus <= ALL_SIZES_UP_TO
         if small:  # every order and size of the subset's own units
-            subset_units = build_units(state.cluster, precision=state.job.precision, groups=groups)
+            subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
             subset_orders = unit_orders(subset_units)
         else:  # the winning order without the idle groups, at the winning size
-            subset_orders = [tuple(u for u in orders[order_index] if u.group_index in groups)]
+            subset_orders = [tuple(u for u in orders[order_index] if u.node_index in nodes)]
         subset_tried = [
             (value, size, d, i)
             for i, order in enumerate(subset_orders)

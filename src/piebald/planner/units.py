@@ -34,12 +34,12 @@ class Unit:
     memory_bytes: float
 
 
-def build_units(cluster: ClusterSpec, *, precision: Dtype, groups: frozenset[int]) -> list[Unit]:
-    """Units of the node groups in ``groups``, in rank order."""
+def build_units(cluster: ClusterSpec, *, precision: Dtype, nodes: frozenset[int]) -> list[Unit]:
+    """Units of the nodes (by index) in ``nodes``, in rank order."""
     per_gpu = cluster.num_gpus <= GPU_UNITS_UP_TO
     units = []
     for node in cluster.nodes:
-        if node.group_index not in groups:
+        if node.index not in nodes:
             continue
         group = cluster.node_groups[node.group_index]
         ranks = tuple(range(node.first_rank, node.first_rank + node.num_gpus))

@@ -164,6 +164,35 @@ def test_uniform_pipeline_makespan_is_m_plus_p_minus_one_stage_times(
     assert estimate.step_time_s == pytest.approx(estimate.pipeline_s + optimizer_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("num_micro_batches", [1, 4])
+def test_the_bottleneck_stages_own_hop_is_part_of_the_fill_and_drain(
+    num_micro_batches: int,
+) -> None:
+    """Stage 0 (embedding, two blocks) is the bottleneck; its last micro-batch must still
+    cross the 1 GB/s link to the head's stage and its gradient must come back."""
+    m = num_micro_batches
+    model = _model(num_blocks=2)
+    cluster = _cluster(2, intra_link="1GB/s", intra_latency="5us")
+    job = JobSpec(global_batch_size=m * MICRO_BATCH, seq_len=SEQ_LEN)
+    stages = tuple(
+        Stage(
+            layer_start=start,
+            layer_end=end,
+            ranks=(rank,),
+            micro_batch_size=(MICRO_BATCH,),
+            num_micro_batches=(m,),
+            shard_fraction=(1.0,),
+        )
+        for rank, (start, end) in enumerate([(0, 3), (3, 4)])
+    )
+    plan = Plan(cluster=cluster, model=model, job=job, stages=stages, routes=((0, 1),) * m)
+    estimate = estimate_plan(plan, curve=CURVE)
+    hop_s = 2 * (5e-6 + MICRO_BATCH * SEQ_LEN * 64 * 2 / 1e9)  # activation there, gradient back
+    first_s = 2 * LAYER_S + EMBEDDING_S
+    assert estimate.bottleneck == "stage 0"
+    assert estimate.pipeline_s == pytest.approx(m * first_s + hop_s + LAYER_S, rel=1e-9)
+
+
 def test_one_gpu_step_is_m_passes_plus_the_optimizer_step() -> None:
     plan = _one_stage_plan(_cluster(1), num_micro_batches=(4,))
     estimate = estimate_plan(plan, curve=CURVE)

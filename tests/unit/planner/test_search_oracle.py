@@ -505,11 +505,6 @@ def _case(cluster: str, model: str, batch: int, seq_len: int, *marks: Any) -> An
     return pytest.param(Case(cluster, model, batch, seq_len), id=f"{model}@{cluster}", marks=marks)
 
 
-def _short(reason: str) -> Any:
-    """A case where the search is known to fall short: strict, so a fix shows up."""
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 CASES = [
     _case("a100x2-v100x2-t4x2", "gpt2", 16, 1024),
     _case("v100x2-t4x4", "gpt2", 32, 1024),
@@ -527,19 +522,9 @@ CASES = [
     # The optimizer step of the stage holding a 128k-vocabulary embedding shapes the split.
     _case("l4x2-t4x2", "llama-3.2-1b", 8, 256),
     _case("a100x4-t4x4", "gpt2", 32, 1024, pytest.mark.slow),
-    _case(
-        "t4x4-l4x2",
-        "tiny",
-        8,
-        256,
-        _short(
-            "search 3,911,126 tokens/s (one stage on the two L4s, ZeRO-3, mbs 4, T4s idle) is "
-            "97.35% of the exhaustive 4,017,766 (two T4-only stages, layers 0-3 | 4-5, ZeRO-3, "
-            "mbs 4, L4s idle). The nearest structure the search builds (each stage one T4 of "
-            "each node) comes out at 0.68 ms a step against the exhaustive 0.51 ms even with "
-            "its layer split moved or its ZeRO modes swapped; not yet diagnosed"
-        ),
-    ),
+    # One node of a group alone beats the group (its nodes share 10 Gb/s Ethernet); once
+    # short by 2.7% when the estimate left out the bottleneck stage's own hop.
+    _case("t4x4-l4x2", "tiny", 8, 256),
 ]
 
 
