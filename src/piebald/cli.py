@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from piebald import __version__
+from piebald import __version__, cli_launch
 from piebald.cli_common import (
     BatchOption,
     ClusterOption,
@@ -267,6 +267,7 @@ def demo(
 
 
 # Commands that live in their own modules (cli_*.py) are registered here, one line each.
+app.command("launch")(cli_launch.launch)
 
 
 def main() -> None:

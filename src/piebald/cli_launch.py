@@ -1,0 +1,64 @@
+"""``piebald launch``: the torchrun command of every node of a plan's cluster, or a script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from piebald.cli_common import console, user_errors
+from piebald.errors import SpecError
+from piebald.launch import DEFAULT_PORT, node_launches, shell_script, slurm_script
+from piebald.specs.plan_io import load_plan, write_atomic
+
+__all__ = ["launch"]
+
+
+@user_errors
+def launch(
+    plan: Annotated[Path, typer.Option(help="The plan JSON file to train under.")],
+    slurm: Annotated[bool, typer.Option(help="Write an sbatch script instead.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Write the script here.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    hosts: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated host of each node, in the cluster file's order."),
+    ] = None,
+    master_port: Annotated[int, typer.Option(help="Rendezvous port.")] = DEFAULT_PORT,
+    train_args: Annotated[
+        str, typer.Option(help="Arguments passed on to `piebald train`, e.g. '--steps 100'.")
+    ] = "",
+) -> None:
+    """Print (or write) the torchrun command of every node of the plan's cluster."""
+    loaded = load_plan(plan)
+    host_list = [h.strip() for h in hosts.split(",")] if hosts else None
+    try:
+        launches = node_launches(
+            loaded.cluster,
+            plan_path=str(plan),
+            hosts=host_list,
+            master_port=master_port,
+            train_args=train_args.split(),
+        )
+    except ValueError as error:
+        raise SpecError(source="--hosts", field="", value=hosts, expected=str(error)) from None
+    if slurm:
+        text = slurm_script(launches, plan_name=plan.name)
+    elif out is not None:
+        text = shell_script(launches, plan_name=plan.name, workdir=str(Path.cwd()))
+    else:
+        for item in launches:
+            console.print(
+                f"# node {item.node_rank} ({item.node_name}, {item.num_gpus} GPUs, "
+                f"ranks {item.first_rank}-{item.first_rank + item.num_gpus - 1}) on {item.host}",
+                highlight=False,
+            )
+            print(item.shell_line())
+        return
+    if out is None:
+        print(text, end="")
+        return
+    write_atomic(out, text, overwrite=force)
+    out.chmod(0o755)
+    console.print(f"launch script written to {out}")
