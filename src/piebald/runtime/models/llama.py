@@ -1,0 +1,107 @@
+"""One Llama-family transformer block (Llama 2/3, Mistral): RMSNorm, rotary positions,
+grouped-query attention, SwiGLU MLP.
+
+Shapes: b batch, s sequence, h hidden, n query heads, k key/value heads, d head dim,
+f MLP width. The numerics follow Hugging Face's ``LlamaForCausalLM`` (rotate-half RoPE,
+fp32 norm statistics, default RoPE without scaling), so its safetensors load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from piebald.runtime.models.norms import RMSNorm
+from piebald.specs.model import ModelArch
+
+__all__ = ["Attention", "FeedForward", "LlamaBlock", "Rope", "apply_rope", "rope_tables"]
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [s, d], fp32
+
+
+def rope_tables(*, seq_len: int, head_dim: int, theta: float, device: torch.device) -> Rope:
+    """cos and sin of the rotary angles (Su et al. 2021, RoFormer, eq. 34), rotate-half layout.
+
+    Frequency i is theta^(-2i/d) for i < d/2; position m turns pair i by m * theta^(-2i/d).
+    The two halves of the head dimension form the pairs (dimension j with j + d/2), as in
+    Hugging Face's Llama, instead of the interleaved pairs of the paper.
+    """
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / theta**exponents  # [d/2]
+    positions = torch.arange(seq_len, device=device, dtype=torch.float32)  # [s]
+    angles = torch.outer(positions, inv_freq)  # [s, d/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [s, d]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate queries or keys x [b, heads, s, d] by their positions."""
+    cos, sin = (table.to(x.dtype) for table in rope)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [b, heads, s, d]
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention (Ainslie et al. 2023): k key/value heads, each shared
+    by n / k query heads."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.resolved_head_dim
+        h = arch.hidden_size
+        self.wq = nn.Linear(h, arch.q_width, bias=False)  # h -> n*d
+        self.wk = nn.Linear(h, arch.kv_width, bias=False)  # h -> k*d
+        self.wv = nn.Linear(h, arch.kv_width, bias=False)  # h -> k*d
+        self.wo = nn.Linear(arch.q_width, h, bias=False)  # n*d -> h
+
+    def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
+        b, s, _ = x.shape
+        n, k, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.wq(x).view(b, s, n, d).transpose(1, 2)  # [b, n, s, d]
+        keys = self.wk(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
+        values = self.wv(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
+        q, keys = apply_rope(q, rope), apply_rope(keys, rope)
+        # Query head j reads key/value head j // (n / k), the grouping enable_gqa implements.
+        out = functional.scaled_dot_product_attention(
+            q, keys, values, is_causal=True, enable_gqa=n != k
+        )  # [b, n, s, d]
+        projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, s, n * d))
+        return projected
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6):
+    w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        h, f = arch.hidden_size, arch.ffn_hidden_size
+        self.w1 = nn.Linear(h, f, bias=False)  # gate
+        self.w2 = nn.Linear(f, h, bias=False)  # down
+        self.w3 = nn.Linear(h, f, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
+        gated = functional.silu(self.w1(x)) * self.w3(x)  # [b, s, f]
+        out: torch.Tensor = self.w2(gated)
+        return out
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(arch.hidden_size, eps=arch.norm_eps)
+        self.attention = Attention(arch)
+        self.ffn_norm = RMSNorm(arch.hidden_size, eps=arch.norm_eps)
+        self.feed_forward = FeedForward(arch)
+
+    def forward(self, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:  # [b, s, h]
+        assert rope is not None, "a Llama block needs the rotary tables"
+        x = x + self.attention(self.attention_norm(x), rope)
+        out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        return out

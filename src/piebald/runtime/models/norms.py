@@ -1,0 +1,25 @@
+"""RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4).
+
+y = x / sqrt(mean(x^2) + eps) * g. The statistics are taken in fp32 whatever the activation
+dtype and the result is cast back before the scale, exactly as Hugging Face's LlamaRMSNorm,
+so loaded Llama weights give the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, *, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., h] -> [..., h]
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)

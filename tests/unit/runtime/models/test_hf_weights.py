@@ -1,0 +1,211 @@
+"""Hugging Face weights: transformers' own GPT2LMHeadModel / LlamaForCausalLM, saved as
+safetensors, loaded into our parts, give the same logits (checks the architecture and the
+loader at once); and every loading problem is one clear line."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from piebald.errors import SpecError
+from piebald.runtime.models import build_stage_part, load_hf_weights
+from piebald.specs.model import Family, ModelArch, ModelSpec
+from piebald.specs.presets import load_model
+
+VOCAB = 97
+
+
+def perturb(model: torch.nn.Module) -> None:
+    """Move every weight off its initial value (norm scales 1, biases 0) so that a mix-up
+    of two tensors of equal shape cannot go unnoticed."""
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+
+
+def hf_gpt2(directory: Path, *, tied: bool) -> tuple[torch.nn.Module, ModelSpec]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=3,
+        n_embd=32,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=40,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",  # explicit softmax: independent of our SDPA call
+    )
+    hf = transformers.GPT2LMHeadModel(config)
+    arch = ModelArch(
+        family=Family.GPT2,
+        num_blocks=3,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=128,
+        vocab_size=VOCAB,
+        max_seq_len=40,
+        tie_embeddings=tied,
+    )
+    return save(hf, directory), ModelSpec(name="hf-gpt2", arch=arch)
+
+
+def hf_llama(directory: Path, *, tied: bool, head_dim: int) -> tuple[torch.nn.Module, ModelSpec]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        num_hidden_layers=3,
+        hidden_size=48,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        intermediate_size=80,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    hf = transformers.LlamaForCausalLM(config)
+    assert hf.config.rope_parameters["rope_theta"] == 500000.0
+    arch = ModelArch(
+        family=Family.LLAMA,
+        num_blocks=3,
+        hidden_size=48,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=head_dim,
+        ffn_hidden_size=80,
+        vocab_size=VOCAB,
+        max_seq_len=64,
+        tie_embeddings=tied,
+        norm_eps=1e-6,
+        rope_theta=500000.0,
+    )
+    return save(hf, directory), ModelSpec(name="hf-llama", arch=arch)
+
+
+def save(hf: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    perturb(hf)
+    hf.eval()
+    hf.save_pretrained(directory, safe_serialization=True)
+    return hf
+
+
+CASES = {
+    "gpt2-tied": lambda d: hf_gpt2(d, tied=True),
+    "gpt2-untied": lambda d: hf_gpt2(d, tied=False),
+    "llama-tied": lambda d: hf_llama(d, tied=True, head_dim=8),
+    "llama-untied-wide-heads": lambda d: hf_llama(d, tied=False, head_dim=16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_loaded_parts_reproduce_transformers_logits(case: str, tmp_path: Path) -> None:
+    hf, model = CASES[case](tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf(input_ids=tokens).logits
+    n = model.num_layers
+    for bounds in ([0, n], [0, 2, n], [0, 1, 3, n]):
+        # A different seed: every value must come from the files.
+        parts = [
+            build_stage_part(model, layer_start=a, layer_end=b, seed=11)
+            for a, b in itertools.pairwise(bounds)
+        ]
+        x = tokens
+        with torch.no_grad():
+            for part in parts:
+                load_hf_weights(part, tmp_path)
+                x = part(x)
+        torch.testing.assert_close(x, expected, rtol=0, atol=1e-5)
+
+
+def test_weights_load_into_bf16_parts(tmp_path: Path) -> None:
+    hf, model = hf_llama(tmp_path, tied=False, head_dim=8)
+    part = build_stage_part(model, layer_start=0, layer_end=2, dtype=torch.bfloat16)
+    load_hf_weights(part, tmp_path)
+    expected = hf.model.embed_tokens.weight.detach().to(torch.bfloat16)
+    assert torch.equal(part.layer(0).tok_embeddings.weight, expected)
+
+
+def test_unprefixed_names_load_too(tmp_path: Path) -> None:
+    """OpenAI's GPT-2 files and bare LlamaModel checkpoints have no 'model.' prefix."""
+    model = load_model("tiny")
+    table = torch.randn(256, 64)
+    save_file({"embed_tokens.weight": table}, str(tmp_path / "model.safetensors"))
+    part = build_stage_part(model, layer_start=0, layer_end=1)
+    load_hf_weights(part, tmp_path)
+    assert torch.equal(part.layer(0).tok_embeddings.weight, table)
+
+
+def test_loading_problems_are_one_line_naming_file_and_tensor(tmp_path: Path) -> None:
+    model = load_model("tiny")
+    embedding = build_stage_part(model, layer_start=0, layer_end=1)
+
+    missing = tmp_path / "nowhere"
+    with pytest.raises(SpecError, match=r"nowhere: expected a directory .*no such directory"):
+        load_hf_weights(embedding, missing)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SpecError, match=r"empty: expected \*.safetensors .*found none"):
+        load_hf_weights(embedding, empty)
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SpecError, match=r"corrupt/model.safetensors: expected a safetensors file"):
+        load_hf_weights(embedding, corrupt)
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(256, 32)}, str(wrong / "a.safetensors"))
+    with pytest.raises(SpecError) as error:
+        load_hf_weights(embedding, wrong)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "wrong/a.safetensors: model.embed_tokens.weight: got [256, 32]" in message
+    assert "expected shape [256, 64]" in message
+
+    head = build_stage_part(model, layer_start=model.num_layers - 1, layer_end=model.num_layers)
+    save_file({"model.norm.weight": torch.ones(64)}, str(wrong / "b.safetensors"))
+    with pytest.raises(SpecError) as error:
+        load_hf_weights(head, wrong)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "(2 files): lm_head.weight: expected a tensor of shape [256, 64]" in message
+
+
+def test_gpt2_conv1d_shape_errors_name_the_stored_layout(tmp_path: Path) -> None:
+    arch = ModelArch(
+        family=Family.GPT2,
+        num_blocks=1,
+        hidden_size=8,
+        num_heads=2,
+        num_kv_heads=2,
+        ffn_hidden_size=32,
+        vocab_size=11,
+        max_seq_len=4,
+        tie_embeddings=True,
+    )
+    block = build_stage_part(ModelSpec(name="g", arch=arch), layer_start=1, layer_end=2)
+    # Our Linear is [24, 8]; HF's Conv1D stores [8, 24]. A file holding [24, 8] is wrong.
+    tensors = {f"h.0.{name}": t.detach().clone() for name, t in block.layer(1).state_dict().items()}
+    tensors["h.0.attn.c_attn.weight"] = torch.zeros(24, 8)
+    for name in ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"):
+        tensors[f"h.0.{name}"] = tensors[f"h.0.{name}"].t().contiguous()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        SpecError, match=r"h.0.attn.c_attn.weight: got \[24, 8\]; expected shape \[8, 24\]"
+    ):
+        load_hf_weights(block, tmp_path)
