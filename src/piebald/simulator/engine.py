@@ -1,0 +1,500 @@
+"""Discrete-event execution of a schedule: a heap of timed events, one state per rank.
+
+Each rank walks its operation list (``piebald.simulator.ops`` says what each operation
+does): compute operations run on the rank's compute stream once their inputs are there;
+data-parallel operations queue on the rank's channel, once-per-step collectives starting
+when every rank of the stage has reached them; a point-to-point transfer starts when both
+its send and its receive are posted, waits its link's latency, then moves its bytes at the
+rate it gets on the resources it shares with concurrent transfers
+(``piebald.simulator.network``). Durations come from ``Prices`` (the planner's cost
+functions), so differences from the closed-form estimate come from the schedule alone.
+
+When no event is left and some rank has operations left, the step cannot finish: the
+result carries a :class:`Deadlock` with every stuck rank, the operation it is stuck at, the
+ranks it waits for, and a cycle of ranks waiting on each other.
+
+Memory: a rank holds its static bytes (weights, gradients, optimizer state, working
+buffers, reserve) all step, plus one micro-batch's activations from the start of its
+forward until the end of its backward.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Hashable
+
+from piebald.simulator.network import Network
+from piebald.simulator.ops import (
+    AllGatherParams,
+    AllReduceGrads,
+    Backward,
+    Forward,
+    GatherPassParams,
+    Op,
+    OptimizerStep,
+    Pass,
+    RecvActivation,
+    RecvGradient,
+    ReduceScatterGrads,
+    ScatterPassGrads,
+    SendActivation,
+    SendGradient,
+    describe_op,
+)
+from piebald.simulator.prices import Prices
+from piebald.simulator.result import (
+    Deadlock,
+    Interval,
+    Lane,
+    RankStats,
+    SimulationResult,
+    Wait,
+)
+from piebald.simulator.schedules import StepSchedule, build_schedule
+from piebald.specs.plan import Plan
+
+__all__ = ["simulate"]
+
+# Event kinds, in the heap as (time, sequence, kind, payload...).
+_COMPUTE_DONE, _CHANNEL_DONE, _FLOW_START, _FLOW_DONE = range(4)
+_IDLE, _BLOCKED = 0, 1  # what a compute operation last waited for: a peer, or its channel
+
+_KIND = {
+    Forward: "forward",
+    Backward: "backward",
+    OptimizerStep: "optimizer",
+    GatherPassParams: "gather",
+    ScatterPassGrads: "reduce-scatter",
+    AllReduceGrads: "all-reduce",
+    ReduceScatterGrads: "reduce-scatter",
+    AllGatherParams: "all-gather",
+}
+_GROUP = (AllReduceGrads, ReduceScatterGrads, AllGatherParams)
+
+
+class _RankState:
+    __slots__ = (
+        "blocked_s",
+        "busy_s",
+        "channel",
+        "channel_busy",
+        "computing",
+        "end_s",
+        "free_since",
+        "gather_end",
+        "have",
+        "in_flight",
+        "needs",
+        "ops",
+        "outstanding",
+        "passes_s",
+        "pc",
+        "peak_bytes",
+        "rank",
+        "stage",
+        "wait_reason",
+        "waiting",
+    )
+
+    def __init__(self, rank: int, stage: int, ops: tuple[Op, ...], static_bytes: float) -> None:
+        self.rank, self.stage, self.ops = rank, stage, ops
+        self.pc = 0
+        self.waiting = False
+        self.computing = False
+        self.free_since = 0.0
+        self.wait_reason = _IDLE
+        self.have: set[Hashable] = set()  # inputs there (or, for gathers, started)
+        self.gather_end: dict[Hashable, float] = {}
+        self.needs = _needs(ops)
+        self.channel: deque[Op] = deque()
+        self.channel_busy = False
+        self.outstanding = 0  # data-parallel operations issued and not finished
+        self.in_flight = 0
+        self.peak_bytes = static_bytes
+        self.busy_s = self.blocked_s = self.passes_s = self.end_s = 0.0
+
+
+def _needs(ops: tuple[Op, ...]) -> dict[int, tuple[tuple[Hashable, int | None], ...]]:
+    """For each compute operation (by position), the inputs posted before it: (key, the
+    rank that provides it, or None for the rank's own channel)."""
+    pending: dict[tuple[bool, int], list[tuple[Hashable, int | None]]] = {}
+    needs: dict[int, tuple[tuple[Hashable, int | None], ...]] = {}
+    for index, op in enumerate(ops):
+        key: Hashable
+        if isinstance(op, RecvActivation):
+            key = ("act", op.micro_batch)
+            pending.setdefault((True, op.micro_batch), []).append((key, op.peer))
+        elif isinstance(op, RecvGradient):
+            key = ("grad", op.micro_batch)
+            pending.setdefault((False, op.micro_batch), []).append((key, op.peer))
+        elif isinstance(op, GatherPassParams):
+            forward = op.for_pass is Pass.FORWARD
+            key = ("gather", op.micro_batch, forward)
+            pending.setdefault((forward, op.micro_batch), []).append((key, None))
+        elif isinstance(op, Forward | Backward):
+            needs[index] = tuple(pending.pop((isinstance(op, Forward), op.micro_batch), ()))
+    return needs
+
+
+class _Engine:
+    def __init__(self, plan: Plan, schedule: StepSchedule, prices: Prices, record: bool) -> None:
+        self.plan, self.prices, self.record = plan, prices, record
+        self.ranks = {
+            rank: _RankState(rank, plan.stage_of_rank[rank], ops, prices.static_memory_bytes(rank))
+            for rank, ops in schedule.rank_ops.items()
+        }
+        self.events: list[tuple[float, int, int, object, object]] = []
+        self.sequence = 0
+        self.now = 0.0
+        self.network = Network()
+        self.next_flow = 0
+        self.sends: dict[tuple[bool, int, int, int], float] = {}
+        self.recvs: dict[tuple[bool, int, int, int], float] = {}
+        self.flows: dict[int, tuple[tuple[bool, int, int, int], float, float]] = {}
+        self.arrivals: dict[tuple[int, type], list[_RankState]] = {}
+        self.intervals: list[Interval] = []
+        self.last_backward_s = 0.0
+
+    # -- the event loop ------------------------------------------------------------------
+    def push(self, time_s: float, kind: int, a: object, b: object = None) -> None:
+        self.sequence += 1
+        heapq.heappush(self.events, (time_s, self.sequence, kind, a, b))
+
+    def run(self) -> None:
+        for state in self.ranks.values():
+            self.walk(state)
+        while self.events:
+            self.now, _, kind, a, b = heapq.heappop(self.events)
+            if kind == _COMPUTE_DONE:
+                assert isinstance(a, _RankState)
+                self.compute_done(a, b)
+            elif kind == _CHANNEL_DONE:
+                assert isinstance(a, _RankState)
+                self.channel_done(a, b)
+            elif kind == _FLOW_START:
+                assert isinstance(a, int)
+                self.flow_start(a)
+            else:
+                assert isinstance(a, int) and isinstance(b, int)
+                if self.network.is_current(a, b):
+                    self.retime(self.network.finish(a, now_s=self.now))
+                    self.transfer_done(a)
+
+    # -- a rank's walk -------------------------------------------------------------------
+    def walk(self, state: _RankState) -> None:
+        ops = state.ops
+        while state.pc < len(ops):
+            op = ops[state.pc]
+            if isinstance(op, Forward | Backward | OptimizerStep):
+                if isinstance(op, OptimizerStep):
+                    ready = state.outstanding == 0
+                else:
+                    ready = all(key in state.have for key, _ in state.needs[state.pc])
+                if not ready:
+                    state.waiting = True
+                    return
+                state.waiting = False
+                state.pc += 1
+                self.start_compute(state, op)
+                return
+            state.pc += 1
+            if isinstance(op, SendActivation | SendGradient):
+                key = (isinstance(op, SendActivation), op.micro_batch, state.rank, op.peer)
+                self.post(key, self.sends, self.recvs)
+            elif isinstance(op, RecvActivation | RecvGradient):
+                key = (isinstance(op, RecvActivation), op.micro_batch, op.peer, state.rank)
+                self.post(key, self.recvs, self.sends)
+            else:
+                state.channel.append(op)
+                state.outstanding += 1
+                self.pump(state)
+
+    def wake(self, state: _RankState, reason: int) -> None:
+        if state.waiting and not state.computing:
+            state.wait_reason = reason
+            self.walk(state)
+
+    def start_compute(self, state: _RankState, op: Forward | Backward | OptimizerStep) -> None:
+        waited = self.now - state.free_since
+        if state.wait_reason == _BLOCKED:
+            state.blocked_s += waited
+        rank = state.rank
+        if isinstance(op, Forward):
+            duration = self.prices.forward_s(rank)
+            state.in_flight += 1
+            held = self.prices.static_memory_bytes(rank) + state.in_flight * (
+                self.prices.activation_bytes(rank)
+            )
+            state.peak_bytes = max(state.peak_bytes, held)
+        elif isinstance(op, Backward):
+            duration = self.prices.backward_s(rank)
+            state.have.add(("backward started", op.micro_batch))
+        else:
+            duration = self.prices.optimizer_s(rank)
+        end_s = self.now + duration
+        if not isinstance(op, OptimizerStep):
+            state.passes_s += duration
+            # A pass streaming its parameters in ends no earlier than their gather.
+            for key, provider in state.needs[state.pc - 1]:
+                if provider is None:
+                    end_s = max(end_s, state.gather_end[key])
+        state.busy_s += duration
+        state.blocked_s += end_s - self.now - duration
+        state.computing = True
+        self.push(end_s, _COMPUTE_DONE, state, op)
+        if self.record:
+            self.intervals.append(
+                Interval(
+                    rank=rank,
+                    lane=Lane.COMPUTE,
+                    kind=_KIND[type(op)],
+                    label=describe_op(op),
+                    start_s=self.now,
+                    end_s=end_s,
+                )
+            )
+        if isinstance(op, Backward):
+            self.pump(state)  # its reduce-scatter may start now
+
+    def compute_done(self, state: _RankState, op: object) -> None:
+        state.computing = False
+        state.free_since = self.now
+        state.wait_reason = _IDLE
+        state.end_s = max(state.end_s, self.now)
+        if isinstance(op, Backward):
+            state.in_flight -= 1
+            self.last_backward_s = max(self.last_backward_s, self.now)
+        self.walk(state)
+
+    # -- the data-parallel channel -----------------------------------------------------
+    def channel_s(self, state: _RankState, op: Op) -> float:
+        stage = self.prices.stages[state.stage]
+        if isinstance(op, GatherPassParams):
+            return stage.gather_pass_s
+        if isinstance(op, ScatterPassGrads):
+            return stage.scatter_pass_s
+        if isinstance(op, AllReduceGrads):
+            return stage.all_reduce_s
+        if isinstance(op, ReduceScatterGrads):
+            return stage.reduce_scatter_s
+        return stage.all_gather_s
+
+    def pump(self, state: _RankState) -> None:
+        if state.channel_busy or not state.channel:
+            return
+        op = state.channel[0]
+        if (
+            isinstance(op, ScatterPassGrads)
+            and ("backward started", op.micro_batch) not in state.have
+        ):
+            return
+        if isinstance(op, _GROUP):
+            key = (state.stage, type(op))
+            arrived = self.arrivals.setdefault(key, [])
+            if state in arrived:
+                return
+            arrived.append(state)
+            if len(arrived) < len(self.plan.stages[state.stage].ranks):
+                return
+            del self.arrivals[key]
+            members = arrived
+        else:
+            members = [state]
+        duration = self.channel_s(state, op)
+        if isinstance(op, GatherPassParams):
+            gathered = ("gather", op.micro_batch, op.for_pass is Pass.FORWARD)
+            state.have.add(gathered)
+            state.gather_end[gathered] = self.now + duration
+        for member in members:
+            member.channel.popleft()
+            member.channel_busy = True
+            self.push(self.now + duration, _CHANNEL_DONE, member, op)
+            if self.record:
+                self.intervals.append(
+                    Interval(
+                        rank=member.rank,
+                        lane=Lane.DATA_PARALLEL,
+                        kind=_KIND[type(op)],
+                        label=describe_op(op),
+                        start_s=self.now,
+                        end_s=self.now + duration,
+                    )
+                )
+
+    def channel_done(self, state: _RankState, op: object) -> None:
+        state.channel_busy = False
+        state.outstanding -= 1
+        state.end_s = max(state.end_s, self.now)
+        self.pump(state)
+        self.wake(state, _BLOCKED)
+
+    # -- point to point ------------------------------------------------------------------
+    def post(
+        self,
+        key: tuple[bool, int, int, int],
+        mine: dict[tuple[bool, int, int, int], float],
+        theirs: dict[tuple[bool, int, int, int], float],
+    ) -> None:
+        if key not in theirs:
+            mine[key] = self.now
+            return
+        del theirs[key]
+        _, _, sender, receiver = key
+        transfer = self.prices.transfer(sender, receiver)
+        self.next_flow += 1
+        flow_id = self.next_flow
+        self.flows[flow_id] = (key, self.now, transfer.num_bytes)
+        self.push(self.now + transfer.link.latency_s, _FLOW_START, flow_id)
+
+    def flow_start(self, flow_id: int) -> None:
+        key, _, num_bytes = self.flows[flow_id]
+        _, _, sender, receiver = key
+        transfer = self.prices.transfer(sender, receiver)
+        if num_bytes <= 0 or math.isinf(transfer.link.bandwidth_bytes_per_s):
+            self.transfer_done(flow_id)
+            return
+        self.retime(
+            self.network.start(
+                flow_id,
+                now_s=self.now,
+                num_bytes=num_bytes,
+                path_bytes_per_s=transfer.link.bandwidth_bytes_per_s,
+                resources=transfer.resources,
+            )
+        )
+
+    def retime(self, completions: list[tuple[int, float, int]]) -> None:
+        for flow_id, time_s, version in completions:
+            self.push(time_s, _FLOW_DONE, flow_id, version)
+
+    def transfer_done(self, flow_id: int) -> None:
+        key, started_s, _ = self.flows.pop(flow_id)
+        activation, j, sender, receiver = key
+        state = self.ranks[receiver]
+        state.have.add(("act" if activation else "grad", j))
+        self.ranks[sender].end_s = max(self.ranks[sender].end_s, self.now)
+        if self.record:
+            what = "act" if activation else "grad"
+            self.intervals.append(
+                Interval(
+                    rank=sender,
+                    lane=Lane.P2P,
+                    kind=f"send {'activation' if activation else 'gradient'}",
+                    label=f"{what} {j} -> {receiver}",
+                    start_s=started_s,
+                    end_s=self.now,
+                )
+            )
+        self.wake(state, _IDLE)
+
+    # -- the verdict ---------------------------------------------------------------------
+    def deadlock(self) -> Deadlock | None:
+        waits: list[Wait] = []
+        for state in self.ranks.values():
+            finished = state.pc >= len(state.ops) and not state.channel and not state.computing
+            if finished:
+                continue
+            waits.append(self.wait_of(state))
+        if not waits:
+            return None
+        return Deadlock(waits=tuple(waits), cycle=_cycle({w.rank: w.waits_for for w in waits}))
+
+    def wait_of(self, state: _RankState) -> Wait:
+        blockers: set[int] = set()
+        if state.pc < len(state.ops):
+            op = state.ops[state.pc]
+            for key, provider in state.needs.get(state.pc, ()):
+                if key not in state.have:
+                    blockers.add(provider if provider is not None else state.rank)
+            where = describe_op(op)
+        else:
+            where = "the end of its step"
+        if state.channel and isinstance(state.channel[0], _GROUP):
+            head = state.channel[0]
+            arrived = {s.rank for s in self.arrivals.get((state.stage, type(head)), [])}
+            blockers |= set(self.plan.stages[state.stage].ranks) - arrived
+            where += f" (channel: {describe_op(head)})"
+        blockers.discard(state.rank)
+        return Wait(rank=state.rank, operation=where, waits_for=tuple(sorted(blockers)))
+
+    def result(self) -> SimulationResult:
+        deadlock = self.deadlock()
+        step_s = max((state.end_s for state in self.ranks.values()), default=0.0)
+        step_s = max(step_s, self.now)
+        stats = []
+        computing = 0
+        passes_s = 0.0
+        for rank in sorted(self.ranks):
+            state = self.ranks[rank]
+            if state.passes_s > 0:
+                computing += 1
+                passes_s += state.passes_s
+            stats.append(
+                RankStats(
+                    rank=rank,
+                    stage=state.stage,
+                    device=self.plan.cluster.device_of(rank).name,
+                    busy_s=state.busy_s,
+                    blocked_s=state.blocked_s,
+                    idle_s=max(0.0, step_s - state.busy_s - state.blocked_s),
+                    peak_memory_bytes=state.peak_bytes,
+                )
+            )
+        pipeline_s = self.last_backward_s
+        bubble = 1.0 - passes_s / (computing * pipeline_s) if computing and pipeline_s else 0.0
+        return SimulationResult(
+            step_time_s=step_s,
+            tokens_per_s=0.0 if deadlock or step_s <= 0 else self.plan.job.tokens_per_step / step_s,
+            pipeline_s=pipeline_s,
+            bubble_fraction=bubble,
+            ranks=tuple(stats),
+            intervals=tuple(sorted(self.intervals, key=lambda i: (i.rank, i.start_s))),
+            deadlock=deadlock,
+        )
+
+
+def _cycle(edges: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """A cycle of the wait-for graph (ranks), first rank repeated last; () if none."""
+    color: dict[int, int] = {}  # 1 on the current path, 2 done
+    for root in sorted(edges):
+        if root in color:
+            continue
+        path: list[int] = []
+        stack: list[tuple[int, int]] = [(root, 0)]
+        while stack:
+            node, index = stack.pop()
+            if index == 0:
+                color[node] = 1
+                path.append(node)
+            nexts = edges.get(node, ())
+            if index < len(nexts):
+                stack.append((node, index + 1))
+                child = nexts[index]
+                if color.get(child) == 1:
+                    return (*path[path.index(child) :], child)
+                if child not in color:
+                    stack.append((child, 0))
+            else:
+                color[node] = 2
+                path.pop()
+    return ()
+
+
+def simulate(
+    plan: Plan,
+    *,
+    schedule: StepSchedule | None = None,
+    prices: Prices | None = None,
+    record: bool = True,
+) -> SimulationResult:
+    """Execute one step of ``plan`` (by default its own schedule) event by event.
+
+    ``record=False`` skips the timeline (faster, for verifying many plans).
+    """
+    prices = prices or Prices(plan)
+    schedule = schedule or build_schedule(plan, prices=prices)
+    engine = _Engine(plan, schedule, prices, record)
+    engine.run()
+    return engine.result()

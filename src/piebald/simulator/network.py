@@ -1,0 +1,102 @@
+"""Transfers in flight and the bandwidth they share.
+
+Each transfer occupies a few physical resources (a GPU's port, a node's NIC in one
+direction, a site link; ``piebald.simulator.prices.Transfer``). Concurrent transfers on a
+resource share it equally: a transfer moves at
+
+    rate = min(B_path, min over its resources r of capacity_r / flows_r),
+
+the path's own rate when alone (``link_between``'s bandwidth) capped by its fair share of
+every resource it crosses. (Equal split per resource, not max-min water-filling: a flow
+held back elsewhere does not lend its unused share; this errs on the slow side.) Whenever
+a transfer starts or ends, the transfers sharing a resource with it are settled at their old
+rate and re-timed; their earlier completion times become stale (versions tell them apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+__all__ = ["Network"]
+
+
+@dataclass(slots=True)
+class _Flow:
+    remaining_bytes: float
+    path_bytes_per_s: float
+    resources: tuple[Hashable, ...]
+    rate_bytes_per_s: float = 0.0
+    updated_s: float = 0.0
+    version: int = 0
+
+
+class Network:
+    """Active transfers; ``start`` and ``finish`` return the re-timed completions as
+    (flow id, completion time, version) for the event loop to schedule."""
+
+    def __init__(self) -> None:
+        self._flows: dict[int, _Flow] = {}
+        self._users: dict[Hashable, set[int]] = {}
+        self._capacity: dict[Hashable, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+    def is_current(self, flow_id: int, version: int) -> bool:
+        flow = self._flows.get(flow_id)
+        return flow is not None and flow.version == version
+
+    def rate_bytes_per_s(self, flow_id: int) -> float:
+        return self._flows[flow_id].rate_bytes_per_s
+
+    def start(
+        self,
+        flow_id: int,
+        *,
+        now_s: float,
+        num_bytes: float,
+        path_bytes_per_s: float,
+        resources: tuple[tuple[Hashable, float], ...],
+    ) -> list[tuple[int, float, int]]:
+        keys = tuple(key for key, _ in resources)
+        for key, capacity in resources:
+            self._capacity[key] = capacity
+            self._users.setdefault(key, set()).add(flow_id)
+        self._flows[flow_id] = _Flow(
+            remaining_bytes=num_bytes,
+            path_bytes_per_s=path_bytes_per_s,
+            resources=keys,
+            updated_s=now_s,
+        )
+        return self._retime(self._sharing(keys), now_s)
+
+    def finish(self, flow_id: int, *, now_s: float) -> list[tuple[int, float, int]]:
+        flow = self._flows.pop(flow_id)
+        for key in flow.resources:
+            self._users[key].discard(flow_id)
+        return self._retime(self._sharing(flow.resources), now_s)
+
+    def _sharing(self, keys: tuple[Hashable, ...]) -> set[int]:
+        affected: set[int] = set()
+        for key in keys:
+            affected |= self._users[key]
+        return affected
+
+    def _retime(self, flow_ids: set[int], now_s: float) -> list[tuple[int, float, int]]:
+        out = []
+        for flow_id in sorted(flow_ids):  # sorted: deterministic event order
+            flow = self._flows[flow_id]
+            flow.remaining_bytes = max(
+                0.0, flow.remaining_bytes - flow.rate_bytes_per_s * (now_s - flow.updated_s)
+            )
+            flow.updated_s = now_s
+            flow.rate_bytes_per_s = min(
+                flow.path_bytes_per_s,
+                min(self._capacity[key] / len(self._users[key]) for key in flow.resources),
+            )
+            flow.version += 1
+            out.append(
+                (flow_id, now_s + flow.remaining_bytes / flow.rate_bytes_per_s, flow.version)
+            )
+        return out

@@ -1,0 +1,189 @@
+"""The operations of one training step, as a runtime (and the simulator) executes them.
+
+A rank's schedule is a list of these, in issue order. The executor walks the list:
+
+- compute operations (``Forward``, ``Backward``, ``OptimizerStep``) run on the rank's compute
+  stream and block the walk until they are done; each first waits for its inputs (the
+  matching receive, the pass's parameter gather, or, for the optimizer step, every
+  data-parallel operation issued before it);
+- point-to-point operations (``SendActivation``, ``RecvActivation``, ``SendGradient``,
+  ``RecvGradient``) are posted asynchronously (isend/irecv); a transfer moves once both ends
+  are posted. Every send has exactly one receive on the peer with the same
+  (kind, micro-batch, sender, receiver) key;
+- data-parallel operations run in issue order on the rank's data-parallel channel and do
+  not block the walk. Per-pass ZeRO traffic (``GatherPassParams``, ``ScatterPassGrads``) is
+  rank-local: ranks of a stage run different numbers of micro-batches, so the runtime
+  serves shards from their owners without stalling the owners' compute. Both stream layer
+  by layer alongside their pass: a pass may start once its gather has started and ends no
+  earlier than the gather; a reduce-scatter, posted before its backward, starts when the
+  backward starts (the executor registers it as gradient hooks). Once-per-step
+  collectives (``AllReduceGrads``, ``ReduceScatterGrads``, ``AllGatherParams``) are
+  synchronised over the stage's ranks: they start when every rank has reached them.
+
+The list (one concept per class, all frozen, hashable):
+
+=====================  ==========  =========================================================
+operation              runs on     meaning
+=====================  ==========  =========================================================
+Forward(j, s)          compute     forward pass of micro-batch j through stage s's layers
+Backward(j, s)         compute     backward pass of micro-batch j (recompute included)
+SendActivation(j, r)   p2p         send j's output activation to rank r of the next stage
+RecvActivation(j, r)   p2p         receive j's input activation from rank r
+SendGradient(j, r)     p2p         send the gradient of j's input to rank r of the previous stage
+RecvGradient(j, r)     p2p         receive the gradient of j's output from rank r
+GatherPassParams(j,p)  dp channel  ZeRO-3: gather the stage's parameters for pass p of j
+ScatterPassGrads(j)    dp channel  ZeRO-2/3: reduce-scatter j's gradients as B(j) makes them
+AllReduceGrads(s)      dp, group   replicated stage: all-reduce the accumulated gradients
+ReduceScatterGrads(s)  dp, group   ZeRO-1: uneven reduce-scatter of the accumulated gradients
+OptimizerStep(s)       compute     update the owned shard (all of it when replicated)
+AllGatherParams(s)     dp, group   ZeRO-1/2: uneven all-gather of the updated parameters
+=====================  ==========  =========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "COMPUTE_OPS",
+    "GROUP_OPS",
+    "P2P_OPS",
+    "AllGatherParams",
+    "AllReduceGrads",
+    "Backward",
+    "Forward",
+    "GatherPassParams",
+    "GroupOp",
+    "Op",
+    "OptimizerStep",
+    "Pass",
+    "RecvActivation",
+    "RecvGradient",
+    "ReduceScatterGrads",
+    "ScatterPassGrads",
+    "SendActivation",
+    "SendGradient",
+    "describe_op",
+]
+
+
+class Pass(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Forward:
+    micro_batch: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backward:
+    micro_batch: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendActivation:
+    micro_batch: int
+    peer: int  # the receiving rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecvActivation:
+    micro_batch: int
+    peer: int  # the sending rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendGradient:
+    micro_batch: int
+    peer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecvGradient:
+    micro_batch: int
+    peer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatherPassParams:
+    micro_batch: int
+    for_pass: Pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScatterPassGrads:
+    micro_batch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllReduceGrads:
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReduceScatterGrads:
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerStep:
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllGatherParams:
+    stage: int
+
+
+GroupOp = AllReduceGrads | ReduceScatterGrads | AllGatherParams
+Op = (
+    Forward
+    | Backward
+    | SendActivation
+    | RecvActivation
+    | SendGradient
+    | RecvGradient
+    | GatherPassParams
+    | ScatterPassGrads
+    | AllReduceGrads
+    | ReduceScatterGrads
+    | OptimizerStep
+    | AllGatherParams
+)
+COMPUTE_OPS = (Forward, Backward, OptimizerStep)
+P2P_OPS = (SendActivation, RecvActivation, SendGradient, RecvGradient)
+GROUP_OPS = (AllReduceGrads, ReduceScatterGrads, AllGatherParams)
+
+
+def describe_op(op: Op) -> str:
+    """Short human name: ``F3``, ``B3``, ``send act 3 -> 5``, ``all-reduce``."""
+    match op:
+        case Forward(micro_batch=j):
+            return f"F{j}"
+        case Backward(micro_batch=j):
+            return f"B{j}"
+        case SendActivation(micro_batch=j, peer=peer):
+            return f"send act {j} -> {peer}"
+        case RecvActivation(micro_batch=j, peer=peer):
+            return f"recv act {j} <- {peer}"
+        case SendGradient(micro_batch=j, peer=peer):
+            return f"send grad {j} -> {peer}"
+        case RecvGradient(micro_batch=j, peer=peer):
+            return f"recv grad {j} <- {peer}"
+        case GatherPassParams(micro_batch=j, for_pass=for_pass):
+            return f"gather {for_pass.value[0].upper()}{j}"
+        case ScatterPassGrads(micro_batch=j):
+            return f"scatter {j}"
+        case AllReduceGrads():
+            return "all-reduce"
+        case ReduceScatterGrads():
+            return "reduce-scatter"
+        case OptimizerStep():
+            return "optimizer"
+        case AllGatherParams():
+            return "all-gather"

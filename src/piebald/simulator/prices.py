@@ -1,0 +1,237 @@
+"""What every operation of a plan costs, priced with the planner's own cost functions.
+
+The simulator must differ from the closed-form estimate (``piebald.cost.plan_estimate``)
+only through the schedule, never through prices, so every number here comes from the same
+functions with the same arguments: ``pass_times`` for compute, ``p2p_time_s``'s alpha-beta
+model over ``cluster.link_between`` for activation hops, ``ring_profile(...).time_s`` with
+the stage's state bytes and shard fractions for collectives (exactly what ``stage_comm``
+adds up), ``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory.
+Ranks of one device type and micro-batch size in a stage cost the same, so each distinct
+operation is priced once.
+
+A transfer also names the physical resources it occupies, so concurrent transfers can share
+them (``piebald.simulator.network``): inside a node each GPU's own port (NVLink and PCIe
+lanes are per GPU), between nodes the sending node's NIC out and the receiving node's NIC in
+(the RDMA port or the Ethernet port, whichever the link uses; NICs are full duplex), between
+sites also the site link in that direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from piebald.cost.comm import Collective, p2p_time_s, ring_profile
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.layer_table import pass_times
+from piebald.cost.memory import in_flight_micro_batches, rank_memory
+from piebald.specs.cluster import Link, LinkKind
+from piebald.specs.devices import DeviceType
+from piebald.specs.plan import Plan, ZeroMode
+
+__all__ = ["Prices", "StagePrices", "Transfer"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """One point-to-point message: alpha-beta alone, and the resources it shares."""
+
+    num_bytes: float
+    link: Link  # alpha and the path's rate when nothing else uses it
+    resources: tuple[tuple[Hashable, float], ...]  # (resource, capacity in bytes/s)
+
+    @property
+    def alone_s(self) -> float:
+        """The message with nothing else on its path: alpha + S / B."""
+        return p2p_time_s(num_bytes=self.num_bytes, link=self.link)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePrices:
+    """Data-parallel traffic of one stage, split into its collectives (``stage_comm`` sums
+    these: FULL waits ``gather_pass_s`` before a forward and ``gather + scatter`` during a
+    backward; the step-end collectives make up its ``sync_s``)."""
+
+    gather_pass_s: float  # ZeRO-3 parameter gather before each pass
+    scatter_pass_s: float  # ZeRO-2/3 gradient reduce-scatter after each backward
+    all_reduce_s: float  # replicated: once per step
+    reduce_scatter_s: float  # ZeRO-1: once per step
+    all_gather_s: float  # ZeRO-1/2: once per step, after the optimizer
+
+
+class Prices:
+    """Durations, transfers and memory of every operation of ``plan``."""
+
+    def __init__(self, plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> None:
+        self.plan = plan
+        self.curve = curve
+        self.stages = tuple(self._stage_prices(index) for index in range(plan.num_stages))
+        self._forward: dict[int, float] = {}
+        self._backward: dict[int, float] = {}
+        self._optimizer: dict[int, float] = {}
+        self._memory: dict[int, tuple[float, float, int]] = {}
+        self._transfers: dict[tuple[int, int], Transfer] = {}
+        pass_of: dict[tuple[DeviceType, int, int], tuple[float, float]] = {}
+        optimizer_of: dict[tuple[DeviceType, int, float], float] = {}
+        memory_of: dict[tuple[DeviceType, int, int, float, int], tuple[float, float, int]] = {}
+        for index, stage in enumerate(plan.stages):
+            params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
+            for position, rank in enumerate(stage.ranks):
+                device = plan.cluster.device_of(rank)
+                size = stage.micro_batch_size[position]
+                fraction = stage.shard_fraction[position]
+                if (device, size, index) not in pass_of:
+                    times = pass_times(
+                        plan.model,
+                        device=device,
+                        dtype=device.training_dtype(plan.job.precision),
+                        micro_batch_size=size,
+                        seq_len=plan.job.seq_len,
+                        recompute=stage.recompute,
+                        curve=curve,
+                    )
+                    pass_of[device, size, index] = (
+                        times.forward_s(stage.layer_start, stage.layer_end),
+                        times.backward_s(stage.layer_start, stage.layer_end),
+                    )
+                self._forward[rank], self._backward[rank] = pass_of[device, size, index]
+                owned = fraction if stage.zero is not ZeroMode.NONE else 1.0
+                if (device, index, owned) not in optimizer_of:
+                    optimizer_of[device, index, owned] = optimizer_step_time_s(
+                        num_params=params * owned,
+                        device=device,
+                        optimizer=plan.job.optimizer,
+                        curve=curve,
+                    )
+                self._optimizer[rank] = optimizer_of[device, index, owned]
+                count = stage.num_micro_batches[position]
+                key = (device, size, index, fraction, count)
+                if key not in memory_of:
+                    memory_of[key] = self._rank_memory(index, position)
+                self._memory[rank] = memory_of[key]
+
+    def _stage_prices(self, index: int) -> StagePrices:
+        plan = self.plan
+        stage = plan.stages[index]
+        params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
+        state_bytes = params * plan.job.precision.num_bytes  # as plan_estimate passes it
+        profile = ring_profile(plan.cluster, stage.ranks)
+
+        def collective(kind: Collective, *, uneven: bool) -> float:
+            return profile.time_s(
+                kind,
+                num_bytes=state_bytes,
+                shard_fractions=stage.shard_fraction if uneven else None,
+            )
+
+        zero = stage.zero
+        gather = collective(Collective.ALL_GATHER, uneven=True)
+        scatter = collective(Collective.REDUCE_SCATTER, uneven=True)
+        return StagePrices(
+            gather_pass_s=gather if zero is ZeroMode.FULL else 0.0,
+            scatter_pass_s=scatter if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL) else 0.0,
+            all_reduce_s=(
+                collective(Collective.ALL_REDUCE, uneven=False) if zero is ZeroMode.NONE else 0.0
+            ),
+            reduce_scatter_s=scatter if zero is ZeroMode.OPTIMIZER else 0.0,
+            all_gather_s=gather if zero in (ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS) else 0.0,
+        )
+
+    def _rank_memory(self, index: int, position: int) -> tuple[float, float, int]:
+        """(bytes held all step, bytes per micro-batch in flight, in-flight limit), with the
+        arguments ``plan_estimate`` passes to ``rank_memory``."""
+        plan = self.plan
+        stage = plan.stages[index]
+        rank = stage.ranks[position]
+        device = plan.cluster.device_of(rank)
+        count = stage.num_micro_batches[position]
+        limit = in_flight_micro_batches(
+            schedule=plan.schedule,
+            stage_index=index,
+            num_stages=plan.num_stages,
+            rank_micro_batches=count,
+            stage_micro_batches=sum(stage.num_micro_batches),
+        )
+
+        def memory(in_flight: int) -> float:
+            breakdown = rank_memory(
+                plan.model,
+                layer_start=stage.layer_start,
+                layer_end=stage.layer_end,
+                device=device,
+                dtype=device.training_dtype(plan.job.precision),
+                optimizer=plan.job.optimizer,
+                zero=stage.zero,
+                shard_fraction=stage.shard_fraction[position],
+                micro_batch_size=stage.micro_batch_size[position],
+                seq_len=plan.job.seq_len,
+                num_in_flight=in_flight,
+                recompute=stage.recompute,
+                num_neighbor_stages=(index > 0) + (index < plan.num_stages - 1),
+            )
+            return breakdown.total_bytes
+
+        static = memory(0)
+        return static, memory(1) - static, limit
+
+    # -- compute ---------------------------------------------------------------------
+    def forward_s(self, rank: int) -> float:
+        return self._forward[rank]
+
+    def backward_s(self, rank: int) -> float:
+        return self._backward[rank]
+
+    def optimizer_s(self, rank: int) -> float:
+        return self._optimizer[rank]
+
+    # -- memory ----------------------------------------------------------------------
+    def static_memory_bytes(self, rank: int) -> float:
+        """Weights, gradients, optimizer state, working buffers and reserve: held all step."""
+        return self._memory[rank][0]
+
+    def activation_bytes(self, rank: int) -> float:
+        """Activations one micro-batch keeps from its forward until its backward ends."""
+        return self._memory[rank][1]
+
+    def in_flight_limit(self, rank: int) -> int:
+        """Micro-batches the memory estimate lets the rank hold at once."""
+        return self._memory[rank][2]
+
+    # -- point to point ----------------------------------------------------------------
+    def transfer(self, sender: int, receiver: int) -> Transfer:
+        """An activation (or its gradient, the same size) from ``sender`` to ``receiver``."""
+        key = (sender, receiver)
+        if key not in self._transfers:
+            self._transfers[key] = self._build_transfer(sender, receiver)
+        return self._transfers[key]
+
+    def _build_transfer(self, sender: int, receiver: int) -> Transfer:
+        plan = self.plan
+        cluster = plan.cluster
+        stage = plan.stages[plan.stage_of_rank[sender]]
+        size = stage.micro_batch_size[stage.ranks.index(sender)]
+        num_bytes = (
+            size * plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
+        )
+        link = cluster.link_between(sender, receiver)
+        resources: list[tuple[Hashable, float]]
+        if link.kind is LinkKind.INTRA_NODE:
+            resources = [
+                (("gpu-out", sender), link.bandwidth_bytes_per_s),
+                (("gpu-in", receiver), link.bandwidth_bytes_per_s),
+            ]
+        else:
+            node_a, node_b = cluster.gpus[sender].node_index, cluster.gpus[receiver].node_index
+            group_a, group_b = cluster.group_of(sender), cluster.group_of(receiver)
+            if link.kind is LinkKind.RDMA:
+                port = "rdma"
+                cap_a, cap_b = group_a.nic.bandwidth_bytes_per_s, group_b.nic.bandwidth_bytes_per_s
+            else:
+                port = "ethernet"
+                cap_a = group_a.ethernet_link_bytes_per_s
+                cap_b = group_b.ethernet_link_bytes_per_s
+            resources = [(("nic-out", node_a, port), cap_a), (("nic-in", node_b, port), cap_b)]
+            if link.kind is LinkKind.SITE:
+                wan = cluster.site_link(group_a.site, group_b.site)
+                resources.append((("site", group_a.site, group_b.site), wan.bandwidth_bytes_per_s))
+        return Transfer(num_bytes=num_bytes, link=link, resources=tuple(resources))

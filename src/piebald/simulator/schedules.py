@@ -1,0 +1,269 @@
+"""Schedules: the ordered operations of every rank for one step of a plan.
+
+One generator feeds the simulator and the runtime's pipeline executor (DESIGN.md section 3):
+``build_schedule(plan)`` is pure and deterministic, so both see the same lists.
+
+Compute order. Every rank runs its micro-batches' forwards in ascending j and their
+backwards in ascending j (the order micro-batches visit it).
+
+- GPipe: all forwards, then all backwards. Deadlock-free: sorting every operation by the
+  key (0, j, s) for F(j, s) and (1, j, p - s) for B(j, s) is a topological order of the
+  dependencies F(j, s) -> F(j, s+1), F(j, p-1) -> B(j, p-1), B(j, s+1) -> B(j, s), and every
+  rank's list is sorted by it.
+- 1F1B for asymmetric, routed stages (picotron's warm-up / steady / cool-down, generalised):
+  rank r of stage s may hold at most w_r = ``in_flight_micro_batches(...)`` micro-batches
+  whose backward has not run, the number the memory estimate assumed. Warm-up: forwards
+  until w_r are in flight; steady state: one backward whenever the oldest in-flight
+  micro-batch's gradient is there, else one forward if fewer than w_r are in flight;
+  cool-down: the remaining backwards. Which of B and F comes next depends on when inputs
+  arrive, so the order is found by a dry run of this greedy rule over the cost model's
+  pass and hop times (``_one_f_one_b_orders``), each rank taking the backward when both
+  are ready. The dry run never stalls: let j* be the smallest micro-batch with an
+  operation left and q the rank of its next one. If that is F(j*, s), every micro-batch q
+  ran before j* is complete, so q holds none in flight and may start it (w_q >= 1); if it
+  is B(j*, s), j* is q's oldest in flight and its gradient has arrived. Either way q starts
+  it once free. The dry run's start order is then one global order that is topological
+  (an operation starts only after its inputs finished) and sorts every rank's list, so
+  executing the lists with asynchronous sends cannot deadlock, whatever the real times.
+
+Around the compute. Before running compute operation k a rank posts the inputs of
+operation k+1: its receive, under ZeRO-3 its parameter gather, and before a backward under
+ZeRO-2/3 the reduce-scatter of its gradients (which runs alongside that backward, layer by
+layer). Transfers and gathers thus overlap the current pass (one pass of prefetch: the
+working buffers the memory estimate counts). After a forward a rank sends the activation,
+after a backward the gradient of its input. The step ends with the stage's collectives and
+the optimizer step (see ``ops``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from piebald.errors import SpecError
+from piebald.simulator.ops import (
+    AllGatherParams,
+    AllReduceGrads,
+    Backward,
+    Forward,
+    GatherPassParams,
+    Op,
+    OptimizerStep,
+    Pass,
+    RecvActivation,
+    RecvGradient,
+    ReduceScatterGrads,
+    ScatterPassGrads,
+    SendActivation,
+    SendGradient,
+)
+from piebald.simulator.prices import Prices
+from piebald.specs.plan import Plan, Schedule, ZeroMode
+
+__all__ = ["StepSchedule", "build_schedule", "check_schedule", "compute_orders"]
+
+ComputeOp = Forward | Backward
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSchedule:
+    """Every used rank's operations for one step, in issue order."""
+
+    kind: Schedule
+    rank_ops: Mapping[int, tuple[Op, ...]]
+
+
+def _micro_batches_of(plan: Plan) -> dict[int, list[int]]:
+    """The micro-batches each rank runs, ascending."""
+    visits: dict[int, list[int]] = {rank: [] for rank in plan.used_ranks}
+    for j, route in enumerate(plan.routes):
+        for rank in route:
+            visits[rank].append(j)
+    return visits
+
+
+def _gpipe_orders(plan: Plan) -> dict[int, list[ComputeOp]]:
+    orders: dict[int, list[ComputeOp]] = {}
+    for rank, micro_batches in _micro_batches_of(plan).items():
+        s = plan.stage_of_rank[rank]
+        orders[rank] = [Forward(micro_batch=j, stage=s) for j in micro_batches] + [
+            Backward(micro_batch=j, stage=s) for j in micro_batches
+        ]
+    return orders
+
+
+def _pass_s(prices: Prices, rank: int, stage: int) -> tuple[float, float]:
+    """Forward and backward as the estimate prices them: ZeRO-3 passes last at least as
+    long as their gathers (and the backward's reduce-scatter)."""
+    comm = prices.stages[stage]
+    forward_s = max(prices.forward_s(rank), comm.gather_pass_s)
+    backward_s = max(prices.backward_s(rank), comm.gather_pass_s + comm.scatter_pass_s)
+    return forward_s, backward_s
+
+
+def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
+    """The greedy 1F1B dry run described in the module docstring."""
+    last = plan.num_stages - 1
+    routes = plan.routes
+    queue = _micro_batches_of(plan)
+    next_forward = dict.fromkeys(queue, 0)
+    in_flight: dict[int, deque[int]] = {rank: deque() for rank in queue}
+    limit = {rank: prices.in_flight_limit(rank) for rank in queue}
+    free_at = dict.fromkeys(queue, 0.0)
+    times = {rank: _pass_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
+    # When the input of F(j, s) / B(j, s) reaches its rank; absent until its producer ran.
+    forward_ready: dict[tuple[int, int], float] = {(j, 0): 0.0 for j in range(len(routes))}
+    backward_ready: dict[tuple[int, int], float] = {}
+    orders: dict[int, list[ComputeOp]] = {rank: [] for rank in queue}
+    wakeups: list[tuple[float, int]] = [(0.0, rank) for rank in queue]
+    heapq.heapify(wakeups)
+    while wakeups:
+        now, rank = heapq.heappop(wakeups)
+        if free_at[rank] > now:
+            continue
+        s = plan.stage_of_rank[rank]
+        forward_s, backward_s = times[rank]
+        held = in_flight[rank]
+        oldest = held[0] if held else -1
+        if held and backward_ready.get((oldest, s), now + 1.0) <= now:
+            held.popleft()
+            orders[rank].append(Backward(micro_batch=oldest, stage=s))
+            end = now + backward_s
+            if s > 0:
+                upstream = routes[oldest][s - 1]
+                arrival = end + prices.transfer(rank, upstream).alone_s
+                backward_ready[oldest, s - 1] = arrival
+                heapq.heappush(wakeups, (arrival, upstream))
+        elif next_forward[rank] < len(queue[rank]) and len(held) < limit[rank]:
+            j = queue[rank][next_forward[rank]]
+            if forward_ready.get((j, s), now + 1.0) > now:
+                continue  # woken again when the activation arrives
+            next_forward[rank] += 1
+            held.append(j)
+            orders[rank].append(Forward(micro_batch=j, stage=s))
+            end = now + forward_s
+            if s < last:
+                downstream = routes[j][s + 1]
+                arrival = end + prices.transfer(rank, downstream).alone_s
+                forward_ready[j, s + 1] = arrival
+                heapq.heappush(wakeups, (arrival, downstream))
+            else:
+                backward_ready[j, s] = end
+        else:
+            continue
+        free_at[rank] = end
+        heapq.heappush(wakeups, (end, rank))
+    for rank, order in orders.items():
+        assert len(order) == 2 * len(queue[rank]), f"1F1B dry run stalled on rank {rank}"
+    return orders
+
+
+def compute_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
+    """Forward and backward passes of every used rank, in the order it runs them."""
+    if plan.schedule is Schedule.GPIPE:
+        return _gpipe_orders(plan)
+    return _one_f_one_b_orders(plan, prices)
+
+
+def _inputs(plan: Plan, rank: int, op: ComputeOp) -> list[Op]:
+    j, s = op.micro_batch, op.stage
+    stage = plan.stages[s]
+    ops: list[Op] = []
+    if isinstance(op, Forward):
+        if s > 0:
+            ops.append(RecvActivation(micro_batch=j, peer=plan.routes[j][s - 1]))
+        for_pass = Pass.FORWARD
+    else:
+        if s < plan.num_stages - 1:
+            ops.append(RecvGradient(micro_batch=j, peer=plan.routes[j][s + 1]))
+        for_pass = Pass.BACKWARD
+    if stage.zero is ZeroMode.FULL and len(stage.ranks) > 1:
+        ops.append(GatherPassParams(micro_batch=j, for_pass=for_pass))
+    per_pass = stage.zero in (ZeroMode.GRADIENTS, ZeroMode.FULL)
+    if isinstance(op, Backward) and per_pass and len(stage.ranks) > 1:
+        ops.append(ScatterPassGrads(micro_batch=j))  # runs alongside the backward
+    return ops
+
+
+def _outputs(plan: Plan, rank: int, op: ComputeOp) -> list[Op]:
+    j, s = op.micro_batch, op.stage
+    if isinstance(op, Forward):
+        if s < plan.num_stages - 1:
+            return [SendActivation(micro_batch=j, peer=plan.routes[j][s + 1])]
+        return []
+    if s > 0:
+        return [SendGradient(micro_batch=j, peer=plan.routes[j][s - 1])]
+    return []
+
+
+def _step_end(plan: Plan, s: int) -> list[Op]:
+    stage = plan.stages[s]
+    shared = len(stage.ranks) > 1  # a one-rank group has nothing to exchange
+    ops: list[Op] = []
+    if shared and stage.zero is ZeroMode.NONE:
+        ops.append(AllReduceGrads(stage=s))
+    if shared and stage.zero is ZeroMode.OPTIMIZER:
+        ops.append(ReduceScatterGrads(stage=s))
+    ops.append(OptimizerStep(stage=s))
+    if shared and stage.zero in (ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS):
+        ops.append(AllGatherParams(stage=s))
+    return ops
+
+
+def build_schedule(plan: Plan, *, prices: Prices | None = None) -> StepSchedule:
+    """The operations of every used rank for one step of ``plan`` (deterministic)."""
+    prices = prices or Prices(plan)
+    rank_ops: dict[int, tuple[Op, ...]] = {}
+    for rank, order in compute_orders(plan, prices).items():
+        ops: list[Op] = list(_inputs(plan, rank, order[0])) if order else []
+        for k, op in enumerate(order):
+            if k + 1 < len(order):  # prefetch: post the next pass's inputs first
+                ops += _inputs(plan, rank, order[k + 1])
+            ops.append(op)
+            ops += _outputs(plan, rank, op)
+        ops += _step_end(plan, plan.stage_of_rank[rank])
+        rank_ops[rank] = tuple(ops)
+    schedule = StepSchedule(kind=plan.schedule, rank_ops=rank_ops)
+    check_schedule(plan, schedule)
+    return schedule
+
+
+def _fail(field: str, value: object, expected: str) -> SpecError:
+    return SpecError(source="schedule", field=field, value=value, expected=expected)
+
+
+def check_schedule(plan: Plan, schedule: StepSchedule) -> None:
+    """Every send has one matching receive, and every rank runs the forward and backward
+    of exactly the micro-batches routed through it (a deadlock is the engine's to find)."""
+    sends: dict[tuple[str, int, int, int], int] = {}
+    recvs: dict[tuple[str, int, int, int], int] = {}
+    for rank, ops in schedule.rank_ops.items():
+        for op in ops:
+            if isinstance(op, SendActivation | SendGradient):
+                kind = "activation" if isinstance(op, SendActivation) else "gradient"
+                key = (kind, op.micro_batch, rank, op.peer)
+                sends[key] = sends.get(key, 0) + 1
+            elif isinstance(op, RecvActivation | RecvGradient):
+                kind = "activation" if isinstance(op, RecvActivation) else "gradient"
+                key = (kind, op.micro_batch, op.peer, rank)
+                recvs[key] = recvs.get(key, 0) + 1
+    if sends != recvs or any(count != 1 for count in sends.values()):
+        unmatched = sorted(set(sends.items()) ^ set(recvs.items()))[:3]
+        raise _fail(
+            "sends/receives",
+            unmatched,
+            "each (kind, micro-batch, sender, receiver) sent once and received once",
+        )
+    expected = _micro_batches_of(plan)
+    for rank, micro_batches in expected.items():
+        ops = schedule.rank_ops.get(rank, ())
+        forwards = sorted(op.micro_batch for op in ops if isinstance(op, Forward))
+        backwards = sorted(op.micro_batch for op in ops if isinstance(op, Backward))
+        if forwards != micro_batches or backwards != micro_batches:
+            raise _fail(
+                f"rank {rank}",
+                {"forwards": forwards[:8], "backwards": backwards[:8]},
+                f"one forward and one backward of each routed micro-batch {micro_batches[:8]}",
+            )
