@@ -1,0 +1,87 @@
+"""Split a rank's parameters into its flat buckets under a plan: the stage bucket, and the
+tied embedding/head weight's own bucket when that weight spans stages (why:
+:mod:`piebald.runtime.dist.group_layout`).
+
+The executor hands over its stage part's trainable parameters with **global** names (the
+same name in every plan, e.g. ``layers.7.attention.wq.weight``) and, on the first and last
+stage of a tied model, the global name under which the tied weight appears in that list
+(on the last stage, the head's weight listed under the embedding's global name). Buckets
+come back in the order the optimizer must visit them: stage first, then tied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from piebald.runtime.dist.collectives import CollectiveMethod
+from piebald.runtime.dist.flat_bucket import FlatBucket
+from piebald.runtime.dist.group_layout import BucketPlacement
+from piebald.runtime.dist.groups import CommGroup, ProcessGroups
+
+__all__ = ["TIED_BUCKET", "build_buckets", "stage_bucket_name"]
+
+TIED_BUCKET = "tied"
+
+
+def stage_bucket_name(stage_index: int) -> str:
+    return f"stage{stage_index}"
+
+
+def build_buckets(
+    groups: ProcessGroups,
+    *,
+    named_params: Sequence[tuple[str, nn.Parameter]],
+    tied_name: str | None = None,
+    reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
+    all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
+) -> tuple[FlatBucket, ...]:
+    """This rank's buckets (none on an idle rank). Collective over the stage group and the
+    tied group; call it on every used rank."""
+    stage_index = groups.stage_index
+    if stage_index is None or groups.stage is None:
+        return ()
+    names = [name for name, _ in named_params]
+    rest = list(named_params)
+    tied_params: list[tuple[str, nn.Parameter]] = []
+    if groups.tied is not None:
+        if tied_name is None or tied_name not in names:
+            raise ValueError(
+                f"rank {groups.rank} (stage {stage_index}) holds a replica of the tied "
+                f"embedding/head weight; expected tied_name to name it among its "
+                f"parameters, got {tied_name!r}"
+            )
+        tied_params = [(n, p) for n, p in named_params if n == tied_name]
+        rest = [(n, p) for n, p in named_params if n != tied_name]
+
+    def make(
+        name: str,
+        params: list[tuple[str, nn.Parameter]],
+        placement: BucketPlacement,
+        group: CommGroup,
+        init_src_rank: int | None = None,
+    ) -> FlatBucket:
+        return FlatBucket(
+            name,
+            named_params=params,
+            placement=placement,
+            group=group,
+            rank=groups.rank,
+            init_src_rank=init_src_rank,
+            reduce_scatter_method=reduce_scatter_method,
+            all_gather_method=all_gather_method,
+        )
+
+    buckets: list[FlatBucket] = []
+    if rest:  # every rank of the stage holds the same parameters, so all agree here
+        placement = groups.layout.stages[stage_index]
+        buckets.append(make(stage_bucket_name(stage_index), rest, placement, groups.stage))
+    if tied_params:
+        assert groups.layout.tied is not None and groups.tied is not None
+        # The embedding's initial values win: a first-stage rank broadcasts them.
+        first_stage_rank = min(groups.layout.stages[0].ranks)
+        buckets.append(
+            make(TIED_BUCKET, tied_params, groups.layout.tied, groups.tied, first_stage_rank)
+        )
+    return tuple(buckets)

@@ -1,0 +1,441 @@
+"""Atomic, sharded checkpoints of the owned training state, keyed by global parameter names.
+
+Layout of a checkpoint directory ``DIR/step-00000042/``:
+
+* ``rank-00003.pt`` — what rank 3 owns: per bucket its shard range, fp32 master shard and
+  Adam moments, plus the rank's torch RNG state (``torch.save``, loaded with
+  ``weights_only=True``);
+* ``manifest.json`` — written last, by one rank: the training step, Adam's update count,
+  the loss-scaler state, caller extras, and per rank its file's size and SHA-256 and the
+  **pieces** it holds: ``[global name, offset in the flattened parameter, offset in the
+  shard, element count]`` (:mod:`piebald.runtime.dist.flat_layout`), with every
+  parameter's shape.
+
+A checkpoint is therefore just slices of named flat tensors: :func:`load_checkpoint`
+assembles each rank's new shard from whichever saved pieces overlap it, so the same plan
+reloads bit for bit and a plan that cuts stages and shards differently reloads too.
+
+Atomicity: every rank writes into ``DIR/.tmp-step-00000042/``; after all files are on disk
+(fsync, then a barrier) one rank writes the manifest and renames the directory into
+place. A directory named ``step-*`` is therefore always complete, and the previous
+checkpoint is untouched until the new one is (older ones are pruned only afterwards, when
+``keep_last`` asks for it). All ranks must see ``DIR`` on a shared file system.
+
+A missing, truncated or corrupt checkpoint raises one :class:`piebald.errors.SpecError`
+naming the path and what is wrong, on every rank (ranks agree on the verdict before any
+collective, so none is left waiting).
+
+DESIGN s.3 suggests ``torch.distributed.checkpoint`` with ``ShardedTensor`` adapters; this
+module writes its own small format instead because it needs exact control of atomic
+renames, per-file checksums for a one-line corruption error, and empty shards (a shard
+fraction of 0), and because resharding slices of flat tensors takes a dozen lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from piebald.errors import SpecError
+from piebald.runtime.dist.groups import CommGroup
+from piebald.runtime.dist.optimizer import ShardedOptimizer
+from piebald.specs.job import Optimizer
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointInfo",
+    "checkpoint_name",
+    "find_latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+MANIFEST = "manifest.json"
+_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-"
+_ASIDE_PREFIX = ".replaced-"
+_HASH_CHUNK_BYTES = 1 << 22
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointInfo:
+    path: Path
+    step: int  # training steps completed when it was saved
+    num_updates: int  # optimizer updates applied (steps skipped by the loss scaler excluded)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def _step_of(path: Path) -> int | None:
+    suffix = path.name.removeprefix(_PREFIX)
+    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdigit() else None
+
+
+def find_latest_checkpoint(directory: Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``directory``, if any."""
+    if not directory.is_dir():
+        return None
+    found = [
+        (step, path)
+        for path in directory.iterdir()
+        if (step := _step_of(path)) is not None and (path / MANIFEST).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _barrier(group: CommGroup) -> None:
+    if group.size > 1:
+        dist.barrier(group=group.process_group)
+
+
+def _all_gather_objects(obj: object, group: CommGroup) -> list[Any]:
+    if group.size == 1:
+        return [obj]
+    everyone: list[Any] = [None] * group.size
+    dist.all_gather_object(everyone, obj, group=group.process_group)
+    return everyone
+
+
+# --- save -------------------------------------------------------------------------------------
+
+
+def _rank_entry(optimizer: ShardedOptimizer, *, rank: int) -> dict[str, Any]:
+    buckets: dict[str, Any] = {}
+    params: dict[str, list[int]] = {}
+    for bucket in optimizer.buckets:
+        buckets[bucket.name] = {
+            "start": bucket.shard.start,
+            "end": bucket.shard.end,
+            "pieces": [
+                [p.name, p.param_offset, p.buffer_offset - bucket.shard.start, p.numel]
+                for p in bucket.pieces
+            ],
+        }
+        params.update({slot.name: list(slot.shape) for slot in bucket.layout.slots})
+    return {"rank": rank, "file": _rank_file(rank), "buckets": buckets, "params": params}
+
+
+def save_checkpoint(
+    directory: Path,
+    *,
+    step: int,
+    optimizer: ShardedOptimizer,
+    group: CommGroup,
+    rank: int,
+    extra: Mapping[str, Any] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Write ``directory/step-NNNNNNNN`` atomically; collective over ``group`` (every rank
+    the plan uses). ``extra`` must be JSON-serialisable (data position, plan digest, ...).
+    Returns the checkpoint's path on every rank."""
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last = {keep_last}; expected >= 1 or None")
+    leader = group.ranks[0]
+    final = directory / checkpoint_name(step)
+    tmp = directory / f"{_TMP_PREFIX}{checkpoint_name(step)}"
+    if rank == leader:
+        if tmp.exists():  # left by a save that crashed; never a complete checkpoint
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier(group)
+
+    entry = _rank_entry(optimizer, rank=rank)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "rank": rank,
+        "buckets": {
+            name: {key: tensor.detach().cpu() for key, tensor in tensors.items()}
+            for name, tensors in optimizer.shard_states().items()
+        },
+        "rng": torch.get_rng_state(),
+    }
+    path = tmp / entry["file"]
+    with path.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    entry["bytes"] = path.stat().st_size
+    entry["sha256"] = _sha256(path)
+    entries = _all_gather_objects(entry, group)
+
+    if rank == leader:
+        manifest = {
+            "format": CHECKPOINT_FORMAT,
+            "step": step,
+            "num_updates": optimizer.num_updates,
+            "loss_scaler": (
+                optimizer.loss_scaler.state_dict() if optimizer.loss_scaler is not None else None
+            ),
+            "extra": dict(extra or {}),
+            "ranks": entries,
+        }
+        manifest_path = tmp / MANIFEST
+        with manifest_path.open("w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        _install(tmp, final)
+        if keep_last is not None:
+            _prune(directory, keep=keep_last)
+    _barrier(group)
+    logger.info("checkpoint step %d written to %s", step, final)
+    return final
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename the complete ``tmp`` into place; an existing checkpoint of the same step is
+    moved aside first and deleted only after the new one is in place."""
+    aside = None
+    if final.exists():
+        aside = final.parent / f"{_ASIDE_PREFIX}{final.name}"
+        if aside.exists():
+            shutil.rmtree(aside)
+        final.rename(aside)
+    tmp.rename(final)
+    _fsync_dir(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+def _prune(directory: Path, *, keep: int) -> None:
+    complete = sorted(
+        (step, path)
+        for path in directory.iterdir()
+        if (step := _step_of(path)) is not None and (path / MANIFEST).is_file()
+    )
+    for _, path in complete[:-keep]:
+        shutil.rmtree(path)
+
+
+# --- load -------------------------------------------------------------------------------------
+
+
+def _fail(path: Path, field_name: str, value: object, expected: str) -> SpecError:
+    return SpecError(source=str(path), field=field_name, value=value, expected=expected)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise _fail(path, "", None, "a checkpoint directory (it does not exist)")
+    if not (path / MANIFEST).is_file():
+        latest = find_latest_checkpoint(path)
+        if latest is None:
+            raise SpecError(
+                source=str(path),
+                field=MANIFEST,
+                expected="a checkpoint directory with manifest.json, or a directory "
+                "holding step-* checkpoints (none is complete here)",
+                has_value=False,
+            )
+        path = latest
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _fail(
+            manifest_path, "", type(error).__name__, "a readable JSON manifest (corrupt?)"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+        raise _fail(
+            manifest_path,
+            "format",
+            manifest.get("format") if isinstance(manifest, dict) else manifest,
+            f"checkpoint format {CHECKPOINT_FORMAT}",
+        )
+    manifest["_path"] = str(path)
+    return manifest
+
+
+def _verify_file(path: Path, entry: Mapping[str, Any]) -> None:
+    if not path.is_file():
+        raise _fail(path, "", None, "the shard file the manifest lists (it is missing)")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise _fail(
+            path, "size", size, f"{entry['bytes']} bytes as the manifest records (truncated?)"
+        )
+    if _sha256(path) != entry["sha256"]:
+        raise _fail(path, "sha256", "a different digest", "the manifest's digest (corrupt?)")
+
+
+@dataclass(slots=True)
+class _SavedPiece:
+    param_start: int
+    param_end: int
+    rank: int
+    bucket: str
+    shard_offset: int
+
+
+def _index_pieces(manifest: Mapping[str, Any]) -> dict[str, list[_SavedPiece]]:
+    index: dict[str, list[_SavedPiece]] = {}
+    for entry in manifest["ranks"]:
+        for bucket_name, bucket in entry["buckets"].items():
+            for name, param_offset, shard_offset, numel in bucket["pieces"]:
+                index.setdefault(name, []).append(
+                    _SavedPiece(
+                        param_start=param_offset,
+                        param_end=param_offset + numel,
+                        rank=entry["rank"],
+                        bucket=bucket_name,
+                        shard_offset=shard_offset,
+                    )
+                )
+    return index
+
+
+def _assemble(
+    path: Path, manifest: Mapping[str, Any], optimizer: ShardedOptimizer, *, rank: int
+) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
+    """This rank's new shards from the saved pieces that overlap them, and its RNG state."""
+    entries = {entry["rank"]: entry for entry in manifest["ranks"]}
+    saved_shapes: dict[str, list[int]] = {}
+    for entry in entries.values():
+        saved_shapes.update(entry["params"])
+    index = _index_pieces(manifest)
+    adam = optimizer.config.kind is Optimizer.ADAMW
+    keys = ("master", "exp_avg", "exp_avg_sq") if adam else ("master",)
+
+    loaded: dict[int, dict[str, Any]] = {}
+
+    def rank_state(saved_rank: int) -> dict[str, Any]:
+        if saved_rank not in loaded:
+            file = path / entries[saved_rank]["file"]
+            _verify_file(file, entries[saved_rank])
+            try:
+                loaded[saved_rank] = torch.load(file, map_location="cpu", weights_only=True)
+            except Exception as error:
+                raise _fail(file, "", type(error).__name__, "a readable shard file") from None
+        return loaded[saved_rank]
+
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    for bucket in optimizer.buckets:
+        out = {key: torch.zeros_like(bucket.master) for key in keys}
+        covered = 0
+        for piece in bucket.pieces:
+            shape = list(bucket.layout.slot(piece.name).shape)
+            if saved_shapes.get(piece.name) != shape:
+                raise _fail(
+                    path,
+                    f"parameter {piece.name}",
+                    saved_shapes.get(piece.name),
+                    f"shape {shape} as the model has it (a checkpoint of another model?)",
+                )
+            lo, hi = piece.param_offset, piece.param_offset + piece.numel
+            for saved in index.get(piece.name, []):
+                start, end = max(lo, saved.param_start), min(hi, saved.param_end)
+                if start >= end:
+                    continue
+                source = rank_state(saved.rank)["buckets"][saved.bucket]
+                src = saved.shard_offset + (start - saved.param_start)
+                dst = piece.buffer_offset - bucket.shard.start + (start - lo)
+                for key in keys:
+                    if key not in source:
+                        raise _fail(
+                            path / entries[saved.rank]["file"],
+                            key,
+                            None,
+                            "Adam moments (the checkpoint was saved with another optimizer)",
+                        )
+                    out[key][dst : dst + end - start].copy_(source[key][src : src + end - start])
+                covered += end - start
+        if covered != bucket.master.numel():
+            raise _fail(
+                path,
+                f"bucket {bucket.name}",
+                f"{covered} of {bucket.master.numel()} elements",
+                "every element of this rank's shard saved by some rank",
+            )
+        states[bucket.name] = out
+    own = rank_state(rank)["rng"] if rank in entries and optimizer.buckets else None
+    return states, own
+
+
+def load_checkpoint(
+    path: Path, *, optimizer: ShardedOptimizer, group: CommGroup, rank: int
+) -> CheckpointInfo:
+    """Load ``path`` (a checkpoint, or a directory of them: the latest complete one) into
+    ``optimizer``'s shards and all-gather the parameters. Collective over ``group``. Any
+    rank's problem is raised as a :class:`SpecError` on every rank."""
+    error: SpecError | None = None
+    info: CheckpointInfo | None = None
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    rng: torch.Tensor | None = None
+    try:
+        manifest = _read_manifest(path)
+        path = Path(manifest["_path"])
+        states, rng = _assemble(path, manifest, optimizer, rank=rank)
+        info = CheckpointInfo(
+            path=path,
+            step=int(manifest["step"]),
+            num_updates=int(manifest["num_updates"]),
+            extra=manifest.get("extra", {}),
+        )
+        scaler = manifest.get("loss_scaler")
+        if (scaler is None) != (optimizer.loss_scaler is None):
+            raise _fail(
+                path / MANIFEST,
+                "loss_scaler",
+                scaler,
+                "a loss-scaler state exactly when training uses one (fp16)",
+            )
+    except SpecError as caught:
+        error = caught
+    except (KeyError, TypeError, ValueError) as caught:
+        error = _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)")
+    verdicts = _all_gather_objects(None if error is None else str(error), group)
+    if error is not None:
+        raise error
+    for other_rank, verdict in zip(group.ranks, verdicts, strict=True):
+        if verdict is not None:
+            raise SpecError(
+                source=str(path),
+                field=f"rank {other_rank}",
+                value=verdict,
+                expected="a checkpoint every rank can load",
+            )
+    assert info is not None
+    optimizer.load_shard_states(states, num_updates=info.num_updates)
+    if optimizer.loss_scaler is not None:
+        optimizer.loss_scaler.load_state_dict(manifest["loss_scaler"])
+    if rng is not None:
+        torch.set_rng_state(rng)
+    logger.info("checkpoint step %d loaded from %s", info.step, info.path)
+    return info

@@ -1,0 +1,155 @@
+"""Uneven reduce-scatter and all-gather of a flat buffer over a group (plain SUM only).
+
+Rank i of a group owns ``ranges[i]`` of the flat buffer (ranges tile it in group order,
+:mod:`piebald.runtime.dist.shard_layout`). Neither gloo nor NCCL has an uneven
+reduce-scatter/all-gather primitive, so (measured in research/torch_distributed.md s.3 and
+again here, 16 MB fp32, 3 ranks at 50/30/20 on 2 cores):
+
+* gloo reduce-scatter: ``all_to_all_single`` with split sizes (each rank sends every owner
+  its slice), then a local sum over senders: 15-24 ms against 22-54 ms for the list
+  ``reduce_scatter`` (correct on gloo in torch 2.13, kept as an alternative).
+* gloo all-gather: one ``broadcast`` per owner, straight into the owner's slice of the
+  buffer: 26-33 ms and no extra memory (``all_gather`` refuses uneven sizes on gloo,
+  ``all_to_all_single`` as an all-gather measured 46-64 ms).
+* NCCL: pad every shard to the largest one and use the ring ``reduce_scatter_single`` /
+  ``all_gather_single``. Padding costs ``group_size * max_fraction`` of the ideal traffic
+  (1.5x at 50/30/20), still below an all-reduce's 2x for the plans the planner makes. The
+  same padded path runs on gloo (equal sizes are fine there), which is how it is tested.
+
+A group of one rank communicates with nobody: the reduce-scatter returns its input slice
+and the all-gather does nothing. Every reduction is a plain SUM: the 1/num_tokens weight is
+in the loss (DESIGN s.3; gloo has no PREMUL_SUM and AVG would be wrong for uneven batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import torch
+import torch.distributed as dist
+
+from piebald.runtime.dist.groups import CommGroup
+from piebald.runtime.dist.shard_layout import ShardRange, padded_shard_size
+
+__all__ = ["CollectiveMethod", "all_gather_uneven", "all_reduce_sum", "reduce_scatter_uneven"]
+
+
+class CollectiveMethod(StrEnum):
+    AUTO = "auto"  # padded on NCCL; all-to-all (RS) and broadcast (AG) on gloo
+    PADDED = "padded"  # reduce_scatter_single / all_gather_single on shards padded to the max
+    ALL_TO_ALL = "all_to_all"  # all_to_all_single with split sizes
+    BROADCAST = "broadcast"  # all-gather only: one broadcast per owner
+    LIST = "list"  # reduce-scatter only: list reduce_scatter
+
+
+def _check(full: torch.Tensor, ranges: Sequence[ShardRange], group: CommGroup) -> None:
+    if len(ranges) != group.size:
+        raise ValueError(f"{len(ranges)} shard ranges for a group of {group.size} ranks")
+    if full.dim() != 1 or not full.is_contiguous() or ranges[-1].end != full.numel():
+        raise ValueError(
+            f"flat buffer of shape {tuple(full.shape)}: expected contiguous 1-D with "
+            f"{ranges[-1].end} elements"
+        )
+
+
+def _resolve(method: CollectiveMethod, group: CommGroup, *, gloo: CollectiveMethod) -> str:
+    if method is not CollectiveMethod.AUTO:
+        return method.value
+    return CollectiveMethod.PADDED.value if group.backend == "nccl" else gloo.value
+
+
+def reduce_scatter_uneven(
+    full: torch.Tensor,
+    ranges: Sequence[ShardRange],
+    *,
+    group: CommGroup,
+    rank: int,
+    method: CollectiveMethod = CollectiveMethod.AUTO,
+) -> torch.Tensor:
+    """The sum over the group of every rank's ``full[ranges[me]]``; may alias ``full``."""
+    _check(full, ranges, group)
+    index = group.index_of(rank)
+    mine = ranges[index]
+    if group.size == 1:
+        return full[mine.start : mine.end]
+    pg = group.process_group
+    chosen = _resolve(method, group, gloo=CollectiveMethod.ALL_TO_ALL)
+    if chosen == CollectiveMethod.ALL_TO_ALL:
+        received = full.new_empty(group.size * mine.numel)
+        dist.all_to_all_single(
+            received,
+            full,
+            output_split_sizes=[mine.numel] * group.size,
+            input_split_sizes=[r.numel for r in ranges],
+            group=pg,
+        )
+        return received.view(group.size, mine.numel).sum(dim=0)
+    if chosen == CollectiveMethod.LIST:
+        out = full.new_empty(mine.numel)
+        dist.reduce_scatter(out, [full[r.start : r.end] for r in ranges], group=pg)
+        return out
+    if chosen == CollectiveMethod.PADDED:
+        width = padded_shard_size(ranges)
+        padded = full.new_zeros(group.size, width)
+        for i, r in enumerate(ranges):
+            padded[i, : r.numel].copy_(full[r.start : r.end])
+        out = full.new_empty(width)
+        dist.reduce_scatter_single(out, padded.view(-1), group=pg)
+        return out[: mine.numel]
+    raise ValueError(
+        f"reduce-scatter method {method.value!r}: expected auto, padded, all_to_all, list"
+    )
+
+
+def all_gather_uneven(
+    full: torch.Tensor,
+    ranges: Sequence[ShardRange],
+    *,
+    group: CommGroup,
+    rank: int,
+    method: CollectiveMethod = CollectiveMethod.AUTO,
+) -> None:
+    """In place: on entry ``full[ranges[me]]`` holds this rank's shard; on exit every
+    rank's ``full`` holds every owner's shard."""
+    _check(full, ranges, group)
+    if group.size == 1:
+        return
+    pg = group.process_group
+    mine = ranges[group.index_of(rank)]
+    chosen = _resolve(method, group, gloo=CollectiveMethod.BROADCAST)
+    if chosen == CollectiveMethod.BROADCAST:
+        for owner, r in zip(group.ranks, ranges, strict=True):
+            if r.numel:  # every rank sees the same ranges, so all skip the same owners
+                dist.broadcast(full[r.start : r.end], src=owner, group=pg)
+        return
+    if chosen == CollectiveMethod.ALL_TO_ALL:
+        sizes = [r.numel for r in ranges]
+        gathered = full.new_empty(full.numel())
+        dist.all_to_all_single(
+            gathered,
+            full[mine.start : mine.end].repeat(group.size),
+            output_split_sizes=sizes,
+            input_split_sizes=[mine.numel] * group.size,
+            group=pg,
+        )
+        full.copy_(gathered)
+        return
+    if chosen == CollectiveMethod.PADDED:
+        width = padded_shard_size(ranges)
+        send = full.new_zeros(width)
+        send[: mine.numel].copy_(full[mine.start : mine.end])
+        gathered = full.new_empty(group.size, width)
+        dist.all_gather_single(gathered.view(-1), send, group=pg)
+        for i, r in enumerate(ranges):
+            full[r.start : r.end].copy_(gathered[i, : r.numel])
+        return
+    raise ValueError(
+        f"all-gather method {method.value!r}: expected auto, padded, all_to_all, broadcast"
+    )
+
+
+def all_reduce_sum(tensor: torch.Tensor, *, group: CommGroup) -> None:
+    """In-place SUM over the group (a group of one rank: nothing to do)."""
+    if group.size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.process_group)

@@ -1,0 +1,232 @@
+"""A group's parameters as one flat buffer: compute-dtype views, gradient accumulator, and
+this rank's fp32 master shard (uneven ZeRO after Zorse's pipeline-efficient ZeRO and
+Cephalo's uneven training-state shares).
+
+Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
+
+* ``params_flat`` (n x b): the module's parameters become views into it (``param.data``
+  is replaced, so the module keeps its Parameter objects). Under ZeRO FULL its storage is
+  freed at rest (:meth:`FlatBucket.release_params`) and re-filled by an uneven all-gather
+  before passes (:meth:`FlatBucket.gather_params`); the views stay valid because they
+  share the storage object.
+* ``grads_flat`` (n x b): every ``param.grad`` is a view into it, so autograd sums the
+  micro-batches' gradients in place (DESIGN s.3: gradients are summed; the loss carries
+  the 1/num_tokens weight). If a caller replaced or cleared a ``.grad``, it is copied back
+  before reduction.
+* ``master`` and ``grad_shard`` (s x 4 each): the fp32 weights this rank owns and the sum
+  of every rank's gradient for them, filled by an uneven reduce-scatter.
+
+The optimizer (:mod:`piebald.runtime.dist.optimizer`) steps ``master`` and all-gathers the
+result back into ``params_flat`` in the compute dtype.
+
+Every rank of the group must build the bucket with the same names and shapes (checked,
+since gloo aborts the process on a message longer than its receive buffer); the initial
+values are broadcast from ``init_src_rank`` so the replicas start identical.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from piebald.runtime.dist.collectives import (
+    CollectiveMethod,
+    all_gather_uneven,
+    reduce_scatter_uneven,
+)
+from piebald.runtime.dist.flat_layout import FlatLayout, Piece, build_flat_layout, pieces_in_range
+from piebald.runtime.dist.group_layout import BucketPlacement
+from piebald.runtime.dist.groups import CommGroup
+from piebald.runtime.dist.shard_layout import ShardRange, shard_ranges
+from piebald.specs.plan import ZeroMode
+
+__all__ = ["FlatBucket"]
+
+logger = logging.getLogger(__name__)
+
+
+def _unique_params(
+    named_params: Sequence[tuple[str, nn.Parameter]],
+) -> list[tuple[str, nn.Parameter]]:
+    """Drop repeats of one Parameter object (an embedding tied to a head in one module)."""
+    seen: set[int] = set()
+    unique: list[tuple[str, nn.Parameter]] = []
+    for name, param in named_params:
+        if id(param) not in seen:
+            seen.add(id(param))
+            unique.append((name, param))
+    return unique
+
+
+class FlatBucket:
+    """One flat buffer of parameters shared by a group; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        named_params: Sequence[tuple[str, nn.Parameter]],
+        placement: BucketPlacement,
+        group: CommGroup,
+        rank: int,
+        init_src_rank: int | None = None,
+        reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
+        all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
+    ) -> None:
+        params = _unique_params(named_params)
+        if not params:
+            raise ValueError(f"bucket {name!r}: expected at least one parameter")
+        if group.ranks != placement.ranks:
+            raise ValueError(
+                f"bucket {name!r}: group ranks {list(group.ranks)} differ from the "
+                f"placement's {list(placement.ranks)}"
+            )
+        dtypes = {p.dtype for _, p in params}
+        devices = {p.device for _, p in params}
+        if len(dtypes) != 1 or len(devices) != 1:
+            raise ValueError(
+                f"bucket {name!r}: parameters in one dtype and on one device, got "
+                f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}"
+            )
+        self.name = name
+        self.placement = placement
+        self.group = group
+        self.rank = rank
+        self.reduce_scatter_method = reduce_scatter_method
+        self.all_gather_method = all_gather_method
+        self.params = [p for _, p in params]
+        self.layout: FlatLayout = build_flat_layout([(n, tuple(p.shape)) for n, p in params])
+        self._check_same_layout_across_group()
+
+        dtype, device = dtypes.pop(), devices.pop()
+        numel = self.layout.numel
+        self.params_flat = torch.empty(numel, dtype=dtype, device=device)
+        self.grads_flat = torch.zeros(numel, dtype=dtype, device=device)
+        with torch.no_grad():
+            for slot, param in zip(self.layout.slots, self.params, strict=True):
+                self.params_flat[slot.offset : slot.end].copy_(param.detach().reshape(-1))
+                param.data = self._param_view(slot.offset, slot.end, slot.shape)
+        if group.size > 1:
+            src = group.ranks[0] if init_src_rank is None else init_src_rank
+            dist.broadcast(self.params_flat, src=src, group=group.process_group)
+        self._adopt_grads()
+
+        self.ranges: tuple[ShardRange, ...] = shard_ranges(placement.fractions, num_elements=numel)
+        self.shard = self.ranges[group.index_of(rank)]
+        self.pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.shard)
+        self.master = (
+            self.params_flat[self.shard.start : self.shard.end]
+            .detach()
+            .to(torch.float32, copy=True)
+        )
+        self.grad_shard = torch.zeros_like(self.master)
+        self._storage_bytes = self.params_flat.untyped_storage().nbytes()
+        self._released = False
+        if self.sharded_at_rest:
+            self.release_params()
+
+    # --- views ----------------------------------------------------------------------------
+
+    def _param_view(self, start: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.params_flat[start:end].view(shape)
+
+    def _grad_view(self, start: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.grads_flat[start:end].view(shape)
+
+    def _adopt_grads(self) -> None:
+        """Make every ``param.grad`` the view into ``grads_flat`` again, keeping its value."""
+        with torch.no_grad():
+            for slot, param in zip(self.layout.slots, self.params, strict=True):
+                view = self._grad_view(slot.offset, slot.end, slot.shape)
+                grad = param.grad
+                if grad is None:
+                    # Cleared (set_to_none): no gradient since, so the accumulator is zero.
+                    view.zero_()
+                elif grad.data_ptr() != view.data_ptr() or grad.shape != view.shape:
+                    view.copy_(grad)
+                else:
+                    continue
+                param.grad = view
+
+    def _check_same_layout_across_group(self) -> None:
+        if self.group.size == 1:
+            return
+        mine = [(slot.name, slot.shape) for slot in self.layout.slots]
+        mine_dtype = str(self.params[0].dtype)
+        everyone: list[object] = [None] * self.group.size
+        dist.all_gather_object(everyone, (mine, mine_dtype), group=self.group.process_group)
+        for other_rank, other in zip(self.group.ranks, everyone, strict=True):
+            if other != (mine, mine_dtype):
+                raise ValueError(
+                    f"bucket {self.name!r}: rank {self.rank} holds {len(mine)} parameters "
+                    f"{mine[:3]}... ({mine_dtype}) but rank {other_rank} holds a different "
+                    "list; every rank of a group must build the same parameters"
+                )
+
+    # --- ZeRO -------------------------------------------------------------------------------
+
+    @property
+    def sharded_at_rest(self) -> bool:
+        return self.placement.zero is ZeroMode.FULL
+
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
+
+    def zero_grad(self) -> None:
+        self.grads_flat.zero_()
+        self.grad_shard.zero_()
+        self._adopt_grads()
+
+    def reduce_gradients(self) -> None:
+        """Sum every rank's accumulated gradient onto the owners (added to ``grad_shard``)
+        and clear the local accumulator. Collective over the group; the optimizer calls it
+        once per step, an executor may call it more often (ZeRO-2 style), as long as every
+        rank of the group calls it the same number of times."""
+        self._adopt_grads()
+        source = self.grads_flat.to(torch.float32)  # a no-op for fp32 compute
+        reduced = reduce_scatter_uneven(
+            source,
+            self.ranges,
+            group=self.group,
+            rank=self.rank,
+            method=self.reduce_scatter_method,
+        )
+        self.grad_shard.add_(reduced)
+        self.grads_flat.zero_()
+
+    def publish_params(self) -> None:
+        """Copy the master shard into the compute-dtype buffer and all-gather every owner's
+        shard (collective over the group)."""
+        if self._released:
+            self.params_flat.untyped_storage().resize_(self._storage_bytes)
+            self._released = False
+        with torch.no_grad():
+            self.params_flat[self.shard.start : self.shard.end].copy_(self.master)
+        all_gather_uneven(
+            self.params_flat,
+            self.ranges,
+            group=self.group,
+            rank=self.rank,
+            method=self.all_gather_method,
+        )
+
+    def gather_params(self) -> None:
+        """ZeRO FULL: materialise the parameters before a pass (collective, always, so every
+        rank of the group calls it equally often); other modes keep them resident."""
+        if self.sharded_at_rest:
+            self.publish_params()
+
+    def release_params(self) -> None:
+        """ZeRO FULL: free the parameters after a pass (local; no communication)."""
+        if self.sharded_at_rest and not self._released:
+            self.params_flat.untyped_storage().resize_(0)
+            self._released = True
+
+    @property
+    def params_resident(self) -> bool:
+        return not self._released

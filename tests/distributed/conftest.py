@@ -1,0 +1,8 @@
+"""Put this folder on ``sys.path`` so spawned ranks can import the worker modules by name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

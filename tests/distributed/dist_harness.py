@@ -1,0 +1,241 @@
+"""Shared pieces of the distributed tests: spawning gloo ranks, hand-written plans, and a toy
+"model" split into stage parts whose single-process reference is easy to write.
+
+Worker functions must be importable by plain module name in the spawned children, so they
+live in modules on ``sys.path`` (tests/distributed/conftest.py puts this folder there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional
+
+from piebald.specs.cluster_yaml import parse_cluster
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan, Stage, ZeroMode, weighted_round_robin
+from piebald.specs.presets import PRESETS
+
+PG_TIMEOUT_S = 30.0  # a hang becomes a failure well inside pytest's timeout
+
+
+# --- spawning ---------------------------------------------------------------------------------
+
+
+def _entry(
+    rank: int,
+    worker: Callable[..., None],
+    world_size: int,
+    init_method: str,
+    args: tuple[Any, ...],
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
+    try:
+        worker(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(worker: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run ``worker(rank, world_size, *args)`` on ``world_size`` gloo processes; an exception
+    on any rank fails the call, and the other ranks are terminated (torch's join)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory() as scratch:
+        init_method = f"file://{Path(scratch) / 'store'}"
+        mp.start_processes(
+            _entry,
+            args=(worker, world_size, init_method, args),
+            nprocs=world_size,
+            start_method="spawn",
+            join=True,
+        )
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    layer_end: int
+    ranks: tuple[int, ...]
+    num_micro_batches: tuple[int, ...]
+    fractions: tuple[float, ...]
+    zero: ZeroMode = ZeroMode.OPTIMIZER
+
+
+def make_plan(stages: Sequence[StageSpec], *, num_gpus: int, tied: bool = True) -> Plan:
+    """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1,
+    routes by weighted round robin in every stage."""
+    arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
+    model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
+    cluster = parse_cluster(
+        {
+            "name": "test",
+            "nodes": [
+                {
+                    "name": "n",
+                    "gpu": "A100-80GB",
+                    "gpus_per_node": num_gpus,
+                    "intra_link": "300GB/s",
+                }
+            ],
+        },
+        source="test",
+    )
+    num_mb = sum(stages[0].num_micro_batches)
+    start = 0
+    built = []
+    for spec in stages:
+        built.append(
+            Stage(
+                layer_start=start,
+                layer_end=spec.layer_end,
+                ranks=spec.ranks,
+                micro_batch_size=(1,) * len(spec.ranks),
+                num_micro_batches=spec.num_micro_batches,
+                shard_fraction=spec.fractions,
+                zero=spec.zero,
+            )
+        )
+        start = spec.layer_end
+    columns = []
+    for spec in stages:
+        order = weighted_round_robin(list(spec.num_micro_batches))
+        columns.append([spec.ranks[i] for i in order])
+    routes = tuple(tuple(column[j] for column in columns) for j in range(num_mb))
+    return Plan(
+        cluster=cluster,
+        model=model,
+        job=JobSpec(global_batch_size=num_mb, seq_len=32),
+        stages=tuple(built),
+        routes=routes,
+    )
+
+
+# --- the toy model ----------------------------------------------------------------------------
+# Roles: the first stage holds the embedding E and a Linear "a"; a middle stage holds "c";
+# the last stage holds "b", a gain "norm" and the head, tied to E. Micro-batch j's loss on
+# each role is a function of that role's parameters and data drawn from (seed, step, role,
+# j), so the sum over all micro-batches and roles is the single-process reference loss.
+
+VOCAB, HIDDEN, ROWS = 11, 6, 3
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "embed.weight": (VOCAB, HIDDEN),
+    "a.weight": (HIDDEN, HIDDEN),
+    "a.bias": (HIDDEN,),
+    "c.weight": (HIDDEN, HIDDEN),
+    "b.weight": (HIDDEN, HIDDEN),
+    "norm.weight": (HIDDEN,),
+}
+ROLE_PARAMS = {
+    "first": ("embed.weight", "a.weight", "a.bias"),
+    "middle": ("c.weight",),
+    "last": ("b.weight", "norm.weight", "embed.weight"),
+}
+TIED_NAME = "embed.weight"
+
+
+def roles_of_stage(stage_index: int, num_stages: int) -> tuple[str, ...]:
+    if num_stages == 1:
+        return ("first", "middle", "last")
+    if stage_index == 0:
+        return ("first",)
+    if stage_index == num_stages - 1:
+        return ("middle", "last") if num_stages == 2 else ("last",)
+    return ("middle",)
+
+
+def stage_param_names(stage_index: int, num_stages: int) -> tuple[str, ...]:
+    names: list[str] = []
+    for role in roles_of_stage(stage_index, num_stages):
+        names += [n for n in ROLE_PARAMS[role] if n not in names]
+    return tuple(names)
+
+
+def init_param(name: str, *, seed: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
+    generator = torch.Generator().manual_seed(seed * 1000 + sorted(SHAPES).index(name))
+    value = torch.randn(SHAPES[name], generator=generator) * 0.5
+    if name == "norm.weight":
+        value = 1.0 + 0.1 * value
+    return nn.Parameter(value.to(dtype))
+
+
+def build_params(
+    names: Sequence[str], *, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, nn.Parameter]:
+    return {name: init_param(name, seed=seed, dtype=dtype) for name in names}
+
+
+def _data(seed: int, step: int, role: str, j: int) -> torch.Generator:
+    # Not hash(): string hashing differs between processes.
+    role_index = ("first", "middle", "last").index(role)
+    return torch.Generator().manual_seed(((seed * 1009 + step) * 7 + role_index) * 1013 + j)
+
+
+def role_loss(
+    role: str, params: dict[str, nn.Parameter], *, seed: int, step: int, j: int, weight: float
+) -> torch.Tensor:
+    g = _data(seed, step, role, j)
+    dtype = next(iter(params.values())).dtype
+    if role == "first":
+        tokens = torch.randint(VOCAB, (ROWS,), generator=g)
+        target = torch.randn(ROWS, HIDDEN, generator=g).to(dtype)
+        x = torch.tanh(
+            functional.linear(params["embed.weight"][tokens], params["a.weight"], params["a.bias"])
+        )
+        return (x * target).sum() * weight
+    if role == "middle":
+        z = torch.randn(ROWS, HIDDEN, generator=g).to(dtype)
+        target = torch.randn(ROWS, HIDDEN, generator=g).to(dtype)
+        return (torch.tanh(functional.linear(z, params["c.weight"])) * target).sum() * weight
+    z = torch.randn(ROWS, HIDDEN, generator=g).to(dtype)
+    labels = torch.randint(VOCAB, (ROWS,), generator=g)
+    h = functional.linear(z, params["b.weight"]) * params["norm.weight"]
+    logits = h @ params["embed.weight"].t()
+    return functional.cross_entropy(logits.float(), labels, reduction="sum") * weight
+
+
+def local_loss(
+    plan: Plan, rank: int, params: dict[str, nn.Parameter], *, seed: int, step: int
+) -> torch.Tensor | None:
+    """Backward-ready sum of this rank's micro-batch losses, or None if it has none."""
+    stage_index = plan.stage_of_rank[rank]
+    weight = 1.0 / len(plan.routes)
+    total: torch.Tensor | None = None
+    for j, route in enumerate(plan.routes):
+        if route[stage_index] != rank:
+            continue
+        for role in roles_of_stage(stage_index, plan.num_stages):
+            loss = role_loss(role, params, seed=seed, step=step, j=j, weight=weight)
+            total = loss if total is None else total + loss
+    return total
+
+
+def reference_loss(
+    plan: Plan, params: dict[str, nn.Parameter], *, seed: int, step: int
+) -> torch.Tensor:
+    weight = 1.0 / len(plan.routes)
+    total = torch.zeros(())
+    for j in range(len(plan.routes)):
+        for role in ("first", "middle", "last"):
+            total = total + role_loss(role, params, seed=seed, step=step, j=j, weight=weight)
+    return total
