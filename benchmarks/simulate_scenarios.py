@@ -40,9 +40,7 @@ def steady_in_flight(plan: Plan, rank: int) -> int:
     stage = plan.stages[s]
     count = stage.num_micro_batches[stage.ranks.index(rank)]
     total = sum(stage.num_micro_batches)
-    ranks_below = sum(
-        sum(1 for c in later.num_micro_batches if c) for later in plan.stages[s:]
-    )
+    ranks_below = sum(sum(1 for c in later.num_micro_batches if c) for later in plan.stages[s:])
     return min(count, max(1, math.ceil(count * ranks_below / total)))
 
 
