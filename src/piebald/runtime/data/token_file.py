@@ -1,0 +1,202 @@
+"""Token files: a flat array of token ids on disk, memory-mapped (nanoGPT's ``.bin``).
+
+Format: the file is nothing but the ids, native little-endian uint16 (vocabularies up to
+65,536, nanoGPT's choice) or uint32, with no header, so nanoGPT's prepared files load as
+they are. The dtype comes from, in order: the ``dtype`` argument; a sidecar JSON file
+``<name>.json`` next to it (``train.bin`` -> ``train.bin.json``), which ``write_token_file``
+always writes, e.g. ``{"format": "piebald.tokens", "version": 1, "dtype": "uint16",
+"num_tokens": 466195, "tokenizer": "bytes"}``; else uint16. The sidecar's token count is
+checked against the file size, which catches a file and a sidecar that do not belong together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from piebald.errors import SpecError
+from piebald.runtime.data.tokenizer import ByteTokenizer
+
+__all__ = [
+    "TOKEN_DTYPES",
+    "TokenFile",
+    "check_token_ids",
+    "metadata_path",
+    "open_token_file",
+    "write_text_token_file",
+    "write_token_file",
+]
+
+TOKEN_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+}
+_FORMAT = "piebald.tokens"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TokenFile:
+    path: Path
+    dtype: str  # a key of TOKEN_DTYPES
+    tokens: np.ndarray  # read-only memory map, 1-D [num_tokens]
+    tokenizer: str  # as the sidecar names it; "" when unknown
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def metadata_path(path: str | Path) -> Path:
+    """The sidecar JSON of a token file: ``train.bin`` -> ``train.bin.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def open_token_file(path: str | Path, *, dtype: str | None = None) -> TokenFile:
+    """Memory-map a token file (read-only); see the module docstring for the dtype rule."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(
+            source=str(path), field="", has_value=False, expected="a token file (no such file)"
+        )
+    if dtype is not None and dtype not in TOKEN_DTYPES:
+        raise SpecError(
+            source=str(path), field="dtype", value=dtype, expected=" or ".join(TOKEN_DTYPES)
+        )
+    metadata = _read_metadata(path)
+    recorded = metadata.get("dtype")
+    if dtype is not None and recorded is not None and dtype != recorded:
+        raise SpecError(
+            source=str(path),
+            field="dtype",
+            value=dtype,
+            expected=f"{recorded}, as {metadata_path(path).name} records",
+        )
+    chosen = dtype or recorded or "uint16"
+    itemsize = np.dtype(TOKEN_DTYPES[chosen]).itemsize
+    size_bytes = path.stat().st_size
+    if size_bytes == 0 or size_bytes % itemsize:
+        raise SpecError(
+            source=str(path),
+            field="size",
+            value=size_bytes,
+            expected=f"a non-zero multiple of {itemsize} bytes ({chosen} tokens)",
+        )
+    num_tokens = size_bytes // itemsize
+    if "num_tokens" in metadata and metadata["num_tokens"] != num_tokens:
+        raise SpecError(
+            source=str(metadata_path(path)),
+            field="num_tokens",
+            value=metadata["num_tokens"],
+            expected=f"{num_tokens}, the {chosen} tokens {path.name} holds ({size_bytes} bytes)",
+        )
+    tokens = np.memmap(path, dtype=TOKEN_DTYPES[chosen], mode="r")
+    return TokenFile(
+        path=path, dtype=chosen, tokens=tokens, tokenizer=str(metadata.get("tokenizer", ""))
+    )
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    sidecar = metadata_path(path)
+    if not sidecar.is_file():
+        return {}
+    try:
+        data = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SpecError(
+            source=str(sidecar), field="", has_value=False, expected=f"readable JSON ({error})"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise SpecError(
+            source=str(sidecar),
+            field="format",
+            value=data.get("format") if isinstance(data, dict) else data,
+            expected=repr(_FORMAT),
+        )
+    if data.get("dtype") not in TOKEN_DTYPES:
+        raise SpecError(
+            source=str(sidecar),
+            field="dtype",
+            value=data.get("dtype"),
+            expected=" or ".join(TOKEN_DTYPES),
+        )
+    return data
+
+
+def write_token_file(
+    path: str | Path,
+    tokens: np.ndarray,
+    *,
+    dtype: str | None = None,
+    tokenizer: str = "",
+    overwrite: bool = False,
+) -> TokenFile:
+    """Write token ids (and the sidecar) atomically; refuse to replace existing files.
+
+    ``dtype`` defaults to uint16 when every id fits, else uint32.
+    """
+    path = Path(path)
+    sidecar = metadata_path(path)
+    for target in (path, sidecar):
+        if target.exists() and not overwrite:
+            raise FileExistsError(f"{target} exists; not overwriting it")
+    values = np.asarray(tokens)
+    if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"tokens must be a non-empty 1-D integer array, got {values.dtype}")
+    low, high = int(values.min()), int(values.max())
+    chosen = dtype or ("uint16" if high < 2**16 else "uint32")
+    limit = np.iinfo(TOKEN_DTYPES[chosen]).max
+    if low < 0 or high > limit:
+        raise ValueError(f"token ids span {low}..{high}; {chosen} holds 0..{limit}")
+    metadata = {
+        "format": _FORMAT,
+        "version": 1,
+        "dtype": chosen,
+        "num_tokens": int(values.size),
+        "tokenizer": tokenizer,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Both files are written under temporary names first, then renamed: a crash leaves the
+    # previous files (or none), never a half-written one under the real name.
+    data_tmp = _write_temporary(path, values.astype(TOKEN_DTYPES[chosen]).tobytes())
+    meta_tmp = _write_temporary(sidecar, (json.dumps(metadata, indent=1) + "\n").encode())
+    os.replace(data_tmp, path)
+    os.replace(meta_tmp, sidecar)
+    return open_token_file(path)
+
+
+def write_text_token_file(text: str, path: str | Path, *, overwrite: bool = False) -> TokenFile:
+    """Tokenize ``text`` with the byte tokenizer and write it as a uint16 token file."""
+    tokenizer = ByteTokenizer()
+    return write_token_file(
+        path, tokenizer.encode(text), dtype="uint16", tokenizer=tokenizer.name, overwrite=overwrite
+    )
+
+
+def check_token_ids(tokens: TokenFile, *, vocab_size: int) -> None:
+    """Refuse a token file holding ids the model's embedding has no row for."""
+    highest = int(tokens.tokens.max())
+    if highest >= vocab_size:
+        raise SpecError(
+            source=str(tokens.path),
+            field="tokens",
+            value=highest,
+            expected=f"token ids below the model's vocabulary size {vocab_size}",
+        )
+
+
+def _write_temporary(target: Path, payload: bytes) -> Path:
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)

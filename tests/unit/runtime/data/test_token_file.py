@@ -1,0 +1,123 @@
+"""Token files: round trips in both dtypes, nanoGPT files without a sidecar, the dtype rule,
+atomic writes that never replace a file silently, and one-line errors for bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from piebald.errors import SpecError
+from piebald.runtime.data import (
+    ByteTokenizer,
+    check_token_ids,
+    metadata_path,
+    open_token_file,
+    write_text_token_file,
+    write_token_file,
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "itemsize"),
+    [(np.arange(1000) % 50000, "uint16", 2), (np.array([0, 7, 70000, 2**32 - 1]), "uint32", 4)],
+)
+def test_round_trip_picks_the_narrowest_dtype(
+    tmp_path: Path, values: np.ndarray, dtype: str, itemsize: int
+) -> None:
+    path = tmp_path / "train.bin"
+    written = write_token_file(path, values, tokenizer="test")
+    assert written.dtype == dtype and written.num_tokens == len(values)
+    assert path.stat().st_size == itemsize * len(values)  # no header: nanoGPT's layout
+    reopened = open_token_file(path)
+    assert reopened.dtype == dtype and reopened.tokenizer == "test"
+    assert reopened.tokens.tolist() == values.tolist()
+    assert not reopened.tokens.flags.writeable
+    sidecar = json.loads(metadata_path(path).read_text())
+    assert metadata_path(path).name == "train.bin.json"
+    assert sidecar["dtype"] == dtype and sidecar["num_tokens"] == len(values)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_nanogpt_files_without_sidecar_read_as_uint16_or_the_given_dtype(tmp_path: Path) -> None:
+    path = tmp_path / "val.bin"
+    np.array([1, 2, 3, 4], dtype=np.uint16).tofile(path)  # what nanoGPT's prepare.py writes
+    assert open_token_file(path).tokens.tolist() == [1, 2, 3, 4]
+    as_uint32 = open_token_file(path, dtype="uint32")
+    assert as_uint32.tokens.tolist() == [1 + (2 << 16), 3 + (4 << 16)]
+    assert as_uint32.tokenizer == ""
+
+
+def test_explicit_dtype_must_agree_with_the_sidecar(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    write_token_file(path, np.arange(8))
+    assert open_token_file(path, dtype="uint16").num_tokens == 8
+    with pytest.raises(
+        SpecError, match=r"t.bin: dtype: got 'uint32'; expected uint16, as t.bin.json"
+    ):
+        open_token_file(path, dtype="uint32")
+    with pytest.raises(SpecError, match="dtype: got 'int8'; expected uint16 or uint32"):
+        open_token_file(path, dtype="int8")
+
+
+def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"missing.bin: expected a token file"):
+        open_token_file(tmp_path / "missing.bin")
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"abc")
+    with pytest.raises(SpecError, match=r"odd.bin: size: got 3; expected a non-zero multiple of 2"):
+        open_token_file(odd)
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(SpecError, match="size: got 0"):
+        open_token_file(empty)
+
+    path = tmp_path / "t.bin"
+    write_token_file(path, np.arange(8))
+    path.write_bytes(np.arange(6, dtype=np.uint16).tobytes())  # replaced behind our back
+    with pytest.raises(SpecError, match=r"t.bin.json: num_tokens: got 8; expected 6"):
+        open_token_file(path)
+    metadata_path(path).write_text("{not json")
+    with pytest.raises(SpecError, match=r"t.bin.json: expected readable JSON"):
+        open_token_file(path)
+    metadata_path(path).write_text('{"format": "other"}')
+    with pytest.raises(SpecError, match=r"t.bin.json: format: got 'other'"):
+        open_token_file(path)
+
+
+def test_existing_files_are_never_replaced_silently(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    write_token_file(path, np.arange(8))
+    with pytest.raises(FileExistsError, match=r"t.bin exists"):
+        write_token_file(path, np.arange(4))
+    assert open_token_file(path).num_tokens == 8  # untouched
+    metadata_path(path).unlink()
+    with pytest.raises(FileExistsError, match=r"t.bin exists"):
+        write_token_file(path, np.arange(4))
+    assert write_token_file(path, np.arange(4), overwrite=True).num_tokens == 4
+
+
+def test_values_must_fit_the_dtype(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"span 0..70000; uint16 holds 0..65535"):
+        write_token_file(tmp_path / "a.bin", np.array([0, 70000]), dtype="uint16")
+    with pytest.raises(ValueError, match="non-empty 1-D integer"):
+        write_token_file(tmp_path / "b.bin", np.array([], dtype=np.int64))
+    with pytest.raises(ValueError, match="span -1"):
+        write_token_file(tmp_path / "c.bin", np.array([-1, 3]))
+
+
+def test_text_files_use_the_byte_tokenizer(tmp_path: Path) -> None:
+    text = "Tokens are bytes: ü is two of them.\n"
+    written = write_text_token_file(text, tmp_path / "text.bin")
+    assert written.dtype == "uint16" and written.tokenizer == "bytes"
+    assert written.num_tokens == len(text.encode("utf-8"))
+    assert ByteTokenizer().decode(open_token_file(tmp_path / "text.bin").tokens) == text
+
+
+def test_token_ids_must_fit_the_models_vocabulary(tmp_path: Path) -> None:
+    tokens = write_token_file(tmp_path / "t.bin", np.array([3, 300, 5]))
+    check_token_ids(tokens, vocab_size=301)
+    with pytest.raises(SpecError, match=r"t.bin: tokens: got 300; expected token ids below .* 256"):
+        check_token_ids(tokens, vocab_size=256)
