@@ -183,6 +183,11 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
         heads_field = "n_head"
     else:
         heads = config.integer("num_attention_heads", minimum=1)
+        # transformers 5 writes rope_theta inside "rope_parameters"; older files at the top.
+        theta = 10000.0
+        if config.has("rope_parameters"):
+            rope = config.sub("rope_parameters")
+            theta = rope.number("rope_theta", default=theta, strictly_positive=True)
         arch_kwargs = dict(
             family=Family.LLAMA,
             num_blocks=config.integer("num_hidden_layers", minimum=1),
@@ -195,7 +200,7 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
             tie_embeddings=config.boolean("tie_word_embeddings", default=False),
             head_dim=config.integer("head_dim", default=0, minimum=0),
             norm_eps=config.number("rms_norm_eps", default=1e-5, strictly_positive=True),
-            rope_theta=config.number("rope_theta", default=10000.0, strictly_positive=True),
+            rope_theta=config.number("rope_theta", default=theta, strictly_positive=True),
         )
         heads_field = "num_attention_heads"
         kv_heads = arch_kwargs["num_kv_heads"]

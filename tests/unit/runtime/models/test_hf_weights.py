@@ -112,6 +112,8 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_loaded_parts_reproduce_transformers_logits(case: str, tmp_path: Path) -> None:
     hf, model = CASES[case](tmp_path)
+    # The config.json transformers wrote describes the same architecture to piebald.
+    assert load_model(str(tmp_path)).arch == model.arch
     tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = hf(input_ids=tokens).logits
