@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from piebald import __version__, cli_launch
+from piebald import __version__, cli_launch, cli_simulate
 from piebald.cli_common import (
     BatchOption,
     ClusterOption,
@@ -26,6 +26,8 @@ from piebald.cli_common import (
     progress_bar,
     user_errors,
 )
+from piebald.cli_profile import ProfilesOption, profile_app, scored_with_cost_inputs, with_profiles
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
 from piebald.examples import example_path
 from piebald.planner.compare import Comparison, compare_strategies
@@ -123,6 +125,10 @@ def plan(
     out: Annotated[Path | None, typer.Option(help="Write the plan JSON here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON.")] = False,
+    simulate: Annotated[
+        bool, typer.Option("--simulate", help="Verify the top candidates in the simulator.")
+    ] = False,
+    profiles: ProfilesOption = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     if strategy not in STRATEGIES:
@@ -135,6 +141,7 @@ def plan(
     if out is not None and out.exists() and not force:
         raise FileExistsError(f"{out} exists; not overwriting it (pass --force to replace)")
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
+    cluster_spec, curve, profiled = with_profiles(profiles, cluster_spec, model_spec, job)
     with progress_bar("planning") as progress:
         result = search(
             cluster_spec,
@@ -142,8 +149,10 @@ def plan(
             job=job,
             strategy=STRATEGIES[strategy],
             progress=progress,
+            curve=curve,
         )
-    best = result.best
+    best = cli_simulate.verify_by_simulation(result) if simulate else result.best
+    best = scored_with_cost_inputs(best, profiled)
     if out is not None:
         save_plan(best.plan, out, overwrite=force)
     if as_json:
@@ -178,10 +187,12 @@ def compare(
     precision: PrecisionOption = Dtype.BF16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw a bar chart (PNG) here.")] = None,
+    profiles: ProfilesOption = None,
 ) -> None:
     """piebald against every baseline (as modelled) and the upper bound."""
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
-    comparison = _compare(cluster_spec, model_spec, job)
+    cluster_spec, curve, _ = with_profiles(profiles, cluster_spec, model_spec, job)
+    comparison = _compare(cluster_spec, model_spec, job, curve=curve)
     if plot is not None:
         plot_comparison(comparison, plot, title=_compare_title(cluster_spec, model_spec, job))
     if as_json:
@@ -192,7 +203,9 @@ def compare(
         console.print(f"bar chart written to {plot}")
 
 
-def _compare(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> Comparison:
+def _compare(
+    cluster: ClusterSpec, model: ModelSpec, job: JobSpec, *, curve: EfficiencyCurve = DEFAULT_CURVE
+) -> Comparison:
     names = list(STRATEGIES)
     with progress_bar("comparing") as progress:
         return compare_strategies(
@@ -200,6 +213,7 @@ def _compare(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> Comparison
             model=model,
             job=job,
             on_strategy=lambda name: progress(names.index(name) / len(names), name),
+            curve=curve,
         )
 
 
@@ -268,6 +282,8 @@ def demo(
 
 # Commands that live in their own modules (cli_*.py) are registered here, one line each.
 app.command("launch")(cli_launch.launch)
+app.command("simulate")(cli_simulate.simulate)
+app.add_typer(profile_app, name="profile")
 
 
 def main() -> None:

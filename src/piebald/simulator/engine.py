@@ -241,7 +241,7 @@ class _Engine:
                 if provider is None:
                     end_s = max(end_s, state.gather_end[key])
         state.busy_s += duration
-        state.blocked_s += end_s - self.now - duration
+        state.blocked_s += max(0.0, end_s - self.now - duration)  # rounding aside
         state.computing = True
         self.push(end_s, _COMPUTE_DONE, state, op)
         if self.record:

@@ -1,0 +1,183 @@
+"""``piebald simulate``: execute a plan's step event by event, compare with the planner's
+prediction, and draw it (Perfetto trace, Gantt PNG). Also the verification ``piebald plan
+--simulate`` runs on its top candidates before choosing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from piebald.cli_common import console, errors, user_errors
+from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.planner.describe import describe_plan
+from piebald.planner.search import ScoredPlan, SearchResult
+from piebald.simulator.engine import simulate as simulate_plan
+from piebald.simulator.gantt import plot_gantt
+from piebald.simulator.result import SimulationResult
+from piebald.simulator.trace import write_trace
+from piebald.specs.plan import Plan, RunnerUp
+from piebald.specs.plan_io import load_plan
+
+__all__ = ["EXIT_DEADLOCK", "result_to_dict", "simulate", "verify_by_simulation"]
+
+EXIT_DEADLOCK = 4
+GIB = 2.0**30
+
+
+def result_to_dict(result: SimulationResult, *, estimate: PlanEstimate) -> dict[str, Any]:
+    predicted = estimate.prediction()
+    deadlock = result.deadlock
+    return {
+        "step_time_s": None if deadlock else result.step_time_s,
+        "tokens_per_s": result.tokens_per_s,
+        "bubble_fraction": result.bubble_fraction,
+        "pipeline_s": result.pipeline_s,
+        "peak_memory_bytes": {str(s.rank): s.peak_memory_bytes for s in result.ranks},
+        "deadlock": None
+        if deadlock is None
+        else {
+            "cycle": list(deadlock.cycle),
+            "waits": [
+                {"rank": w.rank, "operation": w.operation, "waits_for": list(w.waits_for)}
+                for w in deadlock.waits
+            ],
+            "stalled_at_s": result.step_time_s,
+        },
+        "predicted": {
+            "step_time_s": predicted.step_time_s,
+            "tokens_per_s": predicted.tokens_per_s,
+            "peak_memory_bytes": {str(r): b for r, b in predicted.peak_memory_bytes.items()},
+        },
+        "ranks": [
+            {
+                "rank": s.rank,
+                "stage": s.stage,
+                "device": s.device,
+                "busy_s": s.busy_s,
+                "blocked_s": s.blocked_s,
+                "idle_s": s.idle_s,
+            }
+            for s in result.ranks
+        ],
+    }
+
+
+def _ranks_table(plan: Plan, result: SimulationResult, estimate: PlanEstimate) -> Table:
+    predicted = estimate.prediction().peak_memory_bytes
+    table = Table(
+        title=f"{plan.model.name} on {plan.cluster.name}: simulated step, per GPU",
+        caption="busy: compute; blocked: waiting for its own data-parallel traffic; "
+        "idle: waiting for other stages (bubble) or done early",
+    )
+    for name in ("stage", "rank", "GPU", "busy", "blocked", "idle", "peak memory (sim / est)"):
+        table.add_column(name, justify="left" if name == "GPU" else "right")
+    step = result.step_time_s or 1.0
+    for stats in sorted(result.ranks, key=lambda s: (s.stage, s.rank)):
+        table.add_row(
+            str(stats.stage),
+            str(stats.rank),
+            stats.device,
+            f"{stats.busy_s / step:.0%}",
+            f"{stats.blocked_s / step:.0%}",
+            f"{stats.idle_s / step:.0%}",
+            f"{stats.peak_memory_bytes / GIB:.1f} / {predicted[stats.rank] / GIB:.1f} GiB",
+        )
+    return table
+
+
+def _refuse_existing(paths: list[Path | None], force: bool) -> None:
+    for path in paths:
+        if path is not None and path.exists() and not force:
+            raise FileExistsError(f"{path} exists; not overwriting it (pass --force to replace)")
+
+
+@user_errors
+def simulate(
+    plan_file: Annotated[Path, typer.Option("--plan", help="A plan JSON file.")],
+    trace: Annotated[
+        Path | None, typer.Option(help="Write a Chrome/Perfetto trace JSON here.")
+    ] = None,
+    gantt: Annotated[Path | None, typer.Option(help="Draw a Gantt chart (PNG) here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace existing --trace/--gantt files.")] = False,
+) -> None:
+    """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
+    time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
+    _refuse_existing([trace, gantt], force)
+    plan = load_plan(plan_file)
+    result = simulate_plan(plan)
+    estimate = estimate_plan(plan)
+    if trace is not None:
+        write_trace(plan, result, trace, overwrite=force)
+    if gantt is not None:
+        plot_gantt(plan, result, gantt, title=f"{plan.model.name} on {plan.cluster.name}")
+    if as_json:
+        print(json.dumps(result_to_dict(result, estimate=estimate), indent=1))
+    else:
+        console.print(_ranks_table(plan, result, estimate))
+        if result.deadlock is None:
+            ratio = result.step_time_s / estimate.step_time_s
+            console.print(
+                f"simulated step {result.step_time_s:.3f} s, {result.tokens_per_s:,.0f} "
+                f"tokens/s, bubble {result.bubble_fraction:.1%}; planner predicted "
+                f"{estimate.step_time_s:.3f} s (simulated / predicted = {ratio:.3f})",
+                highlight=False,
+            )
+        for path, what in ((trace, "trace"), (gantt, "Gantt chart")):
+            if path is not None:
+                console.print(f"{what} written to {path}")
+    if result.deadlock is not None:
+        errors.print(f"[red]{result.deadlock.describe()}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_DEADLOCK)
+
+
+def verify_by_simulation(result: SearchResult) -> ScoredPlan:
+    """Simulate the search's best plan and runner-ups; return the one whose simulated step
+    is shortest (deadlocked candidates never win), printing what was compared."""
+    candidates = [result.best, *result.runners_up]
+    simulated = [simulate_plan(c.plan, record=False) for c in candidates]
+    table = Table(title="top candidates, verified in the simulator")
+    for name in ("#", "plan", "predicted step", "simulated step", "sim / pred"):
+        table.add_column(name, justify="left" if name == "plan" else "right")
+    finishing = [
+        (sim.step_time_s, index) for index, sim in enumerate(simulated) if sim.deadlock is None
+    ]
+    chosen = min(finishing)[1] if finishing else 0
+    for index, (candidate, sim) in enumerate(zip(candidates, simulated, strict=True)):
+        step = "deadlock" if sim.deadlock else f"{sim.step_time_s:.3f} s"
+        table.add_row(
+            f"{index}{' *' if index == chosen else ''}",
+            describe_plan(candidate.plan),
+            f"{candidate.estimate.step_time_s:.3f} s",
+            step,
+            "-" if sim.deadlock else f"{sim.step_time_s / candidate.estimate.step_time_s:.3f}",
+        )
+    console.print(table)
+    if chosen == 0:
+        return result.best
+    winner = candidates[chosen]
+    others = [c for i, c in enumerate(candidates) if i != chosen]
+    plan = dataclasses.replace(
+        winner.plan,
+        predicted=winner.estimate.prediction(),
+        upper_bound_tokens_per_s=result.upper_bound_tokens_per_s,
+        notes=(
+            f"strategy {winner.strategy}; chosen by simulation over the planner's first "
+            f"choice (simulated {simulated[chosen].step_time_s:.3f} s against "
+            f"{simulated[0].step_time_s:.3f} s)",
+        ),
+        runners_up=tuple(
+            RunnerUp(
+                description=describe_plan(c.plan),
+                tokens_per_s=c.estimate.tokens_per_s,
+                step_time_s=c.estimate.step_time_s,
+            )
+            for c in others
+        ),
+    )
+    return ScoredPlan(plan=plan, estimate=estimate_plan(plan), strategy=winner.strategy)
