@@ -10,11 +10,17 @@ the dense peak; the constant is the time lost to kernel launches and small tiles
 as an efficiency, the compute-bound case is ``max_fraction * w / (w + w_half)`` with
 ``w_half = peak * max_fraction * half_saturation_s``: small kernels reach a small fraction
 of peak, large ones approach ``max_fraction``. Profiles calibrate both numbers per device.
+
+A measured profile enters through the object passed as ``curve``: a subclass
+(``piebald.profiler.compute_model.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
+with measured times and :meth:`EfficiencyCurve.for_device` with a per-device calibrated
+curve; the plain curve answers "not measured" and itself, so the analytic path is unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
@@ -22,10 +28,19 @@ from piebald.specs.model import LayerKind, LayerSpec
 
 __all__ = [
     "EfficiencyCurve",
+    "PassKind",
     "layer_backward_time_s",
     "layer_forward_time_s",
     "optimizer_step_time_s",
 ]
+
+
+class PassKind(StrEnum):
+    """The passes a layer is timed in (measured or modelled)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    BACKWARD_RECOMPUTE = "backward_recompute"  # the forward run again, then the backward
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,12 +50,20 @@ class EfficiencyCurve:
     max_fraction: float = 0.6
     bandwidth_fraction: float = 0.8  # streaming kernels reach ~80% of HBM bandwidth
     half_saturation_s: float = 30e-6  # ~10-15 kernel launches per layer pass
+    # Passes over the whole embedding table a backward makes: PyTorch's dense embedding
+    # gradient zero-fills the table-sized gradient and accumulates it into .grad. The
+    # analytic default leaves it out (0); calibration fits it where measured.
+    embedding_table_passes: float = 0.0
 
     def __post_init__(self) -> None:
         if not (0 < self.max_fraction <= 1 and 0 < self.bandwidth_fraction <= 1):
             raise ValueError(f"efficiency fractions must be in (0, 1]: {self}")
         if self.half_saturation_s < 0:
             raise ValueError(f"half_saturation_s = {self.half_saturation_s}; expected >= 0")
+        if self.embedding_table_passes < 0:
+            raise ValueError(
+                f"embedding_table_passes = {self.embedding_table_passes}; expected >= 0"
+            )
 
     def time_s(
         self,
@@ -55,6 +78,30 @@ class EfficiencyCurve:
         compute_s = flops / (peak_flops * self.max_fraction)
         memory_s = num_bytes / (memory_bandwidth_bytes_per_s * self.bandwidth_fraction)
         return max(compute_s, memory_s) + self.half_saturation_s
+
+    def measured_time_s(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        kind: PassKind,
+    ) -> float | None:
+        """A measured time for this pass, or None: the analytic curve has no measurements."""
+        return None
+
+    def for_device(
+        self,
+        device: DeviceType,
+        *,
+        layer_kind: LayerKind | None = None,
+        pass_kind: PassKind | None = None,
+    ) -> EfficiencyCurve:
+        """The curve to price ``device`` with; a profile may hold one calibrated per device
+        type, layer kind and pass (a block's kernels saturate differently from a gather)."""
+        return self
 
 
 DEFAULT_CURVE = EfficiencyCurve()
@@ -81,9 +128,20 @@ def layer_forward_time_s(
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> float:
     """Forward time of one micro-batch through ``layer`` on ``device`` computing in ``dtype``."""
+    measured = curve.measured_time_s(
+        layer,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        kind=PassKind.FORWARD,
+    )
+    if measured is not None:
+        return measured
+    analytic = curve.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD)
     tokens = micro_batch_size * seq_len
     flops = layer.forward_flops_per_token(seq_len=seq_len) * tokens
-    return curve.time_s(
+    return analytic.time_s(
         flops=flops,
         num_bytes=_forward_bytes(layer, tokens=tokens, dtype=dtype),
         peak_flops=device.peak_flops(dtype),
@@ -103,16 +161,30 @@ def layer_backward_time_s(
 ) -> float:
     """Backward time: 2x the forward FLOPs and bytes (input and weight gradients), plus a
     repeated forward when the layer's activations were recomputed (blocks only)."""
+    recomputed = recompute and layer.kind is LayerKind.BLOCK
+    measured = curve.measured_time_s(
+        layer,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        kind=PassKind.BACKWARD_RECOMPUTE if recomputed else PassKind.BACKWARD,
+    )
+    if measured is not None:
+        return measured
+    analytic = curve.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD)
     tokens = micro_batch_size * seq_len
     flops = 2.0 * layer.forward_flops_per_token(seq_len=seq_len) * tokens
     num_bytes = 2.0 * _forward_bytes(layer, tokens=tokens, dtype=dtype)
-    backward_s = curve.time_s(
+    if layer.kind is LayerKind.EMBEDDING:
+        num_bytes += analytic.embedding_table_passes * layer.num_params * dtype.num_bytes
+    backward_s = analytic.time_s(
         flops=flops,
         num_bytes=num_bytes,
         peak_flops=device.peak_flops(dtype),
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
     )
-    if recompute and layer.kind is LayerKind.BLOCK:
+    if recomputed:
         backward_s += layer_forward_time_s(
             layer,
             device=device,
@@ -141,4 +213,5 @@ def optimizer_step_time_s(
     if num_params <= 0:
         return 0.0
     num_bytes = num_params * _OPTIMIZER_BYTES_PER_PARAM[optimizer]
-    return num_bytes / (device.memory_bandwidth_bytes_per_s * curve.bandwidth_fraction)
+    bandwidth_fraction = curve.for_device(device).bandwidth_fraction
+    return num_bytes / (device.memory_bandwidth_bytes_per_s * bandwidth_fraction)

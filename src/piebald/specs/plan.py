@@ -27,6 +27,10 @@ from piebald.specs.model import ModelSpec
 
 __all__ = [
     "PLAN_VERSION",
+    "CalibratedCurve",
+    "CostInputs",
+    "MeasuredLayerTime",
+    "MeasuredLink",
     "Plan",
     "Prediction",
     "RunnerUp",
@@ -99,6 +103,58 @@ class RunnerUp:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredLayerTime:
+    """A per-layer time the plan was priced with that came from a profile, not a formula."""
+
+    device: str
+    layer_kind: str
+    signature: str  # the profile's layer signature (piebald.profiler.keys)
+    seq_len: int
+    dtype: str
+    micro_batch_size: int
+    source: str  # "measured", "interpolated" between sizes, or "extrapolated" beyond them
+    forward_s: float
+    backward_s: float
+    backward_recompute_s: float | None  # None: not measured (not a block)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibratedCurve:
+    """The efficiency curve a device type's layers of one kind were priced with in one pass
+    (forward or backward), fitted to its measurements (piebald.profiler.calibrate)."""
+
+    device: str
+    layer_kind: str
+    pass_kind: str
+    max_fraction: float
+    bandwidth_fraction: float
+    half_saturation_s: float
+    embedding_table_passes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredLink:
+    """A link priced from a network profile: alpha-beta fitted to measured transfers."""
+
+    between: tuple[str, str]  # node group names
+    scope: str  # "intra-node" or "inter-node"
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostInputs:
+    """Which numbers behind a plan were measured, with their values, and the profile DB
+    they came from, so the plan can be explained from its file alone."""
+
+    profile_db: str
+    profile_db_digest: str  # sha256 over the DB's file names and contents
+    layer_times: tuple[MeasuredLayerTime, ...] = ()
+    curves: tuple[CalibratedCurve, ...] = ()
+    links: tuple[MeasuredLink, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     cluster: ClusterSpec
     model: ModelSpec
@@ -110,6 +166,7 @@ class Plan:
     upper_bound_tokens_per_s: float | None = None
     notes: tuple[str, ...] = ()
     runners_up: tuple[RunnerUp, ...] = ()
+    cost_inputs: CostInputs | None = None  # None: priced by the analytic model alone
     version: int = PLAN_VERSION
     stage_of_rank: Mapping[int, int] = field(init=False, repr=False, compare=False)
 

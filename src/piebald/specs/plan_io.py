@@ -18,6 +18,10 @@ from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
 from piebald.specs.plan import (
     PLAN_VERSION,
+    CalibratedCurve,
+    CostInputs,
+    MeasuredLayerTime,
+    MeasuredLink,
     Plan,
     Prediction,
     RunnerUp,
@@ -27,7 +31,14 @@ from piebald.specs.plan import (
 )
 from piebald.specs.presets import model_from_dict, model_to_dict
 
-__all__ = ["load_plan", "plan_from_dict", "plan_to_dict", "save_plan", "write_atomic"]
+__all__ = [
+    "cost_inputs_to_dict",
+    "load_plan",
+    "plan_from_dict",
+    "plan_to_dict",
+    "save_plan",
+    "write_atomic",
+]
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -69,10 +80,110 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         {"description": r.description, "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s}
         for r in plan.runners_up
     ]
+    if plan.cost_inputs is not None:
+        out["cost_inputs"] = cost_inputs_to_dict(plan.cost_inputs)
     out["cluster"] = cluster_to_dict(plan.cluster)
     out["model"] = model_to_dict(plan.model)
     out["job"] = job_to_dict(plan.job)
     return out
+
+
+def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
+    return {
+        "profile_db": inputs.profile_db,
+        "profile_db_digest": inputs.profile_db_digest,
+        "layer_times": [
+            {
+                "device": t.device,
+                "layer_kind": t.layer_kind,
+                "signature": t.signature,
+                "seq_len": t.seq_len,
+                "dtype": t.dtype,
+                "micro_batch_size": t.micro_batch_size,
+                "source": t.source,
+                "forward_s": t.forward_s,
+                "backward_s": t.backward_s,
+                "backward_recompute_s": t.backward_recompute_s,
+            }
+            for t in inputs.layer_times
+        ],
+        "curves": [
+            {
+                "device": c.device,
+                "layer_kind": c.layer_kind,
+                "pass_kind": c.pass_kind,
+                "max_fraction": c.max_fraction,
+                "bandwidth_fraction": c.bandwidth_fraction,
+                "half_saturation_s": c.half_saturation_s,
+                "embedding_table_passes": c.embedding_table_passes,
+            }
+            for c in inputs.curves
+        ],
+        "links": [
+            {
+                "between": list(link.between),
+                "scope": link.scope,
+                "latency_s": link.latency_s,
+                "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+            }
+            for link in inputs.links
+        ],
+    }
+
+
+def _cost_inputs_from(fields: Fields) -> CostInputs:
+    """The ``cost_inputs`` of a plan made with ``--profiles`` (older plans have none)."""
+    layer_times = tuple(
+        MeasuredLayerTime(
+            device=entry.string("device"),
+            layer_kind=entry.string("layer_kind"),
+            signature=entry.string("signature"),
+            seq_len=entry.integer("seq_len", minimum=1),
+            dtype=entry.string("dtype"),
+            micro_batch_size=entry.integer("micro_batch_size", minimum=1),
+            source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
+            forward_s=entry.number("forward_s"),
+            backward_s=entry.number("backward_s"),
+            backward_recompute_s=(
+                entry.number("backward_recompute_s") if entry.has("backward_recompute_s") else None
+            ),
+        )
+        for entry in fields.sub_list("layer_times", default_empty=True)
+    )
+    curves = tuple(
+        CalibratedCurve(
+            device=entry.string("device"),
+            layer_kind=entry.string("layer_kind"),
+            pass_kind=entry.string("pass_kind"),
+            max_fraction=entry.number("max_fraction", strictly_positive=True, maximum=1.0),
+            bandwidth_fraction=entry.number(
+                "bandwidth_fraction", strictly_positive=True, maximum=1.0
+            ),
+            half_saturation_s=entry.number("half_saturation_s"),
+            embedding_table_passes=entry.number("embedding_table_passes", default=0.0),
+        )
+        for entry in fields.sub_list("curves", default_empty=True)
+    )
+    links: list[MeasuredLink] = []
+    for entry in fields.sub_list("links", default_empty=True):
+        between = entry.items("between")
+        if len(between) != 2 or not all(isinstance(name, str) for name in between):
+            raise entry.error("between", between, "two node group names")
+        links.append(
+            MeasuredLink(
+                between=(between[0], between[1]),
+                scope=entry.choice("scope", ["intra-node", "inter-node"]),
+                latency_s=entry.number("latency_s"),
+                bandwidth_bytes_per_s=entry.number("bandwidth_bytes_per_s", strictly_positive=True),
+            )
+        )
+    return CostInputs(
+        profile_db=fields.string("profile_db"),
+        profile_db_digest=fields.string("profile_db_digest"),
+        layer_times=layer_times,
+        curves=curves,
+        links=tuple(links),
+    )
 
 
 def _int_list(fields: Fields, name: str) -> tuple[int, ...]:
@@ -156,6 +267,9 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
             upper_bound_tokens_per_s=upper,
             notes=tuple(str(n) for n in notes),
             runners_up=runners_up,
+            cost_inputs=(
+                _cost_inputs_from(top.sub("cost_inputs")) if top.has("cost_inputs") else None
+            ),
         )
     except SpecError as error:
         raise (error if error.source.startswith(source) else error.with_source(source)) from None

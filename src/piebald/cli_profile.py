@@ -1,0 +1,345 @@
+"""``piebald profile``: measure compute and links into a ProfileDB, merge DBs, calibrate;
+and ``--profiles DIR`` for the planning commands.
+
+Torch is imported inside the measuring commands only; loading a DB, calibrating and
+planning with one stay torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from piebald.cli_common import ModelOption, SeqOption, console, progress_bar, user_errors
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.errors import SpecError
+from piebald.planner.search import ScoredPlan
+from piebald.profiler.apply import ProfiledInputs, cost_inputs_for, profiled_inputs
+from piebald.profiler.calibrate import (
+    ErrorRow,
+    calibrate_device,
+    calibrated_curve,
+    error_table,
+    observations_of,
+)
+from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
+from piebald.profiler.records import ComputeProfile
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.cluster_yaml import load_cluster
+from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+from piebald.specs.presets import load_model
+from piebald.specs.units import format_bytes
+
+__all__ = [
+    "ProfilesOption",
+    "plan_with_cost_inputs",
+    "profile_app",
+    "scored_with_cost_inputs",
+    "with_profiles",
+]
+
+profile_app = typer.Typer(
+    no_args_is_help=True,
+    help="Measure layer times, memory and links into a profile DB; merge DBs; calibrate.",
+)
+
+ProfilesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--profiles",
+        help="A profile DB directory: price compute and links from its measurements.",
+    ),
+]
+OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]
+
+
+def with_profiles(
+    profiles: Path | None, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
+) -> tuple[ClusterSpec, EfficiencyCurve, ProfiledInputs | None]:
+    """The cluster and curve to plan with: as given, or priced from ``profiles``."""
+    if profiles is None:
+        return cluster, DEFAULT_CURVE, None
+    inputs = profiled_inputs(
+        load_profile_db(profiles), cluster=cluster, model=model, precision=job.precision
+    )
+    return inputs.cluster, inputs.curve, inputs
+
+
+def plan_with_cost_inputs(plan: Plan, inputs: ProfiledInputs | None) -> Plan:
+    """``plan`` recording the measured numbers it was priced with (if any)."""
+    if inputs is None:
+        return plan
+    return dataclasses.replace(plan, cost_inputs=cost_inputs_for(plan, inputs))
+
+
+def scored_with_cost_inputs(best: ScoredPlan, inputs: ProfiledInputs | None) -> ScoredPlan:
+    """The planner's best plan, recording the measured numbers it was priced with."""
+    if inputs is None:
+        return best
+    return dataclasses.replace(best, plan=plan_with_cost_inputs(best.plan, inputs))
+
+
+def _sizes(text: str, option: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(size < 1 for size in sizes):
+        raise SpecError(
+            source=option, field="", value=text, expected="comma-separated whole numbers >= 1"
+        )
+    return sizes
+
+
+@profile_app.command("compute")
+@user_errors
+def compute(
+    model: ModelOption,
+    seq_len: SeqOption,
+    micro_batch_sizes: Annotated[
+        str, typer.Option(help="Comma-separated micro-batch sizes to time.")
+    ] = "1,2,4,8",
+    dtype: Annotated[
+        Dtype | None, typer.Option(help="Compute dtype (default: bf16 on GPUs, fp32 on CPUs).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if any).")] = None,
+    out: OutOption = Path("profiles"),
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed iterations first.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed iterations (median kept).")] = 5,
+    device_name: Annotated[
+        str | None, typer.Option(help="Record the device under this type name instead.")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="CPU threads torch may use (default: torch's).")
+    ] = None,
+) -> None:
+    """Time forward and backward (with and without recompute) of the embedding, one block
+    and the head of MODEL per micro-batch size, and record them with peak memory."""
+    import torch
+
+    from piebald.profiler.measure_compute import profile_compute
+
+    spec = load_model(model)
+    sizes = _sizes(micro_batch_sizes, "--micro-batch-sizes")
+    if seq_len > spec.arch.max_seq_len:
+        raise SpecError(
+            source="--seq-len",
+            field="",
+            value=seq_len,
+            expected=f"at most {spec.name}'s max_seq_len {spec.arch.max_seq_len}",
+        )
+    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if chosen not in ("cuda", "cpu") or (chosen == "cuda" and not torch.cuda.is_available()):
+        raise SpecError(
+            source="--device", field="", value=chosen, expected="cpu, or cuda where there is one"
+        )
+    compute_dtype = dtype or (Dtype.BF16 if chosen == "cuda" else Dtype.FP32)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with progress_bar(f"profiling {spec.name}") as progress:
+        profiles = profile_compute(
+            spec,
+            seq_len=seq_len,
+            micro_batch_sizes=sizes,
+            dtype=compute_dtype,
+            device=chosen,
+            num_warmup=warmup,
+            num_repeats=repeats,
+            device_name=device_name,
+            progress=progress,
+        )
+    table = Table(title=f"{spec.name} on {profiles[0].key.device}, seq {seq_len}, {compute_dtype}")
+    for column in ("layer", "micro-batch", "forward", "backward", "bwd+recompute", "peak mem"):
+        table.add_column(column, justify="left" if column == "layer" else "right")
+    for profile in profiles:
+        for t in profile.timings:
+            recompute = (
+                "-" if t.backward_recompute_s is None else f"{t.backward_recompute_s * 1e3:.3f} ms"
+            )
+            table.add_row(
+                profile.layer_kind.value,
+                str(t.micro_batch_size),
+                f"{t.forward_s * 1e3:.3f} ms",
+                f"{t.backward_s * 1e3:.3f} ms",
+                recompute,
+                format_bytes(t.peak_memory_bytes),
+            )
+    console.print(table)
+    for profile in profiles:
+        console.print(f"wrote {write_profile(profile, out)}", highlight=False)
+    info = profiles[0].device_info
+    if not info.in_catalog and info.matmul_flops and info.copy_bytes_per_s:
+        tflops = info.matmul_flops / 1e12
+        field = "fp32_tflops" if compute_dtype is Dtype.FP32 else f"{compute_dtype}_tflops"
+        console.print(
+            f"{info.name!r} is not in the catalog; declare it in the cluster file's gpu_types:\n"
+            f"  - {{name: {info.name}, memory: {info.memory_bytes / 2**30:.0f}GiB, "
+            f"{field}: {tflops:.4g}"
+            + ("" if field == "fp32_tflops" else f", fp32_tflops: {tflops:.4g}")
+            + f", memory_bandwidth: {info.copy_bytes_per_s / 1e9:.3g}GB/s}}",
+            highlight=False,
+        )
+
+
+@profile_app.command("network")
+@user_errors
+def network(
+    cluster: Annotated[Path, typer.Option(help="Cluster YAML file (names the node groups).")],
+    emulate: Annotated[
+        bool, typer.Option(help="Run gloo processes on this machine instead of torchrun ranks.")
+    ] = False,
+    message_sizes: Annotated[
+        str, typer.Option(help="Comma-separated message sizes in MiB.")
+    ] = "1,4,16,64,256,1024",
+    out: OutOption = Path("profiles"),
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+) -> None:
+    """Point-to-point links between and inside node groups and collectives over nodes,
+    node groups and the cluster; fits latency + size/bandwidth per link."""
+    from piebald.profiler.measure_network import emulate_network, torchrun_network
+
+    spec = load_cluster(cluster)
+    sizes = tuple(size * 2**20 for size in _sizes(message_sizes, "--message-sizes"))
+    if emulate:
+        with progress_bar("emulated network") as progress:
+            progress(0.0, "spawning gloo processes")
+            profiles = emulate_network(
+                spec, message_bytes=sizes, num_warmup=warmup, num_repeats=repeats
+            )
+    else:
+        profiles = torchrun_network(
+            spec, message_bytes=sizes, num_warmup=warmup, num_repeats=repeats
+        )
+    if not profiles:  # not rank 0
+        return
+    table = Table(title=f"network of {spec.name}" + (" (emulated on loopback)" if emulate else ""))
+    for column in ("measurement", "latency", "bandwidth", "largest message"):
+        table.add_column(column, justify="left" if column == "measurement" else "right")
+    for profile in profiles:
+        table.add_row(
+            profile.key.describe(),
+            f"{profile.latency_s * 1e6:.1f} us",
+            f"{profile.bandwidth_bytes_per_s / 1e9:.3g} GB/s",
+            f"{profile.time_s[-1] * 1e3:.3f} ms",
+        )
+    console.print(table)
+    for profile in profiles:
+        console.print(f"wrote {write_profile(profile, out)}", highlight=False)
+
+
+@profile_app.command("merge")
+@user_errors
+def merge(
+    sources: Annotated[list[Path], typer.Argument(help="Profile DB directories to merge.")],
+    into: Annotated[Path, typer.Option(help="The DB directory to merge into.")],
+) -> None:
+    """Copy every profile of SOURCES into INTO; runs of one key from different machines
+    are all kept (the loader takes their median)."""
+    copied = merge_profile_dbs(sources, into)
+    db = load_profile_db(into)
+    console.print(
+        f"copied {len(copied)} files; {into} holds {db.num_files} files, "
+        f"{len(db.compute_runs)} compute keys, {len(db.network_runs)} network keys",
+        highlight=False,
+    )
+
+
+def _error_rows_table(title: str, before: list[ErrorRow], after: list[ErrorRow]) -> Table:
+    table = Table(title=title)
+    for column in ("layer", "pass", "points", "error before", "error after", "max after"):
+        table.add_column(column, justify="left" if column in ("layer", "pass") else "right")
+    for old, new in zip(before, after, strict=True):
+        table.add_row(
+            old.layer_kind.value,
+            old.pass_kind.value,
+            str(old.num_points),
+            f"{old.mean_abs_error:.1%}",
+            f"{new.mean_abs_error:.1%}",
+            f"{new.max_abs_error:.1%}",
+        )
+    return table
+
+
+def _device_type(name: str, cluster: ClusterSpec | None, db_info: DeviceType | None) -> DeviceType:
+    if cluster is not None:
+        for group in cluster.node_groups:
+            if group.device.name == name:
+                return group.device
+    catalog = builtin_catalog()
+    if name in catalog:
+        return catalog[name]
+    if db_info is not None:
+        return db_info
+    raise SpecError(
+        source="--cluster",
+        field="gpu_types",
+        value=name,
+        expected=f"a GPU type named {name!r} (it is not in the catalog)",
+    )
+
+
+@profile_app.command("calibrate")
+@user_errors
+def calibrate(
+    profiles: Annotated[Path, typer.Option("--profiles", help="The profile DB directory.")],
+    cluster: Annotated[
+        Path | None,
+        typer.Option(help="Cluster YAML declaring the device types that are not in the catalog."),
+    ] = None,
+) -> None:
+    """Fit the analytic efficiency curve of each measured device type (per layer kind and
+    pass) and print the analytic-versus-measured error before and after."""
+    db = load_profile_db(profiles)
+    spec = load_cluster(cluster) if cluster is not None else None
+    groups: dict[tuple[str, Dtype], list[ComputeProfile]] = {}
+    for key in db.compute_runs:
+        profile = db.compute(key)
+        assert profile is not None
+        groups.setdefault((key.device, key.dtype), []).append(profile)
+    if not groups:
+        raise SpecError(
+            source=str(profiles), field="", has_value=False, expected="compute profiles to fit"
+        )
+    for (name, dtype), chosen in sorted(groups.items()):
+        info = chosen[0].device_info
+        measured = (
+            DeviceType(
+                name=name,
+                memory_bytes=info.memory_bytes,
+                bf16_flops=info.matmul_flops if dtype is Dtype.BF16 else 0.0,
+                fp16_flops=info.matmul_flops if dtype is Dtype.FP16 else 0.0,
+                fp32_flops=info.matmul_flops,
+                memory_bandwidth_bytes_per_s=info.copy_bytes_per_s,
+            )
+            if info.matmul_flops and info.copy_bytes_per_s
+            else None
+        )
+        device = _device_type(name, spec, measured)
+        observations = observations_of(chosen)
+        kind_curves = calibrate_device(observations, device=device, dtype=dtype)
+        before = error_table(observations, device=device, dtype=dtype, curve=DEFAULT_CURVE)
+        after = error_table(
+            observations, device=device, dtype=dtype, curve=calibrated_curve(kind_curves)
+        )
+        console.print(_error_rows_table(f"{name} ({dtype}): analytic vs measured", before, after))
+        for kind_curve in kind_curves:
+            c = kind_curve.curve
+            console.print(
+                f"  {kind_curve.layer_kind} {kind_curve.pass_kind}: max_fraction "
+                f"{c.max_fraction:.3g}, bandwidth_fraction {c.bandwidth_fraction:.3g}, "
+                f"half_saturation {c.half_saturation_s * 1e6:.1f} us"
+                + (
+                    f", embedding table passes {c.embedding_table_passes:.2f}"
+                    if c.embedding_table_passes
+                    else ""
+                ),
+                highlight=False,
+            )

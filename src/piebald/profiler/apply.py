@@ -1,0 +1,187 @@
+"""From a ProfileDB to what the planner prices with, and back to what a plan records.
+
+:func:`profiled_inputs` turns a DB into the cluster (measured links applied) and the curve
+(measured layer times of the model, curves calibrated per device type) that ``plan``,
+``compare`` and ``simulate`` pass on when given ``--profiles DIR``. :func:`cost_inputs_for`
+lists, for a finished plan, every measured number that priced it -- per device type, layer
+kind and micro-batch size, whether it was measured, interpolated or extrapolated -- and
+the DB's identity, for the plan file's ``cost_inputs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
+from piebald.profiler.calibrate import calibrate_device, observations_of
+from piebald.profiler.compute_model import KindCurve, LayerTable, ProfiledCurve
+from piebald.profiler.db import ProfileDB
+from piebald.profiler.keys import distinct_layers, layer_key, layer_signature
+from piebald.profiler.network_model import apply_network_profiles, measured_links
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.model import LayerKind, ModelSpec
+from piebald.specs.plan import CalibratedCurve, CostInputs, MeasuredLayerTime, MeasuredLink, Plan
+
+__all__ = ["ProfiledInputs", "cost_inputs_for", "profiled_curve", "profiled_inputs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfiledInputs:
+    cluster: ClusterSpec  # measured links applied
+    curve: ProfiledCurve
+    db: ProfileDB
+    links: tuple[MeasuredLink, ...]
+
+
+def _device_types(cluster: ClusterSpec) -> dict[str, DeviceType]:
+    return {group.device.name: group.device for group in cluster.node_groups}
+
+
+def profiled_curve(
+    db: ProfileDB,
+    *,
+    model: ModelSpec,
+    devices: dict[str, DeviceType],
+    precision: Dtype,
+    base: EfficiencyCurve = DEFAULT_CURVE,
+) -> ProfiledCurve:
+    """Measured tables of ``model``'s layers and per-kind calibrated curves for every
+    device type of ``devices`` that the DB has measurements of, in the dtype that device
+    trains in for a ``precision`` job. Other devices are priced by ``base``."""
+    tables: list[LayerTable] = []
+    kind_curves: list[KindCurve] = []
+    for name, device in sorted(devices.items()):
+        dtype = device.training_dtype(precision)
+        profiles = [
+            profile
+            for key in db.compute_runs
+            if key.device == name
+            and key.dtype is dtype
+            and (profile := db.compute(key)) is not None
+        ]
+        if not profiles:
+            continue
+        kind_curves.extend(
+            calibrate_device(observations_of(profiles), device=device, dtype=dtype, start=base)
+        )
+        for layer in distinct_layers(model):
+            signature = layer_signature(model.arch, layer.kind)
+            for profile in profiles:
+                if profile.key.signature != signature:
+                    continue
+                recompute = [t.backward_recompute_s for t in profile.timings]
+                tables.append(
+                    LayerTable(
+                        device=name,
+                        dtype=dtype,
+                        seq_len=profile.key.seq_len,
+                        layer=layer_key(layer),
+                        layer_kind=layer.kind,
+                        signature=signature,
+                        micro_batch_sizes=tuple(t.micro_batch_size for t in profile.timings),
+                        forward_s=tuple(t.forward_s for t in profile.timings),
+                        backward_s=tuple(t.backward_s for t in profile.timings),
+                        backward_recompute_s=(
+                            tuple(v for v in recompute if v is not None)
+                            if all(v is not None for v in recompute)
+                            else None
+                        ),
+                    )
+                )
+    return ProfiledCurve(
+        max_fraction=base.max_fraction,
+        bandwidth_fraction=base.bandwidth_fraction,
+        half_saturation_s=base.half_saturation_s,
+        embedding_table_passes=base.embedding_table_passes,
+        tables=tuple(tables),
+        kind_curves=tuple(kind_curves),
+    )
+
+
+def profiled_inputs(
+    db: ProfileDB, *, cluster: ClusterSpec, model: ModelSpec, precision: Dtype
+) -> ProfiledInputs:
+    measured_cluster = apply_network_profiles(cluster, db)
+    curve = profiled_curve(db, model=model, devices=_device_types(cluster), precision=precision)
+    unused = sorted(set(db.devices) - set(_device_types(cluster)))
+    if unused:
+        log.info("profiles of %s are not used: no such GPU type in %s", unused, cluster.name)
+    return ProfiledInputs(
+        cluster=measured_cluster,
+        curve=curve,
+        db=db,
+        links=measured_links(db, cluster),
+    )
+
+
+def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
+    """Every measured number ``plan`` was priced with, and the DB's identity."""
+    curve, job = inputs.curve, plan.job
+    layer_times: dict[tuple[object, ...], MeasuredLayerTime] = {}
+    devices: set[str] = set()
+    for stage in plan.stages:
+        kinds = {
+            layer.kind: layer for layer in plan.model.layers[stage.layer_start : stage.layer_end]
+        }
+        for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True):
+            device = plan.cluster.device_of(rank)
+            dtype = device.training_dtype(job.precision)
+            devices.add(device.name)
+            for layer in kinds.values():
+                found = {
+                    kind: curve.lookup(
+                        layer,
+                        device=device,
+                        dtype=dtype,
+                        micro_batch_size=size,
+                        seq_len=job.seq_len,
+                        kind=kind,
+                    )
+                    for kind in PassKind
+                }
+                forward, backward = found[PassKind.FORWARD], found[PassKind.BACKWARD]
+                if forward is None or backward is None:
+                    continue
+                recompute = found[PassKind.BACKWARD_RECOMPUTE]
+                table = curve.table(layer, device=device, dtype=dtype, seq_len=job.seq_len)
+                assert table is not None
+                layer_times[(device.name, layer.kind, size)] = MeasuredLayerTime(
+                    device=device.name,
+                    layer_kind=layer.kind.value,
+                    signature=table.signature,
+                    seq_len=job.seq_len,
+                    dtype=dtype.value,
+                    micro_batch_size=size,
+                    source=forward[1].value,
+                    forward_s=forward[0],
+                    backward_s=backward[0],
+                    backward_recompute_s=(
+                        recompute[0]
+                        if recompute is not None and layer.kind is LayerKind.BLOCK
+                        else None
+                    ),
+                )
+    curves = tuple(
+        CalibratedCurve(
+            device=kind_curve.device,
+            layer_kind=kind_curve.layer_kind.value,
+            pass_kind=kind_curve.pass_kind.value,
+            max_fraction=kind_curve.curve.max_fraction,
+            bandwidth_fraction=kind_curve.curve.bandwidth_fraction,
+            half_saturation_s=kind_curve.curve.half_saturation_s,
+            embedding_table_passes=kind_curve.curve.embedding_table_passes,
+        )
+        for kind_curve in curve.kind_curves
+        if kind_curve.device in devices
+    )
+    return CostInputs(
+        profile_db=inputs.db.root,
+        profile_db_digest=inputs.db.digest,
+        layer_times=tuple(layer_times[key] for key in sorted(layer_times, key=str)),
+        curves=curves,
+        links=inputs.links,
+    )

@@ -1,0 +1,210 @@
+"""The cost model's view of a profile: measured layer times first, calibrated curves next.
+
+:class:`ProfiledCurve` is what ``piebald plan --profiles`` passes as ``curve`` wherever the
+planner takes an :class:`~piebald.cost.compute.EfficiencyCurve` (it is one: its own fields
+are the analytic fallback for devices nothing was measured on). It answers
+
+* :meth:`ProfiledCurve.measured_time_s`: the measured time of a (device type, layer, dtype,
+  sequence length) at a micro-batch size that was measured; linear interpolation between
+  measured sizes (a layer's time is close to affine in its tokens); beyond them, the time at
+  the nearest measured size scaled by the calibrated analytic curve's ratio, so the
+  extrapolation keeps the curve's saturation shape and meets the measurement at its edge;
+* :meth:`ProfiledCurve.for_device`: the curve calibrated for that device type, layer kind
+  and pass (``piebald.profiler.calibrate``), for layers that were not measured.
+
+Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from piebald.cost.compute import (
+    EfficiencyCurve,
+    PassKind,
+    layer_backward_time_s,
+    layer_forward_time_s,
+)
+from piebald.profiler.keys import layer_key
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.model import LayerKind, LayerSpec
+
+__all__ = ["KindCurve", "LayerTable", "ProfiledCurve", "Source"]
+
+
+class Source(StrEnum):
+    MEASURED = "measured"
+    INTERPOLATED = "interpolated"
+    EXTRAPOLATED = "extrapolated"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerTable:
+    """Measured times of one layer shape on one device type, by micro-batch size."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: tuple[object, ...]  # piebald.profiler.keys.layer_key of the model's layer
+    layer_kind: LayerKind
+    signature: str
+    micro_batch_sizes: tuple[int, ...]  # ascending
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    backward_recompute_s: tuple[float, ...] | None  # None unless measured at every size
+
+    def values(self, kind: PassKind) -> tuple[float, ...] | None:
+        if kind is PassKind.FORWARD:
+            return self.forward_s
+        if kind is PassKind.BACKWARD:
+            return self.backward_s
+        return self.backward_recompute_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KindCurve:
+    """The curve calibrated for one (device type, layer kind, pass)."""
+
+    device: str
+    layer_kind: LayerKind
+    pass_kind: PassKind  # FORWARD or BACKWARD (recompute = both)
+    curve: EfficiencyCurve
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfiledCurve(EfficiencyCurve):
+    tables: tuple[LayerTable, ...] = ()
+    kind_curves: tuple[KindCurve, ...] = ()
+    _table_of: Mapping[tuple[object, ...], LayerTable] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+    _curve_of: Mapping[tuple[str, LayerKind, PassKind], EfficiencyCurve] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        EfficiencyCurve.__post_init__(self)  # zero-argument super() fails in slots classes
+        table_of = {(t.device, t.dtype, t.seq_len, t.layer): t for t in self.tables}
+        if len(table_of) != len(self.tables):
+            raise ValueError("two measured tables for one (device, dtype, seq_len, layer)")
+        object.__setattr__(self, "_table_of", table_of)
+        object.__setattr__(
+            self,
+            "_curve_of",
+            {(c.device, c.layer_kind, c.pass_kind): c.curve for c in self.kind_curves},
+        )
+        base = (self.max_fraction, self.bandwidth_fraction, self.half_saturation_s)
+        object.__setattr__(self, "_hash", hash((base, self.tables, self.kind_curves)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def table(
+        self, layer: LayerSpec, *, device: DeviceType, dtype: Dtype, seq_len: int
+    ) -> LayerTable | None:
+        return self._table_of.get((device.name, dtype, seq_len, layer_key(layer)))
+
+    def for_device(
+        self,
+        device: DeviceType,
+        *,
+        layer_kind: LayerKind | None = None,
+        pass_kind: PassKind | None = None,
+    ) -> EfficiencyCurve:
+        if layer_kind is None or pass_kind is None:
+            return EfficiencyCurve(
+                max_fraction=self.max_fraction,
+                bandwidth_fraction=self.bandwidth_fraction,
+                half_saturation_s=self.half_saturation_s,
+                embedding_table_passes=self.embedding_table_passes,
+            )
+        found = self._curve_of.get((device.name, layer_kind, pass_kind))
+        return found if found is not None else self.for_device(device)
+
+    def _analytic_s(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        kind: PassKind,
+    ) -> float:
+        """The calibrated analytic time, never a measured one (used to extrapolate)."""
+        forward_curve = self.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD)
+        forward_s = layer_forward_time_s(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            curve=forward_curve,
+        )
+        if kind is PassKind.FORWARD:
+            return forward_s
+        backward_s = layer_backward_time_s(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=False,
+            curve=self.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD),
+        )
+        return backward_s + (forward_s if kind is PassKind.BACKWARD_RECOMPUTE else 0.0)
+
+    def lookup(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        kind: PassKind,
+    ) -> tuple[float, Source] | None:
+        """The measured (or interpolated, or extrapolated) time and where it came from."""
+        table = self.table(layer, device=device, dtype=dtype, seq_len=seq_len)
+        values = table.values(kind) if table is not None else None
+        if table is None or values is None:
+            return None
+        sizes = table.micro_batch_sizes
+        if micro_batch_size in sizes:
+            return values[sizes.index(micro_batch_size)], Source.MEASURED
+        if sizes[0] < micro_batch_size < sizes[-1]:
+            return float(np.interp(micro_batch_size, sizes, values)), Source.INTERPOLATED
+        edge = 0 if micro_batch_size < sizes[0] else len(sizes) - 1
+
+        def analytic(size: int) -> float:
+            return self._analytic_s(
+                layer, device=device, dtype=dtype, micro_batch_size=size, seq_len=seq_len, kind=kind
+            )
+
+        scale = analytic(micro_batch_size) / analytic(sizes[edge])
+        return values[edge] * scale, Source.EXTRAPOLATED
+
+    def measured_time_s(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        kind: PassKind,
+    ) -> float | None:
+        found = self.lookup(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            kind=kind,
+        )
+        return None if found is None else found[0]

@@ -1,0 +1,92 @@
+"""What a measurement is keyed by: device type, layer signature, sequence length, dtype.
+
+A layer signature names the computation a layer does, from the architecture numbers that
+decide it, never from the cost formulas (a better formula in ``specs/model.py`` must not
+orphan old profiles). Blocks of one model share a signature; so do the blocks of two models
+with the same block shape (gpt2 and a 6-block gpt2 variant), whose measurements are then
+shared. Profile file names are built from the key alone (plus a content digest, see
+``piebald.profiler.db``), so DBs gathered on different machines merge by copying files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from piebald.specs.devices import Dtype
+from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
+
+__all__ = [
+    "ComputeKey",
+    "distinct_layers",
+    "layer_key",
+    "layer_signature",
+    "slug",
+]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def slug(text: str) -> str:
+    """``text`` made safe for a file name: other characters become ``_``."""
+    return _UNSAFE.sub("_", text).strip("_") or "_"
+
+
+def layer_signature(arch: ModelArch, kind: LayerKind) -> str:
+    """A readable name of the computation a layer of ``kind`` does in ``arch``.
+
+    Embedding: table size and width (GPT-2 adds learned positions). Block: width, heads,
+    key/value heads, head width, MLP width. Head: width, vocabulary, tied or not (a tied
+    head's weight gradient goes to the embedding's table).
+    """
+    family, h = arch.family.value, arch.hidden_size
+    if kind is LayerKind.EMBEDDING:
+        positions = f"-p{arch.max_seq_len}" if arch.family is Family.GPT2 else ""
+        return f"embedding-{family}-v{arch.vocab_size}-h{h}{positions}"
+    if kind is LayerKind.BLOCK:
+        return (
+            f"block-{family}-h{h}-a{arch.num_heads}-kv{arch.num_kv_heads}"
+            f"-d{arch.resolved_head_dim}-f{arch.ffn_hidden_size}"
+        )
+    tied = "tied" if arch.tie_embeddings else "untied"
+    return f"head-{family}-h{h}-v{arch.vocab_size}-{tied}"
+
+
+def layer_key(layer: LayerSpec) -> tuple[object, ...]:
+    """The cost-relevant fields of a layer, without its index: two layers with equal keys
+    cost the same (the blocks of one model), so measured times are looked up by it."""
+    return (
+        layer.kind,
+        layer.num_params,
+        layer.num_tied_params,
+        layer.matmul_flops_per_token,
+        layer.attention_flops_per_token_per_position,
+        layer.activation_bytes_per_token,
+        layer.output_bytes_per_token,
+    )
+
+
+def distinct_layers(model: ModelSpec) -> tuple[LayerSpec, ...]:
+    """The first layer of each kind: embedding, one block, head (what a profile times)."""
+    seen: dict[LayerKind, LayerSpec] = {}
+    for layer in model.layers:
+        seen.setdefault(layer.kind, layer)
+    return tuple(seen.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class ComputeKey:
+    """What one compute profile file is about."""
+
+    device: str
+    signature: str
+    seq_len: int
+    dtype: Dtype
+
+    def file_stem(self) -> str:
+        return (
+            f"compute--{slug(self.device)}--{slug(self.signature)}--s{self.seq_len}--{self.dtype}"
+        )
+
+    def describe(self) -> str:
+        return f"{self.device} {self.signature} seq {self.seq_len} {self.dtype}"

@@ -1,0 +1,349 @@
+"""Time one layer of each kind (embedding, one block, norm + head) forward and backward.
+
+Imports torch: only the CLI's ``profile compute`` and tests load this module.
+
+For each distinct layer kind and micro-batch size the layer alone is built as a one-layer
+stage part (``build_stage_part(model, layer_start=i, layer_end=i + 1)``), so a 70B model's
+block is profiled on one GPU without the rest of the model. One iteration is what a
+pipeline stage does with a micro-batch: forward from an input of the stage's shape (token
+ids for the embedding, hidden states that need a gradient otherwise) and, for the head,
+the summed token loss; then backward (from the loss, or from a random output gradient as
+if it came from the next stage), accumulating into the parameters' ``.grad``. After
+``num_warmup`` iterations, ``num_repeats`` are timed -- CUDA events around each pass on a
+GPU, ``time.perf_counter`` around synchronised passes on a CPU -- and the median is kept.
+Blocks are timed again with recompute (activation checkpointing): its backward runs the
+forward again.
+
+Memory: ``activation_bytes`` sums the storages the forward saves for the backward
+(``torch.autograd.graph.saved_tensors_hooks``, each storage once, parameters excluded).
+``peak_memory_bytes`` is the CUDA allocator's peak over a forward and backward on a GPU;
+on a CPU, where no allocator keeps statistics, it is parameters + gradients + activations.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from piebald.profiler.device_map import device_type_name
+from piebald.profiler.keys import ComputeKey, distinct_layers, layer_signature
+from piebald.profiler.records import ComputeProfile, DeviceInfo, LayerTiming, Provenance
+from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
+from piebald.specs.devices import Dtype
+from piebald.specs.model import LayerKind, ModelSpec
+
+__all__ = ["TORCH_DTYPES", "detect_device", "profile_compute"]
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP32: torch.float32}
+
+Progress = Callable[[float, str], None]
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _cpu_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1.0 * 2**30
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rate_probe(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
+    """(large-GEMM FLOP/s, large-copy bytes/s) measured in ``dtype`` on ``device``: what a
+    custom device type in a cluster file can declare for a device the catalog lacks."""
+    n = 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    source = torch.empty(16 * 2**20, device=device, dtype=torch.float32)
+
+    def best_of(action: Callable[[], object], repeats: int = 5) -> float:
+        action()
+        times = []
+        for _ in range(repeats):
+            _synchronize(device)
+            start = time.perf_counter()
+            action()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    matmul_s = best_of(lambda: a @ b)
+    copy_s = best_of(source.clone)
+    copied_bytes = 2.0 * source.numel() * source.element_size()  # read + write
+    return 2.0 * n**3 / matmul_s, copied_bytes / copy_s
+
+
+def detect_device(device: torch.device, dtype: Dtype, *, name: str | None = None) -> DeviceInfo:
+    """What ``device`` is: its catalog type if known, else its reported name with measured
+    memory, GEMM rate and copy rate. ``name`` overrides the key name (tests fake machines)."""
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        reported, memory_bytes = properties.name, float(properties.total_memory)
+        found, in_catalog = device_type_name(reported, memory_bytes=memory_bytes)
+    else:
+        reported, memory_bytes = _cpu_name(), _cpu_memory_bytes()
+        found, in_catalog = "cpu", False
+    matmul_flops, copy_bytes_per_s = _rate_probe(device, TORCH_DTYPES[dtype])
+    return DeviceInfo(
+        name=name or found,
+        reported_name=reported,
+        in_catalog=in_catalog and name is None,
+        memory_bytes=memory_bytes,
+        matmul_flops=matmul_flops,
+        copy_bytes_per_s=copy_bytes_per_s,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pass:
+    forward_s: float
+    backward_s: float
+
+
+class _Timer:
+    """Forward and backward durations of one iteration: CUDA events or the wall clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def run(
+        self, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], None]
+    ) -> _Pass:
+        if self.cuda:
+            start, middle, end = (
+                torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                for _ in range(3)
+            )
+            start.record()
+            out = forward()
+            middle.record()
+            backward(out)
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return _Pass(
+                forward_s=start.elapsed_time(middle) / 1e3,
+                backward_s=middle.elapsed_time(end) / 1e3,
+            )
+        start_s = time.perf_counter()
+        out = forward()
+        middle_s = time.perf_counter()
+        backward(out)
+        end_s = time.perf_counter()
+        return _Pass(forward_s=middle_s - start_s, backward_s=end_s - middle_s)
+
+
+def _saved_bytes(forward: Callable[[], torch.Tensor], parameters: set[int]) -> float:
+    """Bytes of the storages the forward saves for backward, each once, weights excluded."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = forward()
+    del out
+    return float(sum(storages.values()))
+
+
+_Measured = tuple[_Pass, float, float]
+
+
+def _time_layer(
+    model: ModelSpec,
+    part: StagePart,
+    *,
+    index: int,
+    micro_batch_size: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    recompute: bool,
+    num_warmup: int,
+    num_repeats: int,
+    seed: int,
+) -> _Measured:
+    """(median forward and backward time, activation bytes, peak memory bytes)."""
+    part.recompute = recompute
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    kind = model.layers[index].kind
+    arch = model.arch
+    shape = (micro_batch_size, seq_len)
+    if kind is LayerKind.EMBEDDING:
+        inputs = torch.randint(0, arch.vocab_size, shape, generator=generator).to(device)
+    else:
+        hidden = torch.randn((*shape, arch.hidden_size), generator=generator)
+        inputs = hidden.to(device=device, dtype=dtype).requires_grad_(True)
+    labels = torch.randint(0, arch.vocab_size, shape, generator=generator).to(device)
+    if kind is not LayerKind.HEAD:
+        out_gradient = torch.randn((*shape, arch.hidden_size), generator=generator)
+        out_gradient = out_gradient.to(device=device, dtype=dtype)
+
+    def forward() -> torch.Tensor:
+        out = part(inputs)
+        return token_loss_sum(out, labels) if kind is LayerKind.HEAD else out
+
+    def backward(out: torch.Tensor) -> None:
+        if kind is LayerKind.HEAD:
+            out.backward()  # type: ignore[no-untyped-call]
+        else:
+            out.backward(out_gradient)  # type: ignore[no-untyped-call]
+
+    timer = _Timer(device)
+    passes = []
+    for iteration in range(num_warmup + num_repeats):
+        if inputs.requires_grad:
+            inputs.grad = None
+        timed = timer.run(forward, backward)
+        if iteration >= num_warmup:
+            passes.append(timed)
+    parameters = {p.untyped_storage().data_ptr() for p in part.parameters()}
+    activation_bytes = _saved_bytes(forward, parameters)
+    state_bytes = float(
+        sum(2 * p.numel() * p.element_size() for p in part.parameters())  # weights + grads
+    )
+    if device.type == "cuda":
+        _synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        backward(forward())
+        _synchronize(device)
+        peak_bytes = float(torch.cuda.max_memory_allocated(device))
+    else:
+        peak_bytes = state_bytes + activation_bytes
+    median = _Pass(
+        forward_s=statistics.median(p.forward_s for p in passes),
+        backward_s=statistics.median(p.backward_s for p in passes),
+    )
+    return median, activation_bytes, peak_bytes
+
+
+def profile_compute(
+    model: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_sizes: tuple[int, ...],
+    dtype: Dtype,
+    device: str = "cpu",
+    num_warmup: int = 2,
+    num_repeats: int = 5,
+    device_name: str | None = None,
+    progress: Progress | None = None,
+    seed: int = 0,
+) -> tuple[ComputeProfile, ...]:
+    """One compute profile per distinct layer kind of ``model`` (see the module docstring)."""
+    if seq_len > model.arch.max_seq_len:
+        raise ValueError(
+            f"seq_len {seq_len} exceeds {model.name}'s max_seq_len {model.arch.max_seq_len}"
+        )
+    torch_device = torch.device(device)
+    torch_dtype = TORCH_DTYPES[dtype]
+    info = detect_device(torch_device, dtype, name=device_name)
+    provenance = Provenance(
+        host=socket.gethostname(),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        torch_version=torch.__version__,
+        timer="cuda-events" if torch_device.type == "cuda" else "perf_counter",
+        num_warmup=num_warmup,
+        num_repeats=num_repeats,
+    )
+    sizes = tuple(sorted(set(micro_batch_sizes)))
+    layers = distinct_layers(model)
+    steps = len(layers) * len(sizes)
+    profiles = []
+    done = 0
+    for layer in layers:
+        part = build_stage_part(
+            model,
+            layer_start=layer.index,
+            layer_end=layer.index + 1,
+            dtype=torch_dtype,
+            device=torch_device,
+        )
+        part.train()
+        timings = []
+        for size in sizes:
+            if progress is not None:
+                progress(done / steps, f"{layer.kind} micro-batch {size}")
+
+            def measure(
+                recompute: bool, index: int = layer.index, size: int = size, part: StagePart = part
+            ) -> _Measured:
+                return _time_layer(
+                    model,
+                    part,
+                    index=index,
+                    micro_batch_size=size,
+                    seq_len=seq_len,
+                    dtype=torch_dtype,
+                    device=torch_device,
+                    recompute=recompute,
+                    num_warmup=num_warmup,
+                    num_repeats=num_repeats,
+                    seed=seed,
+                )
+
+            plain, activation_bytes, peak_bytes = measure(False)
+            recompute_s: float | None = None
+            recompute_bytes: float | None = None
+            if layer.kind is LayerKind.BLOCK:
+                again, recompute_bytes, _ = measure(True)
+                recompute_s = again.backward_s
+            timings.append(
+                LayerTiming(
+                    micro_batch_size=size,
+                    forward_s=plain.forward_s,
+                    backward_s=plain.backward_s,
+                    backward_recompute_s=recompute_s,
+                    activation_bytes=activation_bytes,
+                    activation_recompute_bytes=recompute_bytes,
+                    peak_memory_bytes=peak_bytes,
+                )
+            )
+            done += 1
+            log.info("profiled %s micro-batch %d: %s", layer.kind, size, timings[-1])
+        profiles.append(
+            ComputeProfile(
+                key=ComputeKey(
+                    device=info.name,
+                    signature=layer_signature(model.arch, layer.kind),
+                    seq_len=seq_len,
+                    dtype=dtype,
+                ),
+                layer_kind=layer.kind,
+                model=model,
+                device_info=info,
+                timings=tuple(timings),
+                provenance=provenance,
+            )
+        )
+    if progress is not None:
+        progress(1.0, "done")
+    return tuple(profiles)
