@@ -79,7 +79,7 @@ def plot_gantt(plan: Plan, result: SimulationResult, path: Path, *, title: str =
     if len(ranks) <= 16:  # name the micro-batches where the bars are wide enough
         for interval in result.intervals:
             width = (interval.end_s - interval.start_s) * scale
-            if interval.lane is Lane.COMPUTE and width > 0.012 * span:
+            if interval.lane is Lane.COMPUTE and width > 0.009 * span:
                 axes.text(
                     (interval.start_s * scale) + width / 2,
                     row_of[interval.rank] + 0.64,
