@@ -53,8 +53,19 @@ __all__ = [
 _DIGEST_CHARS = 12
 
 
+def _numbers_as_floats(value: Any) -> Any:
+    """Every number as a float: 8589934592 and 8589934592.0 are one measurement."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {key: _numbers_as_floats(item) for key, item in value.items()}
+    return [_numbers_as_floats(item) for item in value]
+
+
 def _canonical(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return json.dumps(_numbers_as_floats(data), sort_keys=True, separators=(",", ":"))
 
 
 def _digest(data: Mapping[str, Any]) -> str:

@@ -1,0 +1,251 @@
+"""The cost model's lookup of measured times (exact, interpolated, extrapolated), the
+alpha-beta fit and the calibration, against closed forms and known parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from piebald.cost.compute import (
+    DEFAULT_CURVE,
+    EfficiencyCurve,
+    PassKind,
+    layer_backward_time_s,
+    layer_forward_time_s,
+)
+from piebald.cost.layer_table import pass_times
+from piebald.profiler.apply import profiled_curve
+from piebald.profiler.calibrate import (
+    Observation,
+    calibrate_device,
+    calibrated_curve,
+    error_table,
+    predict_s,
+)
+from piebald.profiler.compute_model import Source
+from piebald.profiler.db import load_profile_db, write_profile
+from piebald.profiler.fit import fit_alpha_beta
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.model import LayerKind
+from piebald.specs.presets import load_model
+
+from .conftest import MakeProfile
+
+CPU_A = DeviceType(
+    name="cpu-a",
+    memory_bytes=8 * 2**30,
+    bf16_flops=0.0,
+    fp16_flops=0.0,
+    fp32_flops=1e11,
+    memory_bandwidth_bytes_per_s=1e10,
+)
+
+
+def test_alpha_beta_recovers_exact_parameters() -> None:
+    sizes = np.array([2**20, 2**22, 2**24, 2**26], dtype=float)
+    times = 30e-6 + sizes / 12.5e9
+    fit = fit_alpha_beta(sizes, times)
+    assert fit.latency_s == pytest.approx(30e-6, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(12.5e9, rel=1e-6)
+    assert fit.time_s(2**25) == pytest.approx(30e-6 + 2**25 / 12.5e9)
+
+
+def test_measured_interpolated_and_extrapolated_times(
+    tmp_path: Path, profile_of: MakeProfile
+) -> None:
+    block = load_model("tiny").layers[1]
+    curve = profiled_curve(
+        _db_with(tmp_path, profile_of(sizes=(2, 4, 8), forward_s=(1e-3, 1.5e-3, 3e-3))),
+        model=load_model("tiny"),
+        devices={"cpu-a": CPU_A},
+        precision=Dtype.FP32,
+    )
+
+    def lookup(size: int, kind: PassKind = PassKind.FORWARD) -> tuple[float, Source]:
+        found = curve.lookup(
+            block, device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, kind=kind
+        )
+        assert found is not None
+        return found
+
+    assert lookup(4) == (1.5e-3, Source.MEASURED)
+    assert lookup(8, PassKind.BACKWARD) == (6e-3, Source.MEASURED)
+    assert lookup(8, PassKind.BACKWARD_RECOMPUTE) == (3e-3 + 6e-3, Source.MEASURED)
+    value, source = lookup(6)
+    assert source is Source.INTERPOLATED and value == pytest.approx((1.5e-3 + 3e-3) / 2)
+    # Beyond: the edge measurement times the calibrated curve's ratio.
+    value, source = lookup(16)
+    fitted = curve.for_device(CPU_A, layer_kind=LayerKind.BLOCK, pass_kind=PassKind.FORWARD)
+
+    def analytic(size: int) -> float:
+        return layer_forward_time_s(
+            block, device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, curve=fitted
+        )
+
+    assert source is Source.EXTRAPOLATED
+    assert value == pytest.approx(3e-3 * analytic(16) / analytic(8))
+    value, source = lookup(1)
+    assert source is Source.EXTRAPOLATED
+    assert value == pytest.approx(1e-3 * analytic(1) / analytic(2))
+    # Not measured: another sequence length, another device, another model's layer.
+    other = DeviceType(**{**_fields(CPU_A), "name": "cpu-z"})
+    assert (
+        curve.measured_time_s(
+            block,
+            device=CPU_A,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=64,
+            kind=PassKind.FORWARD,
+        )
+        is None
+    )
+    assert (
+        curve.measured_time_s(
+            block,
+            device=other,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=32,
+            kind=PassKind.FORWARD,
+        )
+        is None
+    )
+    gpt2_block = load_model("gpt2").layers[1]
+    assert (
+        curve.measured_time_s(
+            gpt2_block,
+            device=CPU_A,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=32,
+            kind=PassKind.FORWARD,
+        )
+        is None
+    )
+
+
+def _fields(device: DeviceType) -> dict[str, object]:
+    return {name: getattr(device, name) for name in DeviceType.__dataclass_fields__}
+
+
+def _db_with(tmp_path: Path, *profiles: object) -> object:
+    for profile in profiles:
+        write_profile(profile, tmp_path)  # type: ignore[arg-type]
+    return load_profile_db(tmp_path)
+
+
+def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakeProfile) -> None:
+    model = load_model("tiny")
+    db = _db_with(
+        tmp_path,
+        profile_of(kind=LayerKind.EMBEDDING, forward_s=(1e-4, 1.5e-4)),
+        profile_of(kind=LayerKind.BLOCK, forward_s=(1e-3, 1.8e-3)),
+        profile_of(kind=LayerKind.HEAD, forward_s=(4e-4, 7e-4)),
+    )
+    curve = profiled_curve(db, model=model, devices={"cpu-a": CPU_A}, precision=Dtype.FP32)
+    assert hash(curve) == hash(
+        profiled_curve(db, model=model, devices={"cpu-a": CPU_A}, precision=Dtype.FP32)
+    )
+    for recompute in (False, True):
+        times = pass_times(
+            model,
+            device=CPU_A,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=32,
+            recompute=recompute,
+            curve=curve,
+        )
+        forward = np.diff(times.forward_prefix_s)
+        backward = np.diff(times.backward_prefix_s)
+        blocks = model.arch.num_blocks
+        assert forward == pytest.approx([1.5e-4, *[1.8e-3] * blocks, 7e-4])
+        block_backward = 1.8e-3 + 3.6e-3 if recompute else 3.6e-3
+        assert backward == pytest.approx([3e-4, *[block_backward] * blocks, 1.4e-3])
+    # A device the DB never saw is priced by the analytic default, as before.
+    other = DeviceType(**{**_fields(CPU_A), "name": "cpu-z"})
+    assert layer_backward_time_s(
+        model.layers[1],
+        device=other,
+        dtype=Dtype.FP32,
+        micro_batch_size=2,
+        seq_len=32,
+        recompute=False,
+        curve=curve,
+    ) == pytest.approx(
+        layer_backward_time_s(
+            model.layers[1],
+            device=other,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=32,
+            recompute=False,
+        )
+    )
+
+
+def test_calibration_recovers_known_curves() -> None:
+    """Times made by known per-kind curves: the fit finds them (within 1% on the times)."""
+    truth = {
+        (LayerKind.EMBEDDING, PassKind.FORWARD): EfficiencyCurve(
+            max_fraction=0.5, bandwidth_fraction=0.3, half_saturation_s=20e-6
+        ),
+        (LayerKind.EMBEDDING, PassKind.BACKWARD): EfficiencyCurve(
+            max_fraction=0.5,
+            bandwidth_fraction=0.4,
+            half_saturation_s=50e-6,
+            embedding_table_passes=3.0,
+        ),
+        (LayerKind.BLOCK, PassKind.FORWARD): EfficiencyCurve(
+            max_fraction=0.35, bandwidth_fraction=0.5, half_saturation_s=200e-6
+        ),
+        (LayerKind.BLOCK, PassKind.BACKWARD): EfficiencyCurve(
+            max_fraction=0.25, bandwidth_fraction=0.5, half_saturation_s=400e-6
+        ),
+        (LayerKind.HEAD, PassKind.FORWARD): EfficiencyCurve(
+            max_fraction=0.45, bandwidth_fraction=0.6, half_saturation_s=80e-6
+        ),
+        (LayerKind.HEAD, PassKind.BACKWARD): EfficiencyCurve(
+            max_fraction=0.4, bandwidth_fraction=0.6, half_saturation_s=120e-6
+        ),
+    }
+    observations = []
+    for model_name in ("tiny", "gpt2"):
+        model = load_model(model_name)
+        seen: set[LayerKind] = set()
+        for layer in model.layers:
+            if layer.kind in seen:
+                continue
+            seen.add(layer.kind)
+            for seq_len in (32, 64):
+                for size in (1, 2, 4):
+                    for pass_kind in (PassKind.FORWARD, PassKind.BACKWARD):
+                        probe = Observation(
+                            model=model_name,
+                            layer=layer,
+                            seq_len=seq_len,
+                            micro_batch_size=size,
+                            pass_kind=pass_kind,
+                            measured_s=1.0,
+                        )
+                        exact = predict_s(
+                            probe,
+                            device=CPU_A,
+                            dtype=Dtype.FP32,
+                            curve=truth[layer.kind, pass_kind],
+                        )
+                        observations.append(
+                            Observation(**{**_obs_fields(probe), "measured_s": exact})
+                        )
+    fitted = calibrated_curve(calibrate_device(observations, device=CPU_A, dtype=Dtype.FP32))
+    before = error_table(observations, device=CPU_A, dtype=Dtype.FP32, curve=DEFAULT_CURVE)
+    after = error_table(observations, device=CPU_A, dtype=Dtype.FP32, curve=fitted)
+    assert max(row.max_abs_error for row in after) < 0.01
+    assert max(row.mean_abs_error for row in before) > 0.3  # the default was far off
+
+
+def _obs_fields(observation: Observation) -> dict[str, object]:
+    return {name: getattr(observation, name) for name in Observation.__dataclass_fields__}

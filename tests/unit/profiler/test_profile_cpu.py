@@ -1,0 +1,192 @@
+"""Profiling tiny and gpt2 on this CPU (small shapes), and the resulting DB driving plans:
+the plan's per-layer times are the measured ones; two machines' DBs merge into one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from piebald.cost.compute import PassKind
+from piebald.cost.layer_table import pass_times
+from piebald.planner.search import search
+from piebald.profiler.apply import cost_inputs_for, profiled_inputs
+from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
+from piebald.profiler.measure_compute import profile_compute
+from piebald.profiler.records import ComputeProfile
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.cluster_yaml import parse_cluster
+from piebald.specs.devices import Dtype
+from piebald.specs.job import JobSpec
+from piebald.specs.model import LayerKind
+from piebald.specs.plan_io import load_plan, save_plan
+from piebald.specs.presets import load_model
+
+SEQ = 32
+
+
+def _profile(model: str, device_name: str, sizes: tuple[int, ...]) -> tuple[ComputeProfile, ...]:
+    return profile_compute(
+        load_model(model),
+        seq_len=SEQ,
+        micro_batch_sizes=sizes,
+        dtype=Dtype.FP32,
+        device="cpu",
+        num_warmup=1,
+        num_repeats=1,
+        device_name=device_name,
+    )
+
+
+def _cpu_cluster(*names: str) -> ClusterSpec:
+    types = [
+        {"name": n, "memory": "8GiB", "fp32_tflops": 0.05, "memory_bandwidth": "5GB/s"}
+        for n in names
+    ]
+    nodes = [
+        {"name": f"box-{n}", "gpu": n, "gpus_per_node": 2, "intra_link": "2GB/s"} for n in names
+    ]
+    return parse_cluster({"name": "cpus", "gpu_types": types, "nodes": nodes}, source="test")
+
+
+@pytest.fixture(scope="module")
+def tiny_profiles() -> tuple[ComputeProfile, ...]:
+    # Every size a plan of global batch 8 may choose, so all its layer times are measured.
+    return _profile("tiny", "cpu-a", (1, 2, 4, 8))
+
+
+@pytest.mark.slow
+def test_profiles_cover_every_layer_kind_with_sane_numbers(
+    tiny_profiles: tuple[ComputeProfile, ...],
+) -> None:
+    gpt2 = _profile("gpt2", "cpu-a", (1,))
+    for profiles, model in ((tiny_profiles, "tiny"), (gpt2, "gpt2")):
+        assert [p.layer_kind for p in profiles] == list(LayerKind)
+        spec = load_model(model)
+        for profile in profiles:
+            assert profile.model == spec and profile.key.seq_len == SEQ
+            for timing in profile.timings:
+                assert timing.forward_s > 0 and timing.backward_s > 0
+                assert timing.peak_memory_bytes > 0
+                if profile.layer_kind is LayerKind.BLOCK:
+                    # Recompute keeps only the block input: 2h bytes per token at 16 bits,
+                    # i.e. 4h in fp32 (the model's 2h is for 16-bit activations).
+                    assert timing.backward_recompute_s is not None
+                    size = timing.micro_batch_size
+                    assert timing.activation_recompute_bytes == pytest.approx(
+                        size * SEQ * spec.arch.hidden_size * 4
+                    )
+                    assert timing.activation_bytes > 4 * timing.activation_recompute_bytes
+    # The gpt2 head holds a 50257 x 768 projection: its weights and gradients alone are
+    # 2 x 154 MB in fp32, and the peak counts them.
+    head = gpt2[-1].timings[0]
+    assert head.peak_memory_bytes > 2 * 50257 * 768 * 4
+
+
+def test_plan_from_profiles_uses_the_measured_times(
+    tmp_path: Path, tiny_profiles: tuple[ComputeProfile, ...]
+) -> None:
+    for profile in tiny_profiles:
+        write_profile(profile, tmp_path / "db")
+    db = load_profile_db(tmp_path / "db")
+    model = load_model("tiny")
+    job = JobSpec(global_batch_size=8, seq_len=SEQ, precision=Dtype.BF16)
+    cluster = _cpu_cluster("cpu-a")
+    inputs = profiled_inputs(db, cluster=cluster, model=model, precision=job.precision)
+    result = search(inputs.cluster, model=model, job=job, curve=inputs.curve)
+    plan = result.best.plan
+    measured = {p.layer_kind: {t.micro_batch_size: t for t in p.timings} for p in tiny_profiles}
+    device = cluster.device_of(0)
+    for stage in plan.stages:
+        for size in set(stage.micro_batch_size):
+            for recompute in (False, True):
+                times = pass_times(
+                    model,
+                    device=device,
+                    dtype=Dtype.FP32,
+                    micro_batch_size=size,
+                    seq_len=SEQ,
+                    recompute=recompute,
+                    curve=inputs.curve,
+                )
+                for layer in model.layers[stage.layer_start : stage.layer_end]:
+                    row = measured[layer.kind].get(size)
+                    if row is None:
+                        continue
+                    backward = row.backward_s
+                    if recompute and layer.kind is LayerKind.BLOCK:
+                        assert row.backward_recompute_s is not None
+                        backward = row.backward_recompute_s
+                    index = layer.index
+                    assert times.forward_s(index, index + 1) == pytest.approx(row.forward_s)
+                    assert times.backward_s(index, index + 1) == pytest.approx(backward)
+    recorded = cost_inputs_for(plan, inputs)
+    assert recorded.profile_db_digest == db.digest and recorded.curves
+    assert recorded.layer_times
+    for entry in recorded.layer_times:
+        row = measured[LayerKind(entry.layer_kind)][entry.micro_batch_size]
+        assert entry.source == "measured" and entry.forward_s == pytest.approx(row.forward_s)
+    # The plan file keeps them; an old plan without them still loads (no cost_inputs).
+    path = tmp_path / "plan.json"
+    save_plan(plan.__class__(**{**_plan_fields(plan), "cost_inputs": recorded}), path)
+    assert load_plan(path).cost_inputs == recorded
+    old = tmp_path / "old.json"
+    save_plan(plan, old)
+    assert load_plan(old).cost_inputs is None
+
+
+def _as_device(profile: ComputeProfile, name: str, *, slower: float) -> ComputeProfile:
+    timings = tuple(
+        replace(t, forward_s=t.forward_s * slower, backward_s=t.backward_s * slower)
+        for t in profile.timings
+    )
+    return replace(
+        profile,
+        key=replace(profile.key, device=name),
+        device_info=replace(profile.device_info, name=name),
+        timings=timings,
+    )
+
+
+def _plan_fields(plan: object) -> dict[str, object]:
+    fields = type(plan).__dataclass_fields__  # type: ignore[attr-defined]
+    return {name: getattr(plan, name) for name, f in fields.items() if f.init}
+
+
+def test_two_machines_merge_into_one_db_a_plan_uses(
+    tmp_path: Path, tiny_profiles: tuple[ComputeProfile, ...]
+) -> None:
+    for profile in tiny_profiles:
+        write_profile(profile, tmp_path / "machine-a")
+    # The second machine: the same layers measured under another device name, slower.
+    for profile in tiny_profiles:
+        write_profile(_as_device(profile, "cpu-b", slower=1.5), tmp_path / "machine-b")
+    merge_profile_dbs([tmp_path / "machine-a", tmp_path / "machine-b"], tmp_path / "merged")
+    db = load_profile_db(tmp_path / "merged")
+    assert db.devices == ("cpu-a", "cpu-b")
+    model = load_model("tiny")
+    job = JobSpec(global_batch_size=8, seq_len=SEQ, precision=Dtype.FP32)
+    cluster = _cpu_cluster("cpu-a", "cpu-b")
+    inputs = profiled_inputs(db, cluster=cluster, model=model, precision=job.precision)
+    plan = search(inputs.cluster, model=model, job=job, curve=inputs.curve).best.plan
+    recorded = cost_inputs_for(plan, inputs)
+    used = {plan.cluster.device_of(rank).name for rank in plan.used_ranks}
+    assert {entry.device for entry in recorded.layer_times} == used
+    for name in ("cpu-a", "cpu-b"):
+        device = cluster.device_of(0 if name == "cpu-a" else 2)
+        block = model.layers[1]
+        found = inputs.curve.lookup(
+            block,
+            device=device,
+            dtype=Dtype.FP32,
+            micro_batch_size=2,
+            seq_len=SEQ,
+            kind=PassKind.FORWARD,
+        )
+        key = next(k for k in db.compute_runs if k.device == name and "block" in k.signature)
+        combined = db.compute(key)
+        assert combined is not None and found is not None
+        assert found[0] == pytest.approx(combined.timings[1].forward_s)
