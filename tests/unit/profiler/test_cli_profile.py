@@ -1,0 +1,82 @@
+"""``piebald profile compute / merge / calibrate`` and ``plan --profiles`` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from piebald.cli import app
+from piebald.profiler.db import load_profile_db
+
+pytest.importorskip("torch")
+
+CLUSTER = """\
+name: cpu-lab
+gpu_types:
+  - {name: cpu, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
+nodes:
+  - {name: box, gpu: cpu, gpus_per_node: 2, intra_link: 2GB/s}
+"""
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.slow
+def test_profile_plan_calibrate_merge(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    code, output = _run(
+        "profile", "compute", "--model", "tiny", "--seq-len", "32",
+        "--micro-batch-sizes", "1,2", "--out", str(db), "--warmup", "1", "--repeats", "1",
+        "--threads", "1",
+    )  # fmt: skip
+    assert code == 0, output
+    assert "block" in output and "not in the catalog" in output and "fp32_tflops" in output
+    assert load_profile_db(db).num_files == 3
+    cluster = tmp_path / "cpu.yaml"
+    cluster.write_text(CLUSTER)
+    code, output = _run(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "4",
+        "--seq-len", "32", "--profiles", str(db), "--json",
+    )  # fmt: skip
+    assert code == 0, output
+    recorded = json.loads(output)["cost_inputs"]
+    assert recorded["profile_db_digest"] == load_profile_db(db).digest
+    assert {entry["layer_kind"] for entry in recorded["layer_times"]} <= {
+        "embedding",
+        "block",
+        "head",
+    }
+    assert recorded["layer_times"] and recorded["curves"]
+    code, output = _run(
+        "compare", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "4",
+        "--seq-len", "32", "--profiles", str(db), "--json",
+    )  # fmt: skip
+    assert code == 0, output
+    code, output = _run("profile", "calibrate", "--profiles", str(db), "--cluster", str(cluster))
+    assert code == 0, output
+    assert "error before" in output and "embedding" in output
+    code, output = _run("profile", "merge", str(db), "--into", str(tmp_path / "merged"))
+    assert code == 0 and "copied 3 files" in output
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("[1, 2")
+    code, output = _run("profile", "calibrate", "--profiles", str(tmp_path))
+    assert code == 2 and "bad.json" in output and "Traceback" not in output
+    code, output = _run(
+        "profile", "compute", "--model", "tiny", "--seq-len", "32", "--micro-batch-sizes", "1,x",
+    )  # fmt: skip
+    assert code == 2 and "--micro-batch-sizes" in output
+    code, output = _run("profile", "compute", "--model", "tiny", "--seq-len", "100000")
+    assert code == 2 and "max_seq_len" in output
+    code, output = _run(
+        "plan", "--cluster", "x.yaml", "--model", "tiny", "--global-batch", "4", "--seq-len", "32",
+        "--profiles", str(tmp_path / "missing"),
+    )  # fmt: skip
+    assert code == 2
