@@ -388,6 +388,16 @@ def _assemble(
     return states, own
 
 
+def _error_fields(error: SpecError) -> dict[str, Any]:
+    return {
+        "source": error.source,
+        "field": error.field,
+        "value": error.value if isinstance(error.value, (str, int, float)) else repr(error.value),
+        "expected": error.expected,
+        "has_value": error._has_value,
+    }
+
+
 def load_checkpoint(
     path: Path, *, optimizer: ShardedOptimizer, group: CommGroup, rank: int
 ) -> CheckpointInfo:
@@ -420,17 +430,14 @@ def load_checkpoint(
         error = caught
     except (KeyError, TypeError, ValueError) as caught:
         error = _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)")
-    verdicts = _all_gather_objects(None if error is None else str(error), group)
+    # Agree on the verdict before any collective, and raise the same line everywhere.
+    verdict = None if error is None else _error_fields(error)
+    verdicts = _all_gather_objects(verdict, group)
     if error is not None:
         raise error
-    for other_rank, verdict in zip(group.ranks, verdicts, strict=True):
-        if verdict is not None:
-            raise SpecError(
-                source=str(path),
-                field=f"rank {other_rank}",
-                value=verdict,
-                expected="a checkpoint every rank can load",
-            )
+    for fields in verdicts:
+        if fields is not None:
+            raise SpecError(**fields)
     assert info is not None
     optimizer.load_shard_states(states, num_updates=info.num_updates)
     if optimizer.loss_scaler is not None:

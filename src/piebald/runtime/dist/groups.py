@@ -64,19 +64,24 @@ class ProcessGroups:
     used: CommGroup
     stage: CommGroup | None
     tied: CommGroup | None
-    by_ranks: Mapping[tuple[int, ...], CommGroup]
+    by_ranks: Mapping[tuple[int, ...], CommGroup]  # this rank's groups of several ranks
 
     @property
     def stage_index(self) -> int | None:
         return self.layout.stage_index_of(self.rank)
 
 
-def _make_group(ranks: tuple[int, ...], *, world_size: int, timeout_s: float | None) -> CommGroup:
+def _make_group(
+    ranks: tuple[int, ...], *, world_size: int, rank: int, timeout_s: float | None
+) -> CommGroup | None:
+    """The group over ``ranks`` (collective: every rank calls it); None on non-members."""
     if ranks == tuple(range(world_size)):
         process_group = dist.group.WORLD  # already exists on every rank
     else:
         timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
         process_group = dist.new_group(list(ranks), timeout=timeout)
+    if rank not in ranks:
+        return None
     assert process_group is not None
     return CommGroup(
         ranks=ranks, process_group=process_group, backend=str(dist.get_backend(process_group))
@@ -96,7 +101,9 @@ def build_process_groups(plan: Plan, *, timeout_s: float | None = None) -> Proce
         )
     by_ranks: dict[tuple[int, ...], CommGroup] = {}
     for ranks in layout.rank_tuples():  # the one global order, on every rank
-        by_ranks[ranks] = _make_group(ranks, world_size=world_size, timeout_s=timeout_s)
+        group = _make_group(ranks, world_size=world_size, rank=rank, timeout_s=timeout_s)
+        if group is not None:
+            by_ranks[ranks] = group
 
     def member_group(ranks: tuple[int, ...] | None) -> CommGroup | None:
         if ranks is None or rank not in ranks:
