@@ -7,7 +7,9 @@ rank's data, so it recomputes the whole reference run locally and compares.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from dist_harness import (
 from torch import nn
 
 from piebald.errors import SpecError
+from piebald.runtime.dist import checkpoint as checkpoint_module
 from piebald.runtime.dist.buckets import build_buckets
 from piebald.runtime.dist.checkpoint import (
     find_latest_checkpoint,
@@ -371,7 +374,7 @@ def reshard_plan() -> Plan:
 
 
 RESUME_CONFIG = OptimizerConfig(lr=0.05, weight_decay=0.1, max_grad_norm=0.5)
-TOTAL_STEPS, SAVE_AT = 6, 3
+TOTAL_STEPS, SAVE_AT, KILLED_AT = 6, 3, 5
 
 
 def _scaler() -> DynamicLossScaler:
@@ -391,7 +394,7 @@ def resume_uninterrupted(rank: int, world_size: int, directory: str, results: st
     history = []
     for step in range(TOTAL_STEPS):
         history.append(_train_step(plan, rank, params, optimizer, step=step, used=groups.used))
-        if step + 1 in (SAVE_AT, TOTAL_STEPS - 1):
+        if step + 1 == SAVE_AT:
             save_checkpoint(
                 Path(directory),
                 step=step + 1,
@@ -401,16 +404,42 @@ def resume_uninterrupted(rank: int, world_size: int, directory: str, results: st
                 extra={"plan": "resume"},
             )
     torch.save(
-        {"history": history, "params": _record(params, optimizer)}, Path(results) / f"rank{rank}.pt"
+        {"history": history, "params": _record(params, optimizer)},
+        Path(results) / f"rank{rank}.pt",
     )
+
+
+def _die(path: Path) -> str:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def resume_killed(rank: int, world_size: int, directory: str, results: str) -> None:
+    """Resume, train on, and die while saving the next checkpoint: rank 2 is SIGKILLed
+    right after writing its shard, before the manifest exists."""
+    plan = resume_plan()
+    groups, params, optimizer = _stage_setup(plan, rank, RESUME_CONFIG, scaler=_scaler())
+    info = load_checkpoint(Path(directory), optimizer=optimizer, group=groups.used, rank=rank)
+    for step in range(info.step, KILLED_AT):
+        _train_step(plan, rank, params, optimizer, step=step, used=groups.used)
+    if rank == 2:
+        checkpoint_module._sha256 = _die  # type: ignore[assignment]
+    save_checkpoint(
+        Path(directory), step=KILLED_AT, optimizer=optimizer, group=groups.used, rank=rank
+    )
+    raise AssertionError("the save should never complete")
 
 
 def resume_restarted(rank: int, world_size: int, directory: str, results: str) -> None:
     plan = resume_plan()
     groups, params, optimizer = _stage_setup(plan, rank, RESUME_CONFIG, scaler=_scaler())
     root = Path(directory)
-    assert find_latest_checkpoint(root) == root / f"step-{TOTAL_STEPS - 1:08d}"
     saved = root / f"step-{SAVE_AT:08d}"
+    # The killed save left an incomplete temporary directory and no step-5 checkpoint.
+    assert find_latest_checkpoint(root) == saved
+    incomplete = root / f".tmp-step-{KILLED_AT:08d}"
+    assert (incomplete / "rank-00002.pt").is_file() and not (incomplete / "manifest.json").exists()
+    assert not (root / f"step-{KILLED_AT:08d}").exists()
 
     # A truncated shard of rank 2: every rank gets the same one-line error, nobody hangs.
     broken = root / "broken"
@@ -426,8 +455,8 @@ def resume_restarted(rank: int, world_size: int, directory: str, results: str) -
     else:
         raise AssertionError("a truncated checkpoint loaded")
 
-    info = load_checkpoint(saved, optimizer=optimizer, group=groups.used, rank=rank)
-    assert (info.step, dict(info.extra)) == (SAVE_AT, {"plan": "resume"})
+    info = load_checkpoint(root, optimizer=optimizer, group=groups.used, rank=rank)  # latest
+    assert (info.path, info.step, dict(info.extra)) == (saved, SAVE_AT, {"plan": "resume"})
     history = [
         _train_step(plan, rank, params, optimizer, step=step, used=groups.used)
         for step in range(SAVE_AT, TOTAL_STEPS)

@@ -186,13 +186,26 @@ def save_checkpoint(
         "rng": torch.get_rng_state(),
     }
     path = tmp / entry["file"]
-    with path.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    entry["bytes"] = path.stat().st_size
-    entry["sha256"] = _sha256(path)
+    failure: BaseException | None = None
+    try:
+        with path.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        entry["bytes"] = path.stat().st_size
+        entry["sha256"] = _sha256(path)
+    except Exception as error:  # told to every rank below, so none waits for a dead save
+        failure = error
+        entry = {"rank": rank, "error": f"{type(error).__name__}: {error}"}
     entries = _all_gather_objects(entry, group)
+    if failure is not None:
+        raise failure
+    failed = [e for e in entries if "error" in e]
+    if failed:
+        raise RuntimeError(
+            f"checkpoint step {step} not saved: rank {failed[0]['rank']}: {failed[0]['error']}; "
+            f"the previous checkpoints in {directory} are untouched"
+        )
 
     if rank == leader:
         manifest = {
@@ -251,7 +264,8 @@ def _fail(path: Path, field_name: str, value: object, expected: str) -> SpecErro
     return SpecError(source=str(path), field=field_name, value=value, expected=expected)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``path`` names (itself, or the latest one under it) and its manifest."""
     if not path.exists():
         raise _fail(path, "", None, "a checkpoint directory (it does not exist)")
     if not (path / MANIFEST).is_file():
@@ -279,8 +293,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             manifest.get("format") if isinstance(manifest, dict) else manifest,
             f"checkpoint format {CHECKPOINT_FORMAT}",
         )
-    manifest["_path"] = str(path)
-    return manifest
+    return path, manifest
 
 
 def _verify_file(path: Path, entry: Mapping[str, Any]) -> None:
@@ -409,8 +422,7 @@ def load_checkpoint(
     states: dict[str, dict[str, torch.Tensor]] = {}
     rng: torch.Tensor | None = None
     try:
-        manifest = _read_manifest(path)
-        path = Path(manifest["_path"])
+        path, manifest = _read_manifest(path)
         states, rng = _assemble(path, manifest, optimizer, rank=rank)
         info = CheckpointInfo(
             path=path,
@@ -428,7 +440,7 @@ def load_checkpoint(
             )
     except SpecError as caught:
         error = caught
-    except (KeyError, TypeError, ValueError) as caught:
+    except Exception as caught:  # any rank's surprise must not leave the others waiting
         error = _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)")
     # Agree on the verdict before any collective, and raise the same line everywhere.
     verdict = None if error is None else _error_fields(error)
