@@ -309,6 +309,36 @@ def _tied_replicas_agree(params: dict[str, nn.Parameter], groups: ProcessGroups)
     assert all(torch.equal(replicas[0], v) for v in replicas[1:])
 
 
+def _owned_gradients_equal_reference(
+    plan: Plan,
+    rank: int,
+    params: dict[str, nn.Parameter],
+    optimizer: ShardedOptimizer,
+    reference: dict[str, nn.Parameter],
+) -> None:
+    """After the reduce-scatters, every owner's gradient slice (the tied weight's: the sum
+    of the embedding's and the head's uses over all ranks) is the reference gradient's."""
+    optimizer.gather_params()
+    loss = local_loss(plan, rank, params, seed=SEED, step=0)
+    if loss is not None:
+        loss.backward()
+    optimizer.release_params()
+    for bucket in optimizer.buckets:  # stage bucket, then tied: the global order
+        bucket.reduce_gradients()
+    reference_loss(plan, reference, seed=SEED, step=0).backward()
+    for bucket in optimizer.buckets:
+        expected = torch.cat(
+            [reference[slot.name].grad.reshape(-1) for slot in bucket.layout.slots]
+        )[bucket.shard.start : bucket.shard.end]
+        torch.testing.assert_close(bucket.grad_shard, expected, rtol=1e-6, atol=1e-7)
+    tied = [b for b in optimizer.buckets if b.name == "tied"]
+    if tied:
+        assert tied[0].layout.slots[0].name == TIED_NAME
+    optimizer.zero_grad()
+    for p in reference.values():
+        p.grad = None
+
+
 def stages_with_tied_head(rank: int, world_size: int) -> None:
     plan = three_stage_plan()
     config = OptimizerConfig(lr=0.05, weight_decay=0.1, max_grad_norm=0.5)
@@ -326,6 +356,7 @@ def stages_with_tied_head(rank: int, world_size: int) -> None:
     optimizer.release_params()
 
     reference = build_params(tuple(SHAPES), seed=SEED)
+    _owned_gradients_equal_reference(plan, rank, params, optimizer, reference)
     torch_optimizer = build_reference_optimizer(reference.items(), config)
     for step in range(4):
         loss, norm = _train_step(plan, rank, params, optimizer, step=step, used=groups.used)
