@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "framework_reserve_bytes",
     "in_flight_micro_batches",
     "rank_memory",
+    "ranks_to_end",
     "stage_memory_bytes",
     "stage_params_matrix",
 ]
@@ -77,24 +79,31 @@ def bytes_per_param(*, dtype: Dtype, optimizer: Optimizer) -> tuple[float, float
 def in_flight_micro_batches(
     *,
     schedule: Schedule,
-    stage_index: int,
-    num_stages: int,
+    ranks_to_end: int,
     rank_micro_batches: int,
     stage_micro_batches: int,
 ) -> int:
     """Micro-batches whose activations a rank holds at its peak.
 
-    GPipe keeps all of them. 1F1B keeps at most ``num_stages - stage_index`` per stage
-    (Narayanan et al. 2021, PipeDream-Flush); a stage's ranks share those by their share of
-    the stage's micro-batches.
+    GPipe keeps all of them. Under 1F1B a micro-batch's activations live from its forward
+    until its backward, one round trip through this and the later stages. By Little's law a
+    rank holds (its rate) x (round trip): with every working rank of this and the later
+    stages (``ranks_to_end`` of them) taking an equal part of the step, that is
+    ``ranks_to_end x rank_micro_batches / stage_micro_batches``. With one rank per stage
+    this is ``num_stages - stage_index`` (Narayanan et al. 2021, PipeDream-Flush); fewer
+    would starve a data-parallel stage, which waits for a gradient before every forward.
     """
     if rank_micro_batches <= 0:
         return 0
     if schedule is Schedule.GPIPE:
         return rank_micro_batches
-    depth = num_stages - stage_index
-    share = math.ceil(depth * rank_micro_batches / stage_micro_batches)
+    share = math.ceil(ranks_to_end * rank_micro_batches / stage_micro_batches)
     return max(1, min(rank_micro_batches, share))
+
+
+def ranks_to_end(counts_per_stage: Sequence[Sequence[int]], stage_index: int) -> int:
+    """Ranks with micro-batches in stage ``stage_index`` and the stages after it."""
+    return sum(1 for counts in counts_per_stage[stage_index:] for count in counts if count > 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,12 +13,20 @@ The simulator executes plans operation by operation and checks these numbers.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import MemoryBreakdown, in_flight_micro_batches, rank_memory
+from piebald.cost.memory import (
+    MemoryBreakdown,
+    in_flight_micro_batches,
+    rank_memory,
+    ranks_to_end,
+)
+from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction, ZeroMode
@@ -32,6 +40,9 @@ class StageEstimate:
     micro_batch_s: float  # forward + backward of one micro-batch on the slowest rank + hop_s
     hop_s: float  # one micro-batch's activation and gradient over the next boundary (0 last)
     boundary_s: float  # busy time of the link to the next stage (0 for the last stage)
+    # Per working rank: the round trips through the later stages that its in-flight budget
+    # forces (1F1B), and its own forward + backward of one micro-batch.
+    round_trips: tuple[tuple[int, float], ...]
     sync_s: float  # data-parallel collectives at the end of the step
     optimizer_s: float
     memory: dict[int, MemoryBreakdown]
@@ -58,12 +69,17 @@ class PlanEstimate:
 
 
 def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
-    """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops)."""
+    """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops).
+
+    The boundary is as busy as its busiest resource (a GPU port, a node's NIC in one
+    direction, a site link) over the step: activations cross it forward, their gradients
+    backward, every transfer of one micro-batch's activation size."""
     stage = plan.stages[index]
     size_of = dict(zip(stage.ranks, stage.micro_batch_size, strict=True))
     wire = plan.job.precision.num_bytes
-    per_rank: dict[int, float] = {}
+    busy: dict[Hashable, float] = {}
     hop_of: dict[tuple[int, int], float] = {}
+    seconds_of: dict[tuple[int, int], tuple[tuple[Hashable, float], ...]] = {}
     for route in plan.routes:
         pair = (route[index], route[index + 1])
         if pair not in hop_of:
@@ -71,9 +87,14 @@ def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
             num_bytes = size_of[sender] * plan.job.seq_len * plan.model.arch.hidden_size * wire
             link = plan.cluster.link_between(sender, receiver)
             hop_of[pair] = 2.0 * p2p_time_s(num_bytes=num_bytes, link=link)  # fwd + bwd
-        for rank in pair:
-            per_rank[rank] = per_rank.get(rank, 0.0) + hop_of[pair]
-    return max(per_rank.values(), default=0.0), max(hop_of.values(), default=0.0)
+            seconds_of[pair] = tuple(
+                (key, num_bytes / capacity)
+                for a, b in (pair, pair[::-1])  # activation there, gradient back
+                for key, capacity in transfer_resources(plan.cluster, a, b)
+            )
+        for key, seconds in seconds_of[pair]:
+            busy[key] = busy.get(key, 0.0) + seconds
+    return max(busy.values(), default=0.0), max(hop_of.values(), default=0.0)
 
 
 def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> StageEstimate:
@@ -90,7 +111,9 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     before_forward_s, during_backward_s = comm.before_forward_s, comm.during_backward_s
     neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
     stage_micro_batches = sum(stage.num_micro_batches)
+    downstream = ranks_to_end([s.num_micro_batches for s in plan.stages], stage_index)
     compute: dict[int, float] = {}
+    rounds: list[tuple[int, float]] = []  # (round trips its in-flight budget forces, pass)
     memory: dict[int, MemoryBreakdown] = {}
     micro_batch_s = optimizer_s = 0.0
     # Ranks of one type with the same shares cost the same: price each kind once.
@@ -127,11 +150,12 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
         )
         in_flight = in_flight_micro_batches(
             schedule=plan.schedule,
-            stage_index=stage_index,
-            num_stages=plan.num_stages,
+            ranks_to_end=downstream,
             rank_micro_batches=count,
             stage_micro_batches=stage_micro_batches,
         )
+        if count:
+            rounds.append((math.ceil(count / in_flight), pass_of[device, size]))
         key = (device, size, in_flight, fraction)
         if key not in memory_of:
             memory_of[key] = rank_memory(
@@ -158,6 +182,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
         micro_batch_s=micro_batch_s + hop_s,
         hop_s=hop_s,
         boundary_s=boundary_s,
+        round_trips=tuple(rounds),
         sync_s=sync_s,
         optimizer_s=optimizer_s,
         memory=memory,
@@ -184,6 +209,13 @@ def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Plan
         for index, stage in enumerate(stages)
     )
     pipeline_s = bottleneck_s + fill_s
+    # Little's law: a rank holding at most w micro-batches in flight finishes at most w per
+    # round trip of a micro-batch through its stage and the later ones (1F1B).
+    for index, stage in enumerate(stages):
+        later_s = stage.hop_s + sum(s.micro_batch_s for s in stages[index + 1 :])
+        before_s = sum(s.micro_batch_s for s in stages[:index])
+        for rounds, pass_s in stage.round_trips:
+            pipeline_s = max(pipeline_s, rounds * (pass_s + later_s) + before_s)
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.
     exposed_sync_s = max(
         max(0.0, stage.sync_s - sum(s.micro_batch_s for s in stages[:index]))

@@ -17,11 +17,16 @@ __all__ = ["pipeline_proxy", "polish_bounds", "uniform_bounds"]
 
 
 def pipeline_proxy(
-    costs: Sequence[StageCost], bounds: tuple[int, ...], hops: list[float], link_busy: list[float]
+    costs: Sequence[StageCost],
+    bounds: tuple[int, ...],
+    hops: list[float],
+    link_busy: list[float],
+    round_trips: list[tuple[int, float]],
 ) -> float:
     """The plan estimate's form on DP prices: the busiest stage or link, plus one
-    micro-batch through every stage and hop except the bottleneck stage, plus the sync the
-    drain does not hide, plus the slowest optimizer step."""
+    micro-batch through every stage and hop except the bottleneck stage, at least the round
+    trips each stage's in-flight budget forces, plus the sync the drain does not hide, plus
+    the slowest optimizer step."""
     ranges = list(itertools.pairwise(bounds))
     sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     busy = [float(c.cost_s[a, b]) - s for c, (a, b), s in zip(costs, ranges, sync, strict=True)]
@@ -32,6 +37,13 @@ def pipeline_proxy(
         pipeline = max(link_busy) + sum(passes) + sum(hops)
     else:
         pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
+    # Little's law (cost.plan_estimate): the stage's rounds of one micro-batch of an equal
+    # share plus the trip through the later stages.
+    for i in range(len(ranges) - 1):
+        rounds, share = round_trips[i]
+        later = sum(hops[i:]) + sum(passes[i + 1 :])
+        before = sum(passes[:i]) + sum(hops[:i])
+        pipeline = max(pipeline, rounds * (busy[i] * share + later) + before)
     exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
     return pipeline + exposed + optimizer
 
@@ -41,6 +53,7 @@ def polish_bounds(
     bounds: tuple[int, ...],
     hops: list[float],
     link_busy: list[float],
+    round_trips: list[tuple[int, float]],
     proxy: float,
 ) -> tuple[tuple[int, ...], float]:
     """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
@@ -53,7 +66,7 @@ def polish_bounds(
                 if not bounds[index - 1] < moved < bounds[index + 1]:
                     continue
                 trial = (*bounds[:index], moved, *bounds[index + 1 :])
-                value = pipeline_proxy(costs, trial, hops, link_busy)
+                value = pipeline_proxy(costs, trial, hops, link_busy, round_trips)
                 if value < proxy * (1 - 1e-9):
                     bounds, proxy, improved = trial, value, True
     return bounds, proxy

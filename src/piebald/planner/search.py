@@ -119,11 +119,13 @@ class _Search:
         self.signatures[ranks] = signature
         return signature
 
-    def stage_cost(self, ranks: tuple[int, ...], index: int, depth: int, size: int) -> StageCost:
-        # Stages with the same GPUs per node of the same groups, in the same ring order, at
-        # the same distance from the pipeline's end cost the same: price them once.
+    def stage_cost(
+        self, ranks: tuple[int, ...], index: int, depth: int, size: int, downstream: int
+    ) -> StageCost:
+        # Stages with the same GPUs per node of the same groups, in the same ring order, with
+        # as many ranks from them to the pipeline's end cost the same: price them once.
         neighbors = (index > 0) + (index < depth - 1)
-        key = (self.signature(ranks), depth - index, neighbors, size)
+        key = (self.signature(ranks), downstream, neighbors, size)
         if key not in self.costs:
             self.costs[key] = stage_cost(
                 self.cluster,
@@ -135,14 +137,22 @@ class _Search:
                 num_stages=depth,
                 rules=self.strategy.stage_rules,
                 curve=self.curve,
+                ranks_to_end=downstream,
             )
         return self.costs[key]
+
+    def stage_costs(self, stages: tuple[tuple[int, ...], ...], size: int) -> list[StageCost]:
+        depth = len(stages)
+        return [
+            self.stage_cost(ranks, i, depth, size, sum(len(r) for r in stages[i:]))
+            for i, ranks in enumerate(stages)
+        ]
 
     def price(self, stages: tuple[tuple[int, ...], ...], size: int) -> float:
         """The DP's step-time estimate of a structure (inf if nothing fits); remembered."""
         self.num_structures += 1
         depth = len(stages)
-        costs = [self.stage_cost(ranks, i, depth, size) for i, ranks in enumerate(stages)]
+        costs = self.stage_costs(stages, size)
         if self.strategy.uniform_layers:
             bounds = uniform_bounds(self.model.num_layers, depth)
             value = max(
@@ -153,7 +163,7 @@ class _Search:
         if not math.isfinite(value):
             return math.inf
         hops, link_busy = self.links(stages, size)
-        proxy = pipeline_proxy(costs, bounds, hops, link_busy)
+        proxy = pipeline_proxy(costs, bounds, hops, link_busy, self.round_trips(stages, size))
         key = (stages, size)
         if key not in self.candidates or proxy < self.candidates[key].proxy_s:
             self.candidates[key] = _Candidate(
@@ -166,10 +176,16 @@ class _Search:
         if self.strategy.uniform_layers:
             return candidate
         stages, size = candidate.stages, candidate.micro_batch_size
-        depth = len(stages)
-        costs = [self.stage_cost(ranks, i, depth, size) for i, ranks in enumerate(stages)]
+        costs = self.stage_costs(stages, size)
         hops, link_busy = self.links(stages, size)
-        bounds, proxy = polish_bounds(costs, candidate.bounds, hops, link_busy, candidate.proxy_s)
+        bounds, proxy = polish_bounds(
+            costs,
+            candidate.bounds,
+            hops,
+            link_busy,
+            self.round_trips(stages, size),
+            candidate.proxy_s,
+        )
         return _Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
 
     def links(
@@ -178,11 +194,37 @@ class _Search:
         """Per boundary: one micro-batch's hop, and the link's busy time over the step (each
         side's GPUs send or receive their share of the micro-batches over it)."""
         hops = [self.hop_s(a, b, size) for a, b in itertools.pairwise(stages)]
+        # A NIC or port carries one direction: activations out, or gradients in (half a hop).
         busy = [
-            hop * self.job.global_batch_size / size / min(len(a), len(b))
+            0.5 * hop * self.job.global_batch_size / size / self.lanes(a, b)
             for hop, (a, b) in zip(hops, itertools.pairwise(stages), strict=True)
         ]
         return hops, busy
+
+    def lanes(self, sender: tuple[int, ...], receiver: tuple[int, ...]) -> int:
+        """Transfers a boundary carries at once: one per GPU port inside a node, one per
+        node NIC between nodes (a node's GPUs share its NIC)."""
+        nodes_a = {self.cluster.gpus[r].node_index for r in sender}
+        nodes_b = {self.cluster.gpus[r].node_index for r in receiver}
+        if len(nodes_a | nodes_b) == 1:
+            return min(len(sender), len(receiver))
+        return min(len(nodes_a), len(nodes_b))
+
+    def round_trips(
+        self, stages: tuple[tuple[int, ...], ...], size: int
+    ) -> list[tuple[int, float]]:
+        """Per stage, the 1F1B round trips its in-flight budget forces (cost.memory: about
+        the step's micro-batches over the ranks from the stage to the end), and the share of
+        the stage's busy time one micro-batch of an equal share takes (its ranks over the
+        micro-batches)."""
+        num_micro_batches = self.job.global_batch_size // size
+        return [
+            (
+                math.ceil(num_micro_batches / sum(len(r) for r in stages[i:])),
+                len(stages[i]) / num_micro_batches,
+            )
+            for i in range(len(stages))
+        ]
 
     def hop_s(self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int) -> float:
         """Activations there and gradients back for one micro-batch over the slowest link

@@ -103,6 +103,7 @@ def build_stage(
     num_stages: int,
     rules: StageRules = StageRules(),
     curve: EfficiencyCurve = DEFAULT_CURVE,
+    ranks_to_end: int | None = None,
 ) -> StageChoice | None:
     """The fastest memory-feasible setting of this stage, or None if nothing fits."""
     devices = [cluster.device_of(rank) for rank in ranks]
@@ -155,7 +156,7 @@ def build_stage(
                 counts=counts,
                 zero=zero,
                 recompute=recompute,
-                position=(stage_index, num_stages),
+                downstream=ranks_to_end or len(ranks) + num_stages - stage_index - 1,
                 neighbors=neighbors,
                 even_shards=rules.even_shards or zero is ZeroMode.NONE,
             )
@@ -205,19 +206,17 @@ def _fit_memory(
     counts: Sequence[int],
     zero: ZeroMode,
     recompute: bool,
-    position: tuple[int, int],
+    downstream: int,
     neighbors: int,
     even_shards: bool,
 ) -> tuple[float, ...] | None:
     """Shard fractions under which every rank fits its memory, or None."""
-    stage_index, num_stages = position
     fixed_bytes, sharded_bytes, capacity_bytes = [], [], []
     cache: dict[tuple[DeviceType, int, int], tuple[float, float]] = {}
     for device, size, count in zip(devices, sizes, counts, strict=True):
         in_flight = in_flight_micro_batches(
             schedule=Schedule.ONE_F_ONE_B,
-            stage_index=stage_index,
-            num_stages=num_stages,
+            ranks_to_end=downstream,
             rank_micro_batches=count,
             stage_micro_batches=sum(counts),
         )

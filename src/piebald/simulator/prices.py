@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import in_flight_micro_batches, rank_memory
-from piebald.specs.cluster import Link, LinkKind
+from piebald.cost.memory import in_flight_micro_batches, rank_memory, ranks_to_end
+from piebald.cost.transfers import transfer_resources
+from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, ZeroMode
 
@@ -147,8 +148,7 @@ class Prices:
         count = stage.num_micro_batches[position]
         limit = in_flight_micro_batches(
             schedule=plan.schedule,
-            stage_index=index,
-            num_stages=plan.num_stages,
+            ranks_to_end=ranks_to_end([s.num_micro_batches for s in plan.stages], index),
             rank_micro_batches=count,
             stage_micro_batches=sum(stage.num_micro_batches),
         )
@@ -214,24 +214,5 @@ class Prices:
             size * plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
         )
         link = cluster.link_between(sender, receiver)
-        resources: list[tuple[Hashable, float]]
-        if link.kind is LinkKind.INTRA_NODE:
-            resources = [
-                (("gpu-out", sender), link.bandwidth_bytes_per_s),
-                (("gpu-in", receiver), link.bandwidth_bytes_per_s),
-            ]
-        else:
-            node_a, node_b = cluster.gpus[sender].node_index, cluster.gpus[receiver].node_index
-            group_a, group_b = cluster.group_of(sender), cluster.group_of(receiver)
-            if link.kind is LinkKind.RDMA:
-                port = "rdma"
-                cap_a, cap_b = group_a.nic.bandwidth_bytes_per_s, group_b.nic.bandwidth_bytes_per_s
-            else:
-                port = "ethernet"
-                cap_a = group_a.ethernet_link_bytes_per_s
-                cap_b = group_b.ethernet_link_bytes_per_s
-            resources = [(("nic-out", node_a, port), cap_a), (("nic-in", node_b, port), cap_b)]
-            if link.kind is LinkKind.SITE:
-                wan = cluster.site_link(group_a.site, group_b.site)
-                resources.append((("site", group_a.site, group_b.site), wan.bandwidth_bytes_per_s))
-        return Transfer(num_bytes=num_bytes, link=link, resources=tuple(resources))
+        resources = transfer_resources(cluster, sender, receiver)
+        return Transfer(num_bytes=num_bytes, link=link, resources=resources)

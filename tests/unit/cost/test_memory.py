@@ -204,8 +204,7 @@ def test_gpipe_keeps_every_micro_batch() -> None:
         assert (
             in_flight_micro_batches(
                 schedule=Schedule.GPIPE,
-                stage_index=0,
-                num_stages=4,
+                ranks_to_end=4,
                 rank_micro_batches=count,
                 stage_micro_batches=32,
             )
@@ -214,26 +213,26 @@ def test_gpipe_keeps_every_micro_batch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stage_index", "num_stages", "rank_count", "stage_count", "expected"),
+    ("downstream", "rank_count", "stage_count", "expected"),
     [
-        (0, 4, 8, 8, 4),  # min(8, ceil(4 x 8 / 8))
-        (0, 4, 2, 2, 2),  # fewer micro-batches than the pipeline depth
-        (0, 4, 2, 8, 1),  # ceil(4 x 2 / 8) = 1
-        (1, 4, 3, 8, 2),  # ceil(3 x 3 / 8) = 2
-        (3, 4, 5, 8, 1),  # the last stage: ceil(1 x 5 / 8) = 1
-        (2, 4, 1, 100, 1),  # a rank with a tiny share still holds one
-        (0, 8, 6, 10, 5),  # ceil(8 x 6 / 10) = 5
-        (0, 4, 0, 8, 0),  # a rank with no micro-batches holds none
+        (4, 8, 8, 4),  # min(8, ceil(4 x 8 / 8))
+        (4, 2, 2, 2),  # fewer micro-batches than the ranks to the end
+        (4, 2, 8, 1),  # ceil(4 x 2 / 8) = 1
+        (3, 3, 8, 2),  # ceil(3 x 3 / 8) = 2
+        (1, 5, 8, 1),  # the last stage of one rank: ceil(1 x 5 / 8) = 1
+        (3, 1, 100, 1),  # a rank with a tiny share still holds one
+        (8, 6, 10, 5),  # ceil(8 x 6 / 10) = 5
+        (6, 8, 16, 3),  # two ranks in each of three stages, the first: ceil(6 x 8 / 16)
+        (4, 0, 8, 0),  # a rank with no micro-batches holds none
     ],
 )
 def test_one_f_one_b_in_flight(
-    stage_index: int, num_stages: int, rank_count: int, stage_count: int, expected: int
+    downstream: int, rank_count: int, stage_count: int, expected: int
 ) -> None:
     assert (
         in_flight_micro_batches(
             schedule=Schedule.ONE_F_ONE_B,
-            stage_index=stage_index,
-            num_stages=num_stages,
+            ranks_to_end=downstream,
             rank_micro_batches=rank_count,
             stage_micro_batches=stage_count,
         )
@@ -245,8 +244,7 @@ def test_gpipe_rank_without_micro_batches_holds_none() -> None:
     assert (
         in_flight_micro_batches(
             schedule=Schedule.GPIPE,
-            stage_index=0,
-            num_stages=2,
+            ranks_to_end=2,
             rank_micro_batches=0,
             stage_micro_batches=4,
         )
@@ -261,8 +259,7 @@ def test_first_stage_of_one_rank_holds_p_micro_batches(num_stages: int) -> None:
         assert (
             in_flight_micro_batches(
                 schedule=Schedule.ONE_F_ONE_B,
-                stage_index=0,
-                num_stages=num_stages,
+                ranks_to_end=num_stages,  # one rank per stage
                 rank_micro_batches=count,
                 stage_micro_batches=count,
             )
@@ -277,8 +274,7 @@ def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> N
     rank_count = data.draw(st.integers(1, stage_count))
     held = in_flight_micro_batches(
         schedule=Schedule.ONE_F_ONE_B,
-        stage_index=stage_index,
-        num_stages=num_stages,
+        ranks_to_end=num_stages - stage_index,  # one rank per stage
         rank_micro_batches=rank_count,
         stage_micro_batches=stage_count,
     )
