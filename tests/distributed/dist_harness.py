@@ -162,6 +162,31 @@ ROLE_PARAMS = {
 TIED_NAME = "embed.weight"
 
 
+def three_stage_plan() -> Plan:
+    """Stages of 1, 1 and 2 ranks on ranks [3], [0], [2, 1], the last fully sharded 0.7/0.3,
+    with a tied embedding/head."""
+    return make_plan(
+        [
+            StageSpec(layer_end=2, ranks=(3,), num_micro_batches=(4,), fractions=(1.0,)),
+            StageSpec(
+                layer_end=4,
+                ranks=(0,),
+                num_micro_batches=(4,),
+                fractions=(1.0,),
+                zero=ZeroMode.NONE,
+            ),
+            StageSpec(
+                layer_end=6,
+                ranks=(2, 1),
+                num_micro_batches=(3, 1),
+                fractions=(0.7, 0.3),
+                zero=ZeroMode.FULL,
+            ),
+        ],
+        num_gpus=4,
+    )
+
+
 def roles_of_stage(stage_index: int, num_stages: int) -> tuple[str, ...]:
     if num_stages == 1:
         return ("first", "middle", "last")

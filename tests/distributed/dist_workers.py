@@ -26,6 +26,7 @@ from dist_harness import (
     reference_loss,
     role_loss,
     stage_param_names,
+    three_stage_plan,
 )
 from torch import nn
 
@@ -238,29 +239,6 @@ def sharded_optimizer(rank: int, world_size: int) -> None:
 
 
 # --- stages of different sizes and a tied embedding/head ---------------------------------------
-
-
-def three_stage_plan() -> Plan:
-    return make_plan(
-        [
-            StageSpec(layer_end=2, ranks=(3,), num_micro_batches=(4,), fractions=(1.0,)),
-            StageSpec(
-                layer_end=4,
-                ranks=(0,),
-                num_micro_batches=(4,),
-                fractions=(1.0,),
-                zero=ZeroMode.NONE,
-            ),
-            StageSpec(
-                layer_end=6,
-                ranks=(2, 1),
-                num_micro_batches=(3, 1),
-                fractions=(0.7, 0.3),
-                zero=ZeroMode.FULL,
-            ),
-        ],
-        num_gpus=4,
-    )
 
 
 def _stage_setup(

@@ -53,14 +53,21 @@ BLOCK_FLOPS_PER_TOKEN = 2 * BLOCK_WEIGHTS + 4 * SEQ_LEN * 64  # 73728 + 8192 = 8
 HEAD_FLOPS_PER_TOKEN = 2 * 100 * 64  # 12800: the LM head matmul, no attention
 
 
-def _forward_s(layer: LayerSpec) -> float:
+def _forward_s(
+    layer: LayerSpec,
+    *,
+    device: DeviceType = DEVICE,
+    dtype: Dtype = Dtype.BF16,
+    micro_batch_size: int = MICRO_BATCH,
+    curve: EfficiencyCurve = CURVE,
+) -> float:
     return layer_forward_time_s(
         layer,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
         seq_len=SEQ_LEN,
-        curve=CURVE,
+        curve=curve,
     )
 
 
@@ -140,27 +147,13 @@ def test_block_forward_time_by_hand() -> None:
     # 81920 FLOPs/token x 64 tokens = 5242880 FLOPs at 0.5 x 1 TFLOP/s = 10.48576 us.
     # Bytes: 36992 params x 2 + 1936 activation bytes/token x 64 = 197888 B -> 0.25 us.
     compute_s = 81920 * 64 / (0.5 * 1e12)
-    time_s = layer_forward_time_s(
-        BLOCK,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        curve=CURVE,
-    )
+    time_s = _forward_s(BLOCK)
     assert compute_s == pytest.approx(10.48576e-6)
     assert time_s == pytest.approx(compute_s + 1e-5, rel=1e-12)
 
 
 def test_block_forward_in_fp32_uses_the_fp32_peak() -> None:
-    time_s = layer_forward_time_s(
-        BLOCK,
-        device=DEVICE,
-        dtype=Dtype.FP32,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        curve=CURVE,
-    )
+    time_s = _forward_s(BLOCK, dtype=Dtype.FP32)
     assert time_s == pytest.approx(81920 * 64 / (0.5 * 0.5e12) + 1e-5, rel=1e-12)
 
 
@@ -176,14 +169,7 @@ def test_forward_bytes_set_the_time_on_a_slow_memory_device() -> None:
     # Weights read once (Llama block: 36864 matmul + 2 x 64 norm = 36992 params, 2 B each)
     # plus the activations written once (8h + 4q + 4kv + 8f + 4a = 1936 B/token).
     num_bytes = 36992 * 2 + 1936 * TOKENS
-    time_s = layer_forward_time_s(
-        BLOCK,
-        device=slow,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        curve=CURVE,
-    )
+    time_s = _forward_s(BLOCK, device=slow)
     assert time_s == pytest.approx(num_bytes / (0.8 * 1e6) + 1e-5, rel=1e-12)
 
 
@@ -204,30 +190,14 @@ def test_backward_is_twice_the_forward_work(layer_name: str) -> None:
     layer = BLOCK if layer_name == "block" else HEAD
     flops_per_token = BLOCK_FLOPS_PER_TOKEN if layer_name == "block" else HEAD_FLOPS_PER_TOKEN
     compute_s = flops_per_token * TOKENS / (0.5 * 1e12)
-    backward_s = layer_backward_time_s(
-        layer,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        recompute=False,
-        curve=CURVE,
-    )
+    backward_s = _backward_s(layer, recompute=False)
     # One pass of twice the FLOPs: one launch constant, not two.
     assert backward_s == pytest.approx(2 * compute_s + 1e-5, rel=1e-12)
 
 
 def test_recompute_adds_one_forward_to_a_block_backward() -> None:
     compute_s = BLOCK_FLOPS_PER_TOKEN * TOKENS / (0.5 * 1e12)
-    backward_s = layer_backward_time_s(
-        BLOCK,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        recompute=True,
-        curve=CURVE,
-    )
+    backward_s = _backward_s(BLOCK, recompute=True)
     assert backward_s == pytest.approx((2 * compute_s + 1e-5) + (compute_s + 1e-5), rel=1e-12)
 
 
@@ -239,22 +209,8 @@ def test_recompute_does_not_touch_the_head() -> None:
 
 def test_forward_time_scales_with_tokens_when_compute_bound() -> None:
     no_constant = EfficiencyCurve(max_fraction=0.5, bandwidth_fraction=0.8, half_saturation_s=0)
-    one = layer_forward_time_s(
-        BLOCK,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=1,
-        seq_len=SEQ_LEN,
-        curve=no_constant,
-    )
-    four = layer_forward_time_s(
-        BLOCK,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=4,
-        seq_len=SEQ_LEN,
-        curve=no_constant,
-    )
+    one = _forward_s(BLOCK, micro_batch_size=1, curve=no_constant)
+    four = _forward_s(BLOCK, micro_batch_size=4, curve=no_constant)
     assert four == pytest.approx(4 * one, rel=1e-12)
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from cluster_builders import ROUND_GPU, hand_model
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan, model_flops_utilization
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
-from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, Stage, ZeroMode
 
 CURVE = EfficiencyCurve(max_fraction=0.5, bandwidth_fraction=1.0, half_saturation_s=1e-5)
@@ -38,39 +38,13 @@ PEAK = 1e12
 # Parameters: embedding V h = 40960; block 36864 + 2h = 36992; head h + V h = 41024.
 EMBEDDING_PARAMS, BLOCK_PARAMS, HEAD_PARAMS = 40960, 36992, 41024
 
-GPU_TYPE = {
-    "name": "round",
-    "memory": "100GB",
-    "bf16_tflops": 1,
-    "fp16_tflops": 1,
-    "fp32_tflops": 0.5,
-    "memory_bandwidth": "1TB/s",
-}
-
-
-def _model(num_blocks: int) -> ModelSpec:
-    return ModelSpec(
-        name="hand",
-        arch=ModelArch(
-            family=Family.LLAMA,
-            num_blocks=num_blocks,
-            hidden_size=64,
-            num_heads=4,
-            num_kv_heads=2,
-            ffn_hidden_size=128,
-            vocab_size=640,
-            max_seq_len=64,
-            tie_embeddings=False,
-        ),
-    )
-
 
 def _cluster(
     num_gpus: int, *, intra_link: str = "100GB/s", intra_latency: str = "5us", gpu: str = "round"
 ) -> ClusterSpec:
     data: dict[str, Any] = {
         "name": "one-node",
-        "gpu_types": [GPU_TYPE],
+        "gpu_types": [ROUND_GPU],
         "nodes": [
             {
                 "name": "n",
@@ -92,7 +66,7 @@ def _one_stage_plan(
     zero: ZeroMode = ZeroMode.NONE,
     num_blocks: int = 3,
 ) -> Plan:
-    model = _model(num_blocks)
+    model = hand_model(num_blocks)
     ranks = tuple(range(len(num_micro_batches)))
     job = JobSpec(global_batch_size=MICRO_BATCH * sum(num_micro_batches), seq_len=SEQ_LEN)
     routes = tuple((rank,) for rank in ranks for _ in range(num_micro_batches[rank]))
@@ -109,7 +83,7 @@ def _one_stage_plan(
 
 
 def test_the_head_costs_exactly_one_block() -> None:
-    model = _model(1)
+    model = hand_model(1)
     block, head = model.layers[1], model.layers[2]
     assert block.forward_flops_per_token(seq_len=SEQ_LEN) == 81920
     assert head.forward_flops_per_token(seq_len=SEQ_LEN) == 81920
@@ -121,7 +95,7 @@ def test_uniform_pipeline_makespan_is_m_plus_p_minus_one_stage_times(
     num_stages: int, num_micro_batches: int
 ) -> None:
     p, m = num_stages, num_micro_batches
-    model = _model(num_blocks=p - 1)  # layers: embedding, p - 1 blocks, head
+    model = hand_model(num_blocks=p - 1)  # layers: embedding, p - 1 blocks, head
     # One node, a near-free interconnect: 1 PB/s and no latency.
     cluster = _cluster(p, intra_link="1PB/s", intra_latency="0s")
     bounds = [0, *range(2, p + 2)]  # [0, 2), [2, 3), ..., [p, p + 1)
@@ -171,7 +145,7 @@ def test_the_bottleneck_stages_own_hop_is_part_of_the_fill_and_drain(
     """Stage 0 (embedding, two blocks) is the bottleneck; its last micro-batch must still
     cross the 1 GB/s link to the head's stage and its gradient must come back."""
     m = num_micro_batches
-    model = _model(num_blocks=2)
+    model = hand_model(num_blocks=2)
     cluster = _cluster(2, intra_link="1GB/s", intra_latency="5us")
     job = JobSpec(global_batch_size=m * MICRO_BATCH, seq_len=SEQ_LEN)
     stages = tuple(

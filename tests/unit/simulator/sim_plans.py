@@ -7,49 +7,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cluster_builders import HALF_GPU, ROUND_GPU, hand_model
 from piebald.simulator.prices import Prices, StagePrices, Transfer
 from piebald.specs.cluster import ClusterSpec, Link, LinkKind
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
-from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode
 
 SEQ_LEN = 32
-GPU_TYPES = [
-    {
-        "name": "round",
-        "memory": "100GB",
-        "bf16_tflops": 1,
-        "fp16_tflops": 1,
-        "fp32_tflops": 0.5,
-        "memory_bandwidth": "1TB/s",
-    },
-    {
-        "name": "half",
-        "memory": "100GB",
-        "bf16_tflops": 0.5,
-        "fp16_tflops": 0.5,
-        "fp32_tflops": 0.25,
-        "memory_bandwidth": "0.5TB/s",
-    },
-]
-
-
-def model(num_blocks: int) -> ModelSpec:
-    return ModelSpec(
-        name="hand",
-        arch=ModelArch(
-            family=Family.LLAMA,
-            num_blocks=num_blocks,
-            hidden_size=64,
-            num_heads=4,
-            num_kv_heads=2,
-            ffn_hidden_size=128,
-            vocab_size=640,
-            max_seq_len=64,
-            tie_embeddings=False,
-        ),
-    )
+GPU_TYPES = [ROUND_GPU, HALF_GPU]
+model = hand_model
 
 
 def cluster(

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from dist_harness import StageSpec, make_plan
+from dist_harness import StageSpec, make_plan, three_stage_plan
 
 from piebald.runtime.dist.group_layout import BucketPlacement, build_group_layout
 from piebald.specs.plan import ZeroMode
 
 
 def test_three_stages_of_different_sizes_with_a_tied_head() -> None:
-    plan = make_plan(
-        [
-            StageSpec(layer_end=2, ranks=(3,), num_micro_batches=(4,), fractions=(1.0,)),
-            StageSpec(
-                layer_end=4,
-                ranks=(0,),
-                num_micro_batches=(4,),
-                fractions=(1.0,),
-                zero=ZeroMode.NONE,
-            ),
-            StageSpec(
-                layer_end=6,
-                ranks=(2, 1),
-                num_micro_batches=(3, 1),
-                fractions=(0.7, 0.3),
-                zero=ZeroMode.FULL,
-            ),
-        ],
-        num_gpus=4,
-    )
+    plan = three_stage_plan()
     layout = build_group_layout(plan)
     assert layout.used_ranks == (0, 1, 2, 3)
     # Ranks sorted, fractions follow their rank.
