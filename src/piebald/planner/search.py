@@ -260,6 +260,7 @@ class _Search:
                 micro_batch_sizes=sizes,
                 stage_index=index,
                 num_stages=depth,
+                ranks_to_end=sum(len(r) for r in candidate.stages[index:]),
                 rules=self.strategy.stage_rules,
                 curve=self.curve,
             )

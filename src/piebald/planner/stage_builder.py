@@ -101,11 +101,13 @@ def build_stage(
     micro_batch_sizes: tuple[int, ...],
     stage_index: int,
     num_stages: int,
+    ranks_to_end: int,
     rules: StageRules = StageRules(),
     curve: EfficiencyCurve = DEFAULT_CURVE,
-    ranks_to_end: int | None = None,
 ) -> StageChoice | None:
-    """The fastest memory-feasible setting of this stage, or None if nothing fits."""
+    """The fastest memory-feasible setting of this stage, or None if nothing fits.
+    ``ranks_to_end`` counts the ranks of this stage and the later ones: the 1F1B in-flight
+    budget (``cost.memory.in_flight_micro_batches``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
     wire_bytes = params * job.precision.num_bytes
@@ -156,7 +158,7 @@ def build_stage(
                 counts=counts,
                 zero=zero,
                 recompute=recompute,
-                downstream=ranks_to_end or len(ranks) + num_stages - stage_index - 1,
+                downstream=ranks_to_end,
                 neighbors=neighbors,
                 even_shards=rules.even_shards or zero is ZeroMode.NONE,
             )

@@ -80,7 +80,7 @@ def stage_cost(
     num_stages: int,
     rules: StageRules,
     curve: EfficiencyCurve,
-    ranks_to_end: int | None = None,
+    ranks_to_end: int,
 ) -> StageCost:
     size = model.num_layers + 1
     start = np.arange(size)[:, None]
@@ -89,9 +89,7 @@ def stage_cost(
     classes = Counter(cluster.device_of(rank) for rank in ranks)
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
-    # Ranks of this and the later stages: the 1F1B in-flight budget (cost.memory); by
-    # default one rank per later stage.
-    depth = ranks_to_end or len(ranks) + num_stages - stage_index - 1
+    depth = ranks_to_end  # ranks of this and the later stages: the 1F1B in-flight budget
     wire = float(job.precision.num_bytes)  # weights and gradients travel in this width
     params = stage_params_matrix(model)
     profile = ring_profile(cluster, ranks)

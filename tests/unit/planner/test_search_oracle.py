@@ -496,6 +496,7 @@ def test_memory_forces_pipelining_or_sharding_in_the_memory_cases() -> None:
                 micro_batch_sizes=(1,),
                 stage_index=0,
                 num_stages=1,
+                ranks_to_end=1,
                 rules=PIEBALD.stage_rules,
             )
             assert alone is None, (name, rank)
