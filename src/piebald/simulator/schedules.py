@@ -62,7 +62,13 @@ from piebald.simulator.ops import (
 from piebald.simulator.prices import Prices
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
-__all__ = ["StepSchedule", "build_schedule", "check_schedule", "compute_orders"]
+__all__ = [
+    "StepSchedule",
+    "build_schedule",
+    "check_schedule",
+    "compute_orders",
+    "pass_durations_s",
+]
 
 ComputeOp = Forward | Backward
 
@@ -94,7 +100,7 @@ def _gpipe_orders(plan: Plan) -> dict[int, list[ComputeOp]]:
     return orders
 
 
-def _pass_s(prices: Prices, rank: int, stage: int) -> tuple[float, float]:
+def pass_durations_s(prices: Prices, rank: int, stage: int) -> tuple[float, float]:
     """Forward and backward as the estimate prices them: ZeRO-3 passes last at least as
     long as their gathers (and the backward's reduce-scatter)."""
     comm = prices.stages[stage]
@@ -112,7 +118,7 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
     in_flight: dict[int, deque[int]] = {rank: deque() for rank in queue}
     limit = {rank: prices.in_flight_limit(rank) for rank in queue}
     free_at = dict.fromkeys(queue, 0.0)
-    times = {rank: _pass_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
+    times = {rank: pass_durations_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
     # When the input of F(j, s) / B(j, s) reaches its rank; absent until its producer ran.
     forward_ready: dict[tuple[int, int], float] = {(j, 0): 0.0 for j in range(len(routes))}
     backward_ready: dict[tuple[int, int], float] = {}
