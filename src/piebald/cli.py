@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from piebald import __version__, cli_launch, cli_simulate
+from piebald import __version__, cli_launch, cli_simulate, cli_train
 from piebald.cli_common import (
     BatchOption,
     ClusterOption,
@@ -283,6 +283,7 @@ def demo(
 # Commands that live in their own modules (cli_*.py) are registered here, one line each.
 app.command("launch")(cli_launch.launch)
 app.command("simulate")(cli_simulate.simulate)
+app.command("train")(cli_train.train)
 app.add_typer(profile_app, name="profile")
 
 

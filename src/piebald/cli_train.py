@@ -1,0 +1,264 @@
+"""``piebald train``: train under a plan (under ``torchrun``, one process per GPU), emulate the
+plan's cluster on local CPU processes (``--emulate``), or, without a plan, train in one
+process as the reference every plan must reproduce.
+
+torch is imported inside the command, never at import time: ``piebald --help`` and the
+planning commands stay fast on machines without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from piebald.cli_common import PrecisionOption, console, errors, user_errors
+from piebald.errors import SpecError
+from piebald.specs.devices import Dtype
+from piebald.specs.job import JobSpec
+from piebald.specs.plan_io import load_plan
+from piebald.specs.presets import load_model
+
+if TYPE_CHECKING:
+    from piebald.runtime.training.config import TrainConfig
+    from piebald.runtime.training.metrics import RunSummary
+
+__all__ = ["train"]
+
+
+def _fail(field: str, value: object, expected: str) -> SpecError:
+    return SpecError(source="piebald train", field=field, value=value, expected=expected)
+
+
+def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
+    if as_json:
+        payload = {
+            "steps": summary.steps,
+            "losses": list(summary.losses),
+            "tokens_per_s": summary.tokens_per_s,
+            "predicted_tokens_per_s": summary.predicted_tokens_per_s,
+            "emulated": summary.emulated,
+            "model": summary.model_name,
+            "overruns": summary.overruns,
+            "paced_operations": summary.paced_operations,
+        }
+        print(json.dumps(payload))
+        return
+    line = f"trained {summary.model_name}: {summary.tokens_per_s:,.0f} tokens/s (median)"
+    if summary.predicted_tokens_per_s is not None:
+        ratio = summary.tokens_per_s / summary.predicted_tokens_per_s
+        line += f", planner predicted {summary.predicted_tokens_per_s:,.0f} ({ratio:.2f}x)"
+    console.print(line, highlight=False)
+    if summary.emulated and summary.paced_operations:
+        share = summary.overruns / summary.paced_operations
+        console.print(
+            f"emulation: {summary.overruns} of {summary.paced_operations} operations "
+            f"({share:.0%}) took longer here than on the emulated GPU"
+            + ("; raise --time-scale for an emulated timing" if share > 0.05 else ""),
+            highlight=False,
+        )
+
+
+def train(
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="Plan JSON (from `piebald plan --out`).")
+    ] = None,
+    emulate: Annotated[
+        bool, typer.Option(help="Run the plan's cluster as local CPU processes (gloo).")
+    ] = False,
+    device: Annotated[
+        str | None, typer.Option(help="cpu or cuda (default: cuda under torchrun if present).")
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Train up to this step.")] = 10,
+    seed: Annotated[int, typer.Option(min=0, help="Initialisation and data seed.")] = 0,
+    data: Annotated[
+        Path | None, typer.Option(help="Token file (.bin + .json); default: built-in corpus.")
+    ] = None,
+    metrics: Annotated[
+        Path | None, typer.Option(help="Append one JSON object per step here.")
+    ] = None,
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Save checkpoints here.")] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option(min=0, help="Save every K steps (0: at the end only).")
+    ] = 0,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the latest checkpoint in --checkpoint-dir.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Step lines to stderr, a JSON summary to stdout.")
+    ] = False,
+    time_scale: Annotated[
+        float, typer.Option(min=1e-6, help="Emulation: wall seconds per emulated second.")
+    ] = 1.0,
+    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate (constant).")] = 1e-3,
+    max_grad_norm: Annotated[
+        float, typer.Option(min=0.0, help="Clip at this norm (0: off).")
+    ] = 1.0,
+    weight_decay: Annotated[float, typer.Option(min=0.0)] = 0.0,
+    max_emulated_params: Annotated[
+        int, typer.Option(min=1, help="Emulate larger models at reduced width.")
+    ] = 50_000_000,
+    model: Annotated[
+        str | None, typer.Option(help="Reference run (no --plan): preset or config.json.")
+    ] = None,
+    global_batch: Annotated[
+        int | None, typer.Option(min=1, help="Reference run: sequences per step.")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(min=1, help="Reference run: tokens per row.")
+    ] = None,
+    precision: PrecisionOption = Dtype.BF16,
+    micro_batch_size: Annotated[
+        int | None, typer.Option(min=1, help="Reference run: rows per forward (memory only).")
+    ] = None,
+) -> None:
+    """Train under a plan (torchrun or --emulate), or in one process as the reference."""
+    from piebald.runtime.dist.optimizer import OptimizerConfig
+    from piebald.runtime.training.config import TrainConfig
+
+    run_train(
+        plan_file=plan_file,
+        emulate=emulate,
+        device=device,
+        model=model,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        max_emulated_params=max_emulated_params,
+        as_json=as_json,
+        config=TrainConfig(
+            steps=steps,
+            seed=seed,
+            optimizer=OptimizerConfig(
+                lr=lr,
+                weight_decay=weight_decay,
+                max_grad_norm=max_grad_norm or None,
+            ),
+            data_path=data,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            metrics_path=metrics,
+            time_scale=time_scale if emulate else None,
+        ),
+    )
+
+
+@user_errors
+def run_train(
+    *,
+    plan_file: Path | None,
+    emulate: bool,
+    device: str | None,
+    model: str | None,
+    global_batch: int | None,
+    seq_len: int | None,
+    precision: Dtype,
+    micro_batch_size: int | None,
+    max_emulated_params: int,
+    as_json: bool,
+    config: TrainConfig,
+) -> None:
+    from dataclasses import replace
+
+    if device not in (None, "cpu", "cuda"):
+        raise _fail("--device", device, "cpu or cuda")
+    if config.metrics_path is not None and config.metrics_path.exists() and not config.resume:
+        raise FileExistsError(
+            f"{config.metrics_path}: already exists; choose another --metrics file "
+            "(nothing was overwritten)"
+        )
+    if plan_file is None:
+        if emulate:
+            raise _fail("--emulate", True, "a --plan to emulate")
+        if model is None or global_batch is None or seq_len is None:
+            raise _fail(
+                "--plan",
+                None,
+                "a plan, or --model, --global-batch and --seq-len for a single-process run",
+            )
+        from piebald.runtime.training.reference import train_reference
+
+        spec = load_model(model)
+        job = JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+        summary = train_reference(
+            spec,
+            job,
+            replace(config, device=device or "cpu"),
+            micro_batch_size=micro_batch_size,
+            print_line=_line_printer(as_json),
+        )
+        _print_summary(summary, as_json=as_json)
+        return
+    if model is not None or global_batch is not None or seq_len is not None:
+        raise _fail("--model", model, "no --model/--global-batch/--seq-len with --plan")
+    plan = load_plan(plan_file)
+    if emulate:
+        if device == "cuda":
+            raise _fail("--device", device, "cpu with --emulate (emulation runs CPU processes)")
+        from piebald.runtime.training.emulate import emulate as emulate_plan
+        from piebald.runtime.training.reduced import reduced_width_model
+
+        runtime_model = reduced_width_model(plan.model, max_params=max_emulated_params)
+        if runtime_model is not plan.model:
+            (errors if as_json else console).print(
+                f"emulating {plan.model.name} at reduced width: the processes train "
+                f"{runtime_model.name} ({runtime_model.num_params / 1e6:,.1f}M parameters); "
+                "emulated times are those of the full model",
+                highlight=False,
+            )
+        summary = emulate_plan(
+            plan, config, max_params=max_emulated_params, lines_to_stderr=as_json
+        )
+        _print_summary(summary, as_json=as_json)
+        return
+    _train_distributed(plan_file, config, device=device, as_json=as_json)
+
+
+def _line_printer(as_json: bool) -> Callable[[str], None]:
+    """Step lines go to stdout, or to stderr when stdout carries the JSON summary."""
+
+    def print_line(line: str) -> None:
+        print(line, flush=True, file=sys.stderr if as_json else sys.stdout)
+
+    return print_line
+
+
+def _train_distributed(
+    plan_file: Path, config: TrainConfig, *, device: str | None, as_json: bool
+) -> None:
+    """One rank of a real run: ``torchrun`` set RANK, WORLD_SIZE and the rendezvous."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from piebald.runtime.training.rank_worker import run_rank
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise _fail(
+            "--plan",
+            str(plan_file),
+            "a run under torchrun (see `piebald launch --plan`), or --emulate to run the "
+            "plan's cluster on this machine",
+        )
+    plan = load_plan(plan_file)
+    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = replace(config, device=chosen, fp32=chosen == "cpu")
+    dist.init_process_group(
+        "nccl" if chosen == "cuda" else "gloo", timeout=timedelta(seconds=config.timeout_s)
+    )
+    try:
+        result = run_rank(plan, config, print_line=_line_printer(as_json))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if result.summary is not None:
+        _print_summary(result.summary, as_json=as_json)

@@ -1,0 +1,226 @@
+"""Run one rank's operations of a training step: the list ``build_schedule(plan)`` gives it,
+in order (DESIGN section 3; the simulator executes the same lists).
+
+How each operation maps onto torch:
+
+- ``RecvActivation`` / ``RecvGradient``: post an ``irecv`` into a buffer of the micro-batch's
+  shape in the sender's compute dtype (``Mailbox``); the pass that needs it waits on it.
+- ``Forward(j)``: stage 0 reads the rows of micro-batch j from the global batch; later
+  stages take the received activation as a leaf that requires grad. The last stage turns
+  logits into ``token_loss_sum / tokens_in_global_batch`` (so every reduction is a plain
+  sum and the total equals one process's mean loss) and keeps it for the backward.
+- ``SendActivation`` / ``SendGradient``: ``isend`` of the output (or of the input's
+  gradient), completed at the end of the step.
+- ``Backward(j)``: the last stage back-propagates the (loss-scaled) loss, other stages their
+  output with the received gradient; gradients accumulate into the flat buckets.
+- ``GatherPassParams`` / ``ScatterPassGrads``: ZeRO-3 parameters are gathered once per step,
+  before the first pass, and kept until the last backward; gradients are reduce-scattered
+  once per step by the optimizer (Zorse's pipeline-efficient ZeRO). Ranks of a stage run
+  different numbers of micro-batches, so per-pass collectives could not run in lockstep;
+  the schedule's per-pass operations therefore do no work here.
+- ``AllReduceGrads`` / ``ReduceScatterGrads`` / ``AllGatherParams``: done inside
+  ``ShardedOptimizer.step``, which ``OptimizerStep`` calls (every used rank, once per step).
+
+Under emulation a ``Pacer`` stretches each pass, hop and the step's end to the emulated GPU's
+times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from piebald.runtime.dist.optimizer import ShardedOptimizer, StepResult
+from piebald.runtime.models.loss import token_loss_sum
+from piebald.runtime.models.stage_part import StagePart
+from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
+from piebald.runtime.pipeline.pacing import Pacer
+from piebald.runtime.pipeline.rows import micro_batch_rows
+from piebald.simulator.ops import (
+    AllGatherParams,
+    AllReduceGrads,
+    Backward,
+    Forward,
+    GatherPassParams,
+    Op,
+    OptimizerStep,
+    RecvActivation,
+    RecvGradient,
+    ReduceScatterGrads,
+    ScatterPassGrads,
+    SendActivation,
+    SendGradient,
+)
+from piebald.specs.plan import Plan
+
+__all__ = ["PipelineExecutor", "StepOutcome"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    loss_sum: float  # this rank's share of the step's mean loss (0 off the last stage)
+    optimizer: StepResult
+
+
+@dataclass(slots=True)
+class _Saved:
+    """What a micro-batch's backward needs from its forward."""
+
+    inputs: torch.Tensor | None  # the received activation (a leaf), None on stage 0
+    output: torch.Tensor  # hidden states, or the weighted loss on the last stage
+
+
+class PipelineExecutor:
+    """Runs ``ops`` (this rank's schedule) once per step on ``part``."""
+
+    def __init__(
+        self,
+        *,
+        plan: Plan,
+        rank: int,
+        ops: Sequence[Op],
+        part: StagePart,
+        optimizer: ShardedOptimizer,
+        device: torch.device,
+        wire_dtypes: dict[int, torch.dtype],
+        pacer: Pacer | None = None,
+    ) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.ops = tuple(ops)
+        self.part = part
+        self.optimizer = optimizer
+        self.device = device
+        self.wire_dtypes = wire_dtypes  # the dtype each rank sends its messages in
+        self.pacer = pacer
+        self.stage_index = plan.stage_of_rank[rank]
+        self.is_last = self.stage_index == plan.num_stages - 1
+        self.rows = micro_batch_rows(plan)
+        self.tokens_in_batch = plan.job.global_batch_size * plan.job.seq_len
+        self.compute_dtype = next(part.parameters()).dtype
+        self._last_backward = max(
+            (k for k, op in enumerate(self.ops) if isinstance(op, Backward)), default=-1
+        )
+
+    def _message_shape(self, micro_batch: int) -> tuple[int, ...]:
+        num_rows = len(self.rows[micro_batch])
+        return (num_rows, self.plan.job.seq_len, self.part.model.arch.hidden_size)
+
+    def run_step(
+        self, *, inputs: torch.Tensor, labels: torch.Tensor, lr: float | None = None
+    ) -> StepOutcome:
+        """One step: ``inputs``/``labels`` are the whole global batch (every rank draws it
+        from (seed, step) and keeps its micro-batches' rows)."""
+        mailbox = Mailbox(device=self.device, stamped=self.pacer is not None)
+        saved: dict[int, _Saved] = {}
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        result: StepResult | None = None
+        # ZeRO-3: gather once per step (a no-op for other modes); collective over the stage
+        # group, called by every rank of it, micro-batches or not.
+        self.optimizer.gather_params()
+        for k, op in enumerate(self.ops):
+            match op:
+                case RecvActivation(micro_batch=j, peer=peer):
+                    mailbox.post_receive(
+                        MessageKind.ACTIVATION,
+                        micro_batch=j,
+                        peer=peer,
+                        shape=self._message_shape(j),
+                        dtype=self.wire_dtypes[peer],
+                    )
+                case RecvGradient(micro_batch=j, peer=peer):
+                    mailbox.post_receive(
+                        MessageKind.GRADIENT,
+                        micro_batch=j,
+                        peer=peer,
+                        shape=self._message_shape(j),
+                        dtype=self.wire_dtypes[peer],
+                    )
+                case Forward(micro_batch=j):
+                    saved[j] = self._forward(j, inputs, labels, mailbox)
+                    if self.is_last:
+                        loss_sum += saved[j].output.detach()
+                case SendActivation(micro_batch=j, peer=peer):
+                    self._send(mailbox, MessageKind.ACTIVATION, j, peer, saved[j].output)
+                case Backward(micro_batch=j):
+                    self._backward(j, saved[j], mailbox)
+                    if self.stage_index == 0:
+                        del saved[j]  # no input gradient to send: done with it
+                    if k == self._last_backward:
+                        self.optimizer.release_params()
+                case SendGradient(micro_batch=j, peer=peer):
+                    leaf = saved.pop(j).inputs
+                    assert leaf is not None and leaf.grad is not None
+                    self._send(mailbox, MessageKind.GRADIENT, j, peer, leaf.grad)
+                case OptimizerStep():
+                    mailbox.finish()  # every send completes before the step's collectives
+                    result = self._optimizer_step(lr)
+                case (
+                    GatherPassParams()
+                    | ScatterPassGrads()
+                    | AllReduceGrads()
+                    | ReduceScatterGrads()
+                    | AllGatherParams()
+                ):
+                    pass  # once per step, see the module docstring
+        if result is None:
+            raise RuntimeError(f"rank {self.rank}: the schedule has no optimizer step")
+        return StepOutcome(loss_sum=float(loss_sum.item()), optimizer=result)
+
+    # --- passes ---------------------------------------------------------------------------
+
+    def _take(self, mailbox: Mailbox, kind: MessageKind, j: int) -> torch.Tensor:
+        tensor, arrival = mailbox.take(kind, micro_batch=j)
+        if self.pacer is not None and arrival is not None:
+            self.pacer.wait_until(arrival)
+        return tensor.to(self.compute_dtype)
+
+    def _forward(
+        self, j: int, inputs: torch.Tensor, labels: torch.Tensor, mailbox: Mailbox
+    ) -> _Saved:
+        rows = self.rows[j]
+        leaf: torch.Tensor | None = None
+        if self.stage_index == 0:
+            x = inputs[rows.start : rows.stop].to(self.device)
+        else:
+            leaf = self._take(mailbox, MessageKind.ACTIVATION, j).requires_grad_()
+            x = leaf
+        started = self.pacer.now() if self.pacer is not None else 0.0
+        output = self.part(x)
+        if self.is_last:
+            targets = labels[rows.start : rows.stop].to(self.device)
+            output = token_loss_sum(output, targets) / self.tokens_in_batch
+        if self.pacer is not None:
+            self.pacer.pace(started=started, emulated_s=self.pacer.forward_s)
+        return _Saved(inputs=leaf, output=output)
+
+    def _backward(self, j: int, saved: _Saved, mailbox: Mailbox) -> None:
+        if self.is_last:
+            started = self.pacer.now() if self.pacer is not None else 0.0
+            torch.autograd.backward(self.optimizer.scale_loss(saved.output))
+        else:
+            gradient = self._take(mailbox, MessageKind.GRADIENT, j)
+            started = self.pacer.now() if self.pacer is not None else 0.0
+            torch.autograd.backward(saved.output, grad_tensors=gradient)
+        saved.output = saved.output.detach()  # free the graph now, not at the send
+        if self.pacer is not None:
+            self.pacer.pace(started=started, emulated_s=self.pacer.backward_s)
+
+    def _send(
+        self, mailbox: Mailbox, kind: MessageKind, j: int, peer: int, tensor: torch.Tensor
+    ) -> None:
+        arrival = self.pacer.arrival(peer) if self.pacer is not None else None
+        mailbox.send(kind, micro_batch=j, peer=peer, tensor=tensor, arrival=arrival)
+
+    def _optimizer_step(self, lr: float | None) -> StepResult:
+        started = 0.0
+        if self.pacer is not None:
+            # The step's collectives (the global gradient norm among them) start when the
+            # last used rank arrives; real waiting for it is not an overrun.
+            started = self.pacer.latest_arrival(self.optimizer.used_group)
+        result = self.optimizer.step(lr=lr)
+        if self.pacer is not None:
+            self.pacer.pace(started=started, emulated_s=self.pacer.step_end_s)
+        return result

@@ -1,0 +1,116 @@
+"""Asynchronous point-to-point messages between stages: activations forward, their gradients
+backward, each matched by a tag unique to (kind, micro-batch) within the step.
+
+Receives are posted early (the schedule posts the next operation's input before running the
+current one) and waited on only by the operation that needs them; sends are posted after
+the pass that makes them and completed at the end of the step, so no rank ever blocks on a
+peer except for an input it is about to use. That is the execution model under which the
+schedule generator proves its lists deadlock-free.
+
+Under emulation each message is followed by a one-element float64 "stamp" message: the
+time (``time.monotonic``, one clock for every process of the machine) at which the
+emulated link delivers it, so the receiver can wait until then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Mailbox", "MessageKind", "message_tag"]
+
+
+class MessageKind(IntEnum):
+    ACTIVATION = 0
+    GRADIENT = 1
+
+
+_TAGS_PER_MICRO_BATCH = 4  # activation, its stamp, gradient, its stamp
+
+
+def message_tag(kind: MessageKind, micro_batch: int, *, stamp: bool = False) -> int:
+    return micro_batch * _TAGS_PER_MICRO_BATCH + 2 * int(kind) + int(stamp)
+
+
+@dataclass(slots=True)
+class _Posted:
+    work: dist.Work
+    tensor: torch.Tensor
+    stamp_work: dist.Work | None
+    stamp: torch.Tensor | None
+
+
+class Mailbox:
+    """One rank's posted receives and in-flight sends for one step."""
+
+    def __init__(self, *, device: torch.device, stamped: bool) -> None:
+        self.device = device
+        self.stamped = stamped
+        self._receives: dict[tuple[MessageKind, int], _Posted] = {}
+        self._sends: list[_Posted] = []
+
+    def post_receive(
+        self,
+        kind: MessageKind,
+        *,
+        micro_batch: int,
+        peer: int,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+    ) -> None:
+        key = (kind, micro_batch)
+        if key in self._receives:
+            raise RuntimeError(f"receive of {kind.name.lower()} {micro_batch} posted twice")
+        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        work = dist.irecv(tensor, src=peer, tag=message_tag(kind, micro_batch))
+        assert work is not None
+        stamp_work, stamp = None, None
+        if self.stamped:
+            stamp = torch.empty(1, dtype=torch.float64)
+            stamp_work = dist.irecv(stamp, src=peer, tag=message_tag(kind, micro_batch, stamp=True))
+        self._receives[key] = _Posted(work=work, tensor=tensor, stamp_work=stamp_work, stamp=stamp)
+
+    def take(self, kind: MessageKind, *, micro_batch: int) -> tuple[torch.Tensor, float | None]:
+        """Wait for a posted receive: (the tensor, its emulated arrival time or None)."""
+        posted = self._receives.pop((kind, micro_batch))
+        posted.work.wait()
+        arrival: float | None = None
+        if posted.stamp_work is not None and posted.stamp is not None:
+            posted.stamp_work.wait()
+            arrival = float(posted.stamp.item())
+        return posted.tensor, arrival
+
+    def send(
+        self,
+        kind: MessageKind,
+        *,
+        micro_batch: int,
+        peer: int,
+        tensor: torch.Tensor,
+        arrival: float | None = None,
+    ) -> None:
+        payload = tensor.detach().contiguous()
+        work = dist.isend(payload, dst=peer, tag=message_tag(kind, micro_batch))
+        assert work is not None
+        stamp_work, stamp = None, None
+        if self.stamped:
+            if arrival is None:
+                raise ValueError("an emulated send needs its arrival time")
+            stamp = torch.tensor([arrival], dtype=torch.float64)
+            stamp_work = dist.isend(stamp, dst=peer, tag=message_tag(kind, micro_batch, stamp=True))
+        # Keep the payload alive until the send completes.
+        self._sends.append(_Posted(work=work, tensor=payload, stamp_work=stamp_work, stamp=stamp))
+
+    def finish(self) -> None:
+        """Complete every send of the step; every receive must have been taken."""
+        if self._receives:
+            left = sorted((kind.name.lower(), j) for kind, j in self._receives)
+            raise RuntimeError(f"receives posted but never used this step: {left[:4]}")
+        for posted in self._sends:
+            posted.work.wait()
+            if posted.stamp_work is not None:
+                posted.stamp_work.wait()
+        self._sends.clear()

@@ -1,0 +1,37 @@
+"""What a training run is asked to do, besides the plan: steps, seed, optimizer settings,
+data, checkpoints, metrics, and emulation's time scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from piebald.runtime.dist.optimizer import OptimizerConfig
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    steps: int  # the run ends after this step (a resumed run continues up to it)
+    seed: int = 0  # model initialisation and the batches of every step
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data_path: Path | None = None  # a token file; None: the shipped corpus, byte-tokenised
+    device: str = "cpu"  # "cpu" or "cuda" (one GPU per process: cuda:LOCAL_RANK)
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0  # 0: only at the end of the run (when a directory is given)
+    resume: bool = False
+    metrics_path: Path | None = None  # one JSON object per step, appended by the leader
+    time_scale: float | None = None  # emulation: wall seconds per emulated second; None: real
+    fp32: bool = False  # compute in fp32 whatever the plan's precision (emulation default)
+    timeout_s: float = 300.0  # a collective waiting longer than this fails the run
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps = {self.steps}; expected >= 1")
+        if self.seed < 0:
+            raise ValueError(f"seed = {self.seed}; expected >= 0")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every = {self.checkpoint_every}; expected >= 0")
+        if self.time_scale is not None and not self.time_scale > 0:
+            raise ValueError(f"time_scale = {self.time_scale}; expected > 0")

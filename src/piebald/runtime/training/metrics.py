@@ -1,0 +1,96 @@
+"""What a run reports: one line (and one JSON object) per step, torchtitan-style, and the
+summary at the end.
+
+Tokens/s are the global batch's tokens over the step's wall time; under emulation the wall
+time is divided by the time scale first, so the number describes the emulated cluster. MFU is
+model FLOP/s (3 x forward, no recompute) over the used GPUs' dense peaks, as the planner
+reports it. Memory is the largest peak over the used ranks: CUDA's allocator peak on GPUs,
+the process's peak resident set on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["MetricsWriter", "RunSummary", "StepMetrics", "format_step", "summarise"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepMetrics:
+    step: int  # 1-based: the number of optimizer steps taken once this one is done
+    loss: float
+    grad_norm: float
+    step_time_s: float  # wall seconds, or emulated seconds under emulation
+    tokens_per_s: float
+    mfu: float
+    peak_memory_bytes: float
+    skipped: bool  # fp16 overflow: no parameter changed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    steps: int
+    losses: tuple[float, ...]  # of the steps this run executed (a resumed run: from there)
+    tokens_per_s: float  # median over the run's steps after the first (warm-up)
+    predicted_tokens_per_s: float | None
+    emulated: bool
+    model_name: str  # the model the processes trained (reduced width under emulation)
+    overruns: int = 0  # emulated operations whose real work outlasted their emulated time
+    paced_operations: int = 0
+    first_step: int = 0  # the step this run started from (after --resume)
+
+    def as_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["losses"] = list(self.losses)
+        return data
+
+
+def format_step(metrics: StepMetrics) -> str:
+    skipped = "  (skipped: fp16 overflow)" if metrics.skipped else ""
+    return (
+        f"step {metrics.step:>5}  loss {metrics.loss:8.4f}  grad norm {metrics.grad_norm:8.4f}  "
+        f"tokens/s {metrics.tokens_per_s:>12,.0f}  MFU {metrics.mfu:6.1%}  "
+        f"memory {metrics.peak_memory_bytes / 2**30:6.2f} GiB{skipped}"
+    )
+
+
+def summarise(
+    history: list[StepMetrics],
+    *,
+    steps: int,
+    predicted_tokens_per_s: float | None,
+    emulated: bool,
+    model_name: str,
+    overruns: int = 0,
+    paced_operations: int = 0,
+) -> RunSummary:
+    timed = history[1:] if len(history) > 1 else history
+    return RunSummary(
+        steps=steps,
+        losses=tuple(m.loss for m in history),
+        tokens_per_s=statistics.median(m.tokens_per_s for m in timed) if timed else 0.0,
+        predicted_tokens_per_s=predicted_tokens_per_s,
+        emulated=emulated,
+        model_name=model_name,
+        overruns=overruns,
+        paced_operations=paced_operations,
+        first_step=history[0].step - 1 if history else steps,
+    )
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to a file (never truncates what is there)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, metrics: StepMetrics) -> None:
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(asdict(metrics)) + "\n")

@@ -1,0 +1,258 @@
+"""One rank's training run under a plan, once torch.distributed is initialised (by
+``torchrun`` on GPUs, or by the emulator's spawned CPU processes).
+
+Setup, in an order every rank follows so no collective can wait on a rank doing something
+else: the plan's process groups (every rank, idle ones too), the rank's stage part under
+global parameter names, its flat buckets and sharded optimizer, the checkpoint to resume
+from, then the steps. Each step every used rank draws the global batch from (seed, step)
+(DESIGN section 3), runs its schedule (``PipelineExecutor``), and joins two small
+all-reduces for the metrics: the loss (a sum of the last stage's shares) and the peak
+memory (a max). The leader (the lowest used rank) prints and records them.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from piebald.cost.plan_estimate import model_flops_utilization
+from piebald.runtime.data.batches import batch_for_step
+from piebald.runtime.dist.buckets import build_buckets
+from piebald.runtime.dist.checkpoint import (
+    find_latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from piebald.runtime.dist.groups import CommGroup, build_process_groups
+from piebald.runtime.dist.loss_scaler import DynamicLossScaler
+from piebald.runtime.dist.optimizer import ShardedOptimizer
+from piebald.runtime.models.stage_part import StagePart, build_stage_part
+from piebald.runtime.pipeline.executor import PipelineExecutor
+from piebald.runtime.pipeline.pacing import Pacer
+from piebald.runtime.training.config import TrainConfig
+from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.metrics import (
+    MetricsWriter,
+    RunSummary,
+    StepMetrics,
+    format_step,
+    summarise,
+)
+from piebald.runtime.training.precision import needs_loss_scaler, rank_dtypes
+from piebald.simulator.prices import Prices
+from piebald.simulator.schedules import build_schedule
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+
+__all__ = [
+    "RankRun",
+    "checkpoint_to_resume",
+    "global_named_parameters",
+    "peak_memory_bytes",
+    "run_rank",
+]
+
+StepPrinter = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankRun:
+    """What a rank hands back: the summary on the leader, None elsewhere."""
+
+    rank: int
+    summary: RunSummary | None
+
+
+def global_named_parameters(part: StagePart) -> tuple[list[tuple[str, nn.Parameter]], str | None]:
+    """The part's parameters under global names, and the tied weight's name if it holds a
+    replica of a weight tied across stages (the head's copy is listed under the
+    embedding's name, as the buckets expect)."""
+    tied = part.tied_parameters()
+    rename = {t.local_name: t.canonical_name for t in tied}
+    named = [(rename.get(name, name), p) for name, p in part.named_parameters()]
+    return named, (tied[0].canonical_name if tied else None)
+
+
+def peak_memory_bytes(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    # Linux reports ru_maxrss in KiB.
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+
+
+def checkpoint_to_resume(config: TrainConfig) -> Path | None:
+    """The checkpoint to resume from; refuses to mix a new run into an old directory."""
+    directory = config.checkpoint_dir
+    if directory is None:
+        if config.resume:
+            raise ValueError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        return None
+    latest = find_latest_checkpoint(directory) if directory.exists() else None
+    if latest is not None and not config.resume:
+        raise FileExistsError(
+            f"{directory}: already holds checkpoint {latest.name}; pass --resume to continue "
+            "that run, or choose another --checkpoint-dir (nothing was overwritten)"
+        )
+    return latest
+
+
+def run_rank(
+    plan: Plan,
+    config: TrainConfig,
+    *,
+    runtime_model: ModelSpec | None = None,
+    print_line: StepPrinter | None = None,
+) -> RankRun:
+    """Train under ``plan`` on this rank. ``runtime_model`` is the model the processes
+    build (``plan.model`` unless emulating at reduced width); the plan's own model prices
+    the emulated times and the MFU."""
+    rank = dist.get_rank()
+    print_line = print_line or (lambda line: print(line, flush=True))
+    model = runtime_model or plan.model
+    runtime_plan = replace(plan, model=model) if model is not plan.model else plan
+    groups = build_process_groups(runtime_plan, timeout_s=config.timeout_s)
+    stage_index = groups.stage_index
+    if stage_index is None:  # idle under this plan: nothing to hold, nothing to run
+        return RankRun(rank=rank, summary=None)
+    stage = plan.stages[stage_index]
+    device = _device(config)
+    dtypes = rank_dtypes(plan, fp32=config.fp32)
+    part = build_stage_part(
+        model,
+        layer_start=stage.layer_start,
+        layer_end=stage.layer_end,
+        seed=config.seed,
+        dtype=dtypes[rank],
+        device=device,
+    )
+    part.recompute = stage.recompute
+    named, tied_name = global_named_parameters(part)
+    buckets = build_buckets(groups, named_params=named, tied_name=tied_name)
+    scaler = DynamicLossScaler() if needs_loss_scaler(dtypes) else None
+    optimizer = ShardedOptimizer(
+        buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
+    )
+    prices = Prices(plan)
+    pacer = (
+        Pacer(plan=plan, rank=rank, prices=prices, time_scale=config.time_scale)
+        if config.time_scale is not None
+        else None
+    )
+    executor = PipelineExecutor(
+        plan=runtime_plan,
+        rank=rank,
+        ops=build_schedule(plan, prices=prices).rank_ops[rank],
+        part=part,
+        optimizer=optimizer,
+        device=device,
+        wire_dtypes=dtypes,
+        pacer=pacer,
+    )
+    tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+
+    first_step = 0
+    latest = checkpoint_to_resume(config)
+    if latest is not None:
+        info = load_checkpoint(latest, optimizer=optimizer, group=groups.used, rank=rank)
+        first_step = info.step
+    leader = rank == groups.used.ranks[0]
+    writer = MetricsWriter(config.metrics_path if leader else None)
+    history: list[StepMetrics] = []
+    time_scale = config.time_scale or 1.0
+    _synchronise(groups.used)
+    started = time.perf_counter()
+    for step in range(first_step, config.steps):
+        inputs, labels = batch_for_step(
+            tokens,
+            seed=config.seed,
+            step=step,
+            global_batch_size=plan.job.global_batch_size,
+            seq_len=plan.job.seq_len,
+        )
+        outcome = executor.run_step(inputs=inputs, labels=labels)
+        reduced = torch.tensor([outcome.loss_sum], dtype=torch.float64)
+        memory = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64)
+        _all_reduce(reduced, groups.used, dist.ReduceOp.SUM)
+        _all_reduce(memory, groups.used, dist.ReduceOp.MAX)
+        now = time.perf_counter()
+        step_s = (now - started) / time_scale
+        started = now
+        tokens_per_s = plan.job.tokens_per_step / step_s
+        metrics = StepMetrics(
+            step=step + 1,
+            loss=float(reduced.item()),
+            grad_norm=outcome.optimizer.grad_norm,
+            step_time_s=step_s,
+            tokens_per_s=tokens_per_s,
+            mfu=model_flops_utilization(plan, tokens_per_s=tokens_per_s),
+            peak_memory_bytes=float(memory.item()),
+            skipped=outcome.optimizer.skipped,
+        )
+        history.append(metrics)
+        if leader:
+            print_line(format_step(metrics))
+            writer.write(metrics)
+        every = config.checkpoint_every
+        at_end = step + 1 == config.steps
+        if config.checkpoint_dir is not None and (at_end or (every and (step + 1) % every == 0)):
+            save_checkpoint(
+                config.checkpoint_dir,
+                step=step + 1,
+                optimizer=optimizer,
+                group=groups.used,
+                rank=rank,
+                extra={"seed": config.seed, "plan_model": plan.model.name},
+            )
+            started = time.perf_counter()  # the save is not part of the next step's time
+    report = pacer.report() if pacer is not None else None
+    counts = torch.tensor(
+        [report.overruns, report.operations] if report is not None else [0, 0], dtype=torch.int64
+    )
+    _all_reduce(counts, groups.used, dist.ReduceOp.SUM)
+    if not leader:
+        return RankRun(rank=rank, summary=None)
+    predicted = plan.predicted.tokens_per_s if plan.predicted is not None else None
+    summary = summarise(
+        history,
+        steps=config.steps,
+        predicted_tokens_per_s=predicted,
+        emulated=config.time_scale is not None,
+        model_name=model.name,
+        overruns=int(counts[0].item()),
+        paced_operations=int(counts[1].item()),
+    )
+    if not history:
+        summary = replace(summary, first_step=first_step)
+    return RankRun(rank=rank, summary=summary)
+
+
+def _device(config: TrainConfig) -> torch.device:
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: CUDA is not available in this process")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _all_reduce(tensor: torch.Tensor, group: CommGroup, op: dist.ReduceOp.RedOpType) -> None:
+    if group.size > 1:
+        device_tensor = tensor
+        if group.backend == "nccl":
+            device_tensor = tensor.cuda()
+        dist.all_reduce(device_tensor, op=op, group=group.process_group)
+        tensor.copy_(device_tensor.cpu())
+
+
+def _synchronise(group: CommGroup) -> None:
+    if group.size > 1:
+        dist.barrier(group=group.process_group)

@@ -1,0 +1,111 @@
+"""Single-process training: the reference every plan must reproduce (DESIGN section 3).
+
+The whole model in one process, the same initialisation (per layer, from the seed), the
+same batches (from (seed, step)), the same loss (token cross-entropies summed and divided
+by the tokens of the global batch), torch's AdamW (or SGD) with the same parameter groups,
+and ``clip_grad_norm_``. ``micro_batch_size`` splits the batch for memory only: gradients
+accumulate, so the result does not depend on it beyond float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from piebald.runtime.data.batches import batch_for_step
+from piebald.runtime.dist.optimizer import build_reference_optimizer
+from piebald.runtime.models.loss import token_loss_sum
+from piebald.runtime.models.stage_part import build_stage_part
+from piebald.runtime.training.config import TrainConfig
+from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.metrics import (
+    MetricsWriter,
+    RunSummary,
+    StepMetrics,
+    format_step,
+    summarise,
+)
+from piebald.runtime.training.rank_worker import peak_memory_bytes
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+
+__all__ = ["train_reference"]
+
+
+def train_reference(
+    model: ModelSpec,
+    job: JobSpec,
+    config: TrainConfig,
+    *,
+    micro_batch_size: int | None = None,
+    print_line: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Train ``model`` for ``config.steps`` steps in this process; returns the summary."""
+    print_line = print_line or (lambda line: print(line, flush=True))
+    if config.checkpoint_dir is not None or config.resume or config.time_scale is not None:
+        raise ValueError(
+            "single-process reference training takes no checkpoints, --resume or emulation; "
+            "give a --plan for those"
+        )
+    device = torch.device(config.device if config.device == "cpu" else "cuda")
+    rows = micro_batch_size or job.global_batch_size
+    if not 1 <= rows <= job.global_batch_size:
+        raise ValueError(
+            f"micro_batch_size = {rows}; expected 1..{job.global_batch_size} (the global batch)"
+        )
+    model_part = build_stage_part(
+        model, layer_start=0, layer_end=model.num_layers, seed=config.seed, device=device
+    )
+    named = list(model_part.named_parameters())
+    optimizer = build_reference_optimizer(named, config.optimizer)
+    params = [p for _, p in named]
+    tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+    tokens_in_batch = job.global_batch_size * job.seq_len
+    writer = MetricsWriter(config.metrics_path)
+    history: list[StepMetrics] = []
+    for step in range(config.steps):
+        started = time.perf_counter()
+        inputs, labels = batch_for_step(
+            tokens,
+            seed=config.seed,
+            step=step,
+            global_batch_size=job.global_batch_size,
+            seq_len=job.seq_len,
+        )
+        loss_sum = 0.0
+        for start in range(0, job.global_batch_size, rows):
+            logits = model_part(inputs[start : start + rows].to(device))
+            loss = token_loss_sum(logits, labels[start : start + rows].to(device))
+            loss = loss / tokens_in_batch
+            torch.autograd.backward(loss)
+            loss_sum += float(loss.item())
+        max_norm = config.optimizer.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+        for group in optimizer.param_groups:
+            group["lr"] = config.optimizer.lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step_s = time.perf_counter() - started
+        metrics = StepMetrics(
+            step=step + 1,
+            loss=loss_sum,
+            grad_norm=float(norm),
+            step_time_s=step_s,
+            tokens_per_s=tokens_in_batch / step_s,
+            mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
+            peak_memory_bytes=peak_memory_bytes(device),
+            skipped=False,
+        )
+        history.append(metrics)
+        print_line(format_step(metrics))
+        writer.write(metrics)
+    return summarise(
+        history,
+        steps=config.steps,
+        predicted_tokens_per_s=None,
+        emulated=False,
+        model_name=model.name,
+    )
