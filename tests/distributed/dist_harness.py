@@ -25,7 +25,7 @@ from torch.nn import functional
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, Stage, ZeroMode, weighted_round_robin
+from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode, weighted_round_robin
 from piebald.specs.presets import PRESETS
 
 PG_TIMEOUT_S = 30.0  # a hang becomes a failure well inside pytest's timeout
@@ -87,11 +87,19 @@ class StageSpec:
     num_micro_batches: tuple[int, ...]
     fractions: tuple[float, ...]
     zero: ZeroMode = ZeroMode.OPTIMIZER
+    micro_batch_sizes: tuple[int, ...] | None = None  # None: 1 per rank
+    recompute: bool = False
 
 
-def make_plan(stages: Sequence[StageSpec], *, num_gpus: int, tied: bool = True) -> Plan:
-    """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1,
-    routes by weighted round robin in every stage."""
+def make_plan(
+    stages: Sequence[StageSpec],
+    *,
+    num_gpus: int,
+    tied: bool = True,
+    schedule: Schedule = Schedule.ONE_F_ONE_B,
+) -> Plan:
+    """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1
+    unless a stage says otherwise, routes by weighted round robin in every stage."""
     arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
     model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
     cluster = parse_cluster(
@@ -109,6 +117,10 @@ def make_plan(stages: Sequence[StageSpec], *, num_gpus: int, tied: bool = True) 
         source="test",
     )
     num_mb = sum(stages[0].num_micro_batches)
+    first_sizes = stages[0].micro_batch_sizes or (1,) * len(stages[0].ranks)
+    global_batch = sum(
+        n * size for n, size in zip(stages[0].num_micro_batches, first_sizes, strict=True)
+    )
     start = 0
     built = []
     for spec in stages:
@@ -117,10 +129,11 @@ def make_plan(stages: Sequence[StageSpec], *, num_gpus: int, tied: bool = True) 
                 layer_start=start,
                 layer_end=spec.layer_end,
                 ranks=spec.ranks,
-                micro_batch_size=(1,) * len(spec.ranks),
+                micro_batch_size=spec.micro_batch_sizes or (1,) * len(spec.ranks),
                 num_micro_batches=spec.num_micro_batches,
                 shard_fraction=spec.fractions,
                 zero=spec.zero,
+                recompute=spec.recompute,
             )
         )
         start = spec.layer_end
@@ -132,9 +145,10 @@ def make_plan(stages: Sequence[StageSpec], *, num_gpus: int, tied: bool = True) 
     return Plan(
         cluster=cluster,
         model=model,
-        job=JobSpec(global_batch_size=num_mb, seq_len=32),
+        job=JobSpec(global_batch_size=global_batch, seq_len=32),
         stages=tuple(built),
         routes=routes,
+        schedule=schedule,
     )
 
 

@@ -78,15 +78,18 @@ def emulate(
     max_params: int,
     lines_to_stderr: bool = False,
 ) -> RunSummary:
-    """Train under ``plan`` on ``plan.cluster.num_gpus`` local CPU processes."""
+    """Train under ``plan`` on ``plan.cluster.num_gpus`` local CPU processes, in fp32.
+
+    ``config.time_scale`` paces every operation to the emulated GPU's time (wall seconds per
+    emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
+    Models above ``max_params`` parameters run at reduced width (``reduced_width_model``).
+    """
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
         raise ValueError(
             f"the plan's cluster {plan.cluster.name!r} has {world_size} GPUs; emulation runs "
             f"one process per GPU and supports at most {MAX_EMULATED_GPUS}"
         )
-    if config.time_scale is None:
-        config = replace(config, time_scale=1.0)
     config = replace(config, device="cpu", fp32=True)
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once

@@ -1,0 +1,69 @@
+"""``piebald train`` end to end: the single-process reference, an emulated run of a plan made
+by ``piebald plan`` (same losses as the reference), metrics, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from piebald.cli import app
+from piebald.examples import example_path
+
+JOB = ["--global-batch", "6", "--seq-len", "32"]
+TRAIN = ["--steps", "3", "--seed", "2", "--lr", "0.003"]
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def _summary(output: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads(output.strip().splitlines()[-1])
+    return data
+
+
+@pytest.mark.distributed
+def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    code, output = _run(
+        "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
+    )
+    assert code == 0, output
+    code, output = _run("train", "--model", "tiny", *JOB, *TRAIN, "--json")
+    assert code == 0, output
+    reference = _summary(output)
+    metrics = tmp_path / "metrics.jsonl"
+    code, output = _run(
+        "train", "--plan", str(plan), "--emulate", *TRAIN, "--json", "--metrics", str(metrics)
+    )
+    assert code == 0, output
+    emulated = _summary(output)
+    assert emulated["steps"] == reference["steps"] == 3
+    assert emulated["emulated"] is True and emulated["predicted_tokens_per_s"] > 0  # type: ignore[operator]
+    assert emulated["losses"] == pytest.approx(reference["losses"], rel=1e-4, abs=1e-4)
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert [line["loss"] for line in lines] == emulated["losses"]
+
+
+def test_train_errors_are_one_line(tmp_path: Path) -> None:
+    code, output = _run("train", "--steps", "1")
+    assert code == 2 and "--global-batch" in output and "Traceback" not in output
+    code, output = _run("train", "--emulate", "--model", "tiny", *JOB)
+    assert code == 2 and "a --plan to emulate" in output
+    plan = tmp_path / "plan.json"
+    code, output = _run(
+        "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
+    )
+    assert code == 0, output
+    code, output = _run("train", "--plan", str(plan))
+    assert code == 2 and "torchrun" in output and "--emulate" in output
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("keep me\n")
+    code, output = _run("train", "--model", "tiny", *JOB, "--metrics", str(metrics))
+    assert code == 2 and "already exists" in output
+    assert metrics.read_text() == "keep me\n"
