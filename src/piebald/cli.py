@@ -13,24 +13,23 @@ from typing import Annotated
 
 import typer
 
-from piebald import __version__, cli_launch, cli_simulate, cli_train
+from piebald import __version__, cli_demo, cli_launch, cli_simulate, cli_train
 from piebald.cli_common import (
     BatchOption,
     ClusterOption,
     ModelOption,
     PrecisionOption,
     SeqOption,
+    comparison_title,
     console,
     inputs_from,
-    job_from,
     progress_bar,
+    run_comparison,
     user_errors,
 )
 from piebald.cli_profile import ProfilesOption, profile_app, scored_with_cost_inputs, with_profiles
-from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
-from piebald.examples import example_path
-from piebald.planner.compare import Comparison, compare_strategies
+from piebald.planner.compare import Comparison
 from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
 from piebald.planner.strategies import STRATEGIES
@@ -44,12 +43,9 @@ from piebald.render import (
     plan_summary,
     plan_table,
 )
-from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.fields import suggest
-from piebald.specs.job import JobSpec
-from piebald.specs.model import ModelSpec
 from piebald.specs.plan_io import load_plan, plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
 from piebald.specs.units import format_rate
@@ -192,36 +188,17 @@ def compare(
     """piebald against every baseline (as modelled) and the upper bound."""
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
     cluster_spec, curve, _ = with_profiles(profiles, cluster_spec, model_spec, job)
-    comparison = _compare(cluster_spec, model_spec, job, curve=curve)
+    comparison = run_comparison(cluster_spec, model_spec, job, curve=curve)
     if plot is not None:
-        plot_comparison(comparison, plot, title=_compare_title(cluster_spec, model_spec, job))
+        plot_comparison(comparison, plot, title=comparison_title(cluster_spec, model_spec, job))
     if as_json:
         print(json.dumps(comparison_to_dict(comparison), indent=1))
         return
-    console.print(comparison_table(comparison, title=_compare_title(cluster_spec, model_spec, job)))
+    console.print(
+        comparison_table(comparison, title=comparison_title(cluster_spec, model_spec, job))
+    )
     if plot is not None:
         console.print(f"bar chart written to {plot}")
-
-
-def _compare(
-    cluster: ClusterSpec, model: ModelSpec, job: JobSpec, *, curve: EfficiencyCurve = DEFAULT_CURVE
-) -> Comparison:
-    names = list(STRATEGIES)
-    with progress_bar("comparing") as progress:
-        return compare_strategies(
-            cluster,
-            model=model,
-            job=job,
-            on_strategy=lambda name: progress(names.index(name) / len(names), name),
-            curve=curve,
-        )
-
-
-def _compare_title(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> str:
-    return (
-        f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch "
-        f"{job.global_batch_size} x {job.seq_len} tokens"
-    )
 
 
 def comparison_to_dict(comparison: Comparison) -> dict[str, object]:
@@ -241,46 +218,8 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, object]:
     }
 
 
-@app.command("demo")
-@user_errors
-def demo(
-    out_dir: Annotated[Path, typer.Option(help="Where the demo writes its artefacts.")] = Path(
-        "out/demo"
-    ),
-) -> None:
-    """Describe the built-in cluster, plan llama-3.2-1b on it, explain it, compare baselines."""
-    cluster = load_cluster(example_path())
-    model = load_model("llama-3.2-1b")
-    job = job_from(global_batch=32, seq_len=2048, precision=Dtype.BF16)
-    console.rule("[bold]1. describe: the built-in example cluster")
-    console.print(cluster_table(cluster))
-    console.rule(
-        f"[bold]2. plan: {model.name}, global batch {job.global_batch_size} x {job.seq_len} tokens"
-    )
-    with progress_bar("planning") as progress:
-        result = search(cluster, model=model, job=job, progress=progress)
-    console.print(plan_table(result.best.plan, result.best.estimate))
-    for line in plan_summary(
-        result.best.plan,
-        result.best.estimate,
-        elapsed_s=result.elapsed_s,
-        num_structures=result.num_structures,
-    ):
-        console.print(line, highlight=False)
-    plan_path = out_dir / "plan.json"
-    save_plan(result.best.plan, plan_path, overwrite=True)
-    console.rule("[bold]3. explain")
-    for renderable in explanation_tables(result.best.plan, explain_plan(result.best.plan)):
-        console.print(renderable)
-    console.rule("[bold]4. compare with the baselines")
-    comparison = _compare(cluster, model, job)
-    console.print(comparison_table(comparison, title=_compare_title(cluster, model, job)))
-    plot_path = out_dir / "compare.png"
-    plot_comparison(comparison, plot_path, title=_compare_title(cluster, model, job))
-    console.print(f"artefacts: {plan_path}, {plot_path}")
-
-
 # Commands that live in their own modules (cli_*.py) are registered here, one line each.
+app.command("demo")(cli_demo.demo)
 app.command("launch")(cli_launch.launch)
 app.command("simulate")(cli_simulate.simulate)
 app.command("train")(cli_train.train)

@@ -26,8 +26,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
+from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible
+from piebald.planner.strategies import STRATEGIES
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
@@ -43,11 +46,13 @@ __all__ = [
     "ModelOption",
     "PrecisionOption",
     "SeqOption",
+    "comparison_title",
     "console",
     "errors",
     "inputs_from",
     "job_from",
     "progress_bar",
+    "run_comparison",
     "user_errors",
 ]
 
@@ -128,6 +133,28 @@ def inputs_from(
         load_cluster(cluster),
         load_model(model),
         job_from(global_batch=global_batch, seq_len=seq_len, precision=precision),
+    )
+
+
+def run_comparison(
+    cluster: ClusterSpec, model: ModelSpec, job: JobSpec, *, curve: EfficiencyCurve = DEFAULT_CURVE
+) -> Comparison:
+    """Every strategy on the same inputs, with a progress bar."""
+    names = list(STRATEGIES)
+    with progress_bar("comparing") as progress:
+        return compare_strategies(
+            cluster,
+            model=model,
+            job=job,
+            on_strategy=lambda name: progress(names.index(name) / len(names), name),
+            curve=curve,
+        )
+
+
+def comparison_title(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> str:
+    return (
+        f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch "
+        f"{job.global_batch_size} x {job.seq_len} tokens"
     )
 
 
