@@ -1,6 +1,11 @@
 """``piebald simulate``: execute a plan's step event by event, compare with the planner's
 prediction, and draw it (Perfetto trace, Gantt PNG). Also the verification ``piebald plan
---simulate`` runs on its top candidates before choosing."""
+--simulate`` runs on its top candidates before choosing.
+
+Prices: with ``--profiles DIR``, compute and links from that profile DB (as ``plan
+--profiles`` prices them); otherwise the numbers the plan file records in ``cost_inputs``
+(a plan made with ``--profiles``), so the simulation and the prediction it is compared
+with use the numbers the planner used; otherwise the analytic model."""
 
 from __future__ import annotations
 
@@ -13,17 +18,27 @@ import typer
 from rich.table import Table
 
 from piebald.cli_common import console, errors, user_errors
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.planner.describe import describe_plan
 from piebald.planner.search import ScoredPlan, SearchResult
+from piebald.profiler.apply import profiled_inputs, recorded_curve
+from piebald.profiler.db import load_profile_db
 from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.gantt import plot_gantt
+from piebald.simulator.prices import Prices
 from piebald.simulator.result import SimulationResult
 from piebald.simulator.trace import write_trace
 from piebald.specs.plan import Plan, RunnerUp
 from piebald.specs.plan_io import load_plan
 
-__all__ = ["EXIT_DEADLOCK", "result_to_dict", "simulate", "verify_by_simulation"]
+__all__ = [
+    "EXIT_DEADLOCK",
+    "priced_plan",
+    "result_to_dict",
+    "simulate",
+    "verify_by_simulation",
+]
 
 EXIT_DEADLOCK = 4
 GIB = 2.0**30
@@ -96,6 +111,34 @@ def _refuse_existing(paths: list[Path | None], force: bool) -> None:
             raise FileExistsError(f"{path} exists; not overwriting it (pass --force to replace)")
 
 
+def priced_plan(plan: Plan, profiles: Path | None) -> tuple[Plan, EfficiencyCurve, str]:
+    """The plan to simulate (its cluster's links measured, with ``profiles``), the curve
+    to price its compute with, and a line saying where the prices come from."""
+    if profiles is not None:
+        inputs = profiled_inputs(
+            load_profile_db(profiles),
+            cluster=plan.cluster,
+            model=plan.model,
+            precision=plan.job.precision,
+        )
+        recorded = plan.cost_inputs
+        differs = recorded is not None and recorded.profile_db_digest != inputs.db.digest
+        return (
+            dataclasses.replace(plan, cluster=inputs.cluster),
+            inputs.curve,
+            f"priced from the profile DB {profiles}"
+            + (" (not the one the plan was made with)" if differs else ""),
+        )
+    if plan.cost_inputs is not None:
+        return (
+            plan,
+            recorded_curve(plan),
+            f"priced from the measurements the plan records (profile DB "
+            f"{plan.cost_inputs.profile_db})",
+        )
+    return plan, DEFAULT_CURVE, "priced by the analytic cost model"
+
+
 @user_errors
 def simulate(
     plan_file: Annotated[Path, typer.Option("--plan", help="A plan JSON file.")],
@@ -105,13 +148,21 @@ def simulate(
     gantt: Annotated[Path | None, typer.Option(help="Draw a Gantt chart (PNG) here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     force: Annotated[bool, typer.Option(help="Replace existing --trace/--gantt files.")] = False,
+    profiles: Annotated[
+        Path | None,
+        typer.Option(
+            "--profiles",
+            help="A profile DB directory: price compute and links from its measurements "
+            "(default: the measurements the plan file records, if any).",
+        ),
+    ] = None,
 ) -> None:
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
     _refuse_existing([trace, gantt], force)
-    plan = load_plan(plan_file)
-    result = simulate_plan(plan)
-    estimate = estimate_plan(plan)
+    plan, curve, priced_by = priced_plan(load_plan(plan_file), profiles)
+    result = simulate_plan(plan, prices=Prices(plan, curve=curve))
+    estimate = estimate_plan(plan, curve=curve)
     if trace is not None:
         write_trace(plan, result, trace, overwrite=force)
     if gantt is not None:
@@ -125,7 +176,8 @@ def simulate(
             console.print(
                 f"simulated step {result.step_time_s:.3f} s, {result.tokens_per_s:,.0f} "
                 f"tokens/s, bubble {result.bubble_fraction:.1%}; planner predicted "
-                f"{estimate.step_time_s:.3f} s (simulated / predicted = {ratio:.3f})",
+                f"{estimate.step_time_s:.3f} s (simulated / predicted = {ratio:.3f}); "
+                f"{priced_by}",
                 highlight=False,
             )
         for path, what in ((trace, "trace"), (gantt, "Gantt chart")):
@@ -136,11 +188,16 @@ def simulate(
         raise typer.Exit(EXIT_DEADLOCK)
 
 
-def verify_by_simulation(result: SearchResult) -> ScoredPlan:
-    """Simulate the search's best plan and runner-ups; return the one whose simulated step
-    is shortest (deadlocked candidates never win), printing what was compared."""
+def verify_by_simulation(
+    result: SearchResult, *, curve: EfficiencyCurve = DEFAULT_CURVE
+) -> ScoredPlan:
+    """Simulate the search's best plan and runner-ups, priced with the ``curve`` the search
+    used; return the one whose simulated step is shortest (deadlocked candidates never
+    win), printing what was compared."""
     candidates = [result.best, *result.runners_up]
-    simulated = [simulate_plan(c.plan, record=False) for c in candidates]
+    simulated = [
+        simulate_plan(c.plan, prices=Prices(c.plan, curve=curve), record=False) for c in candidates
+    ]
     table = Table(title="top candidates, verified in the simulator")
     for name in ("#", "plan", "predicted step", "simulated step", "sim / pred"):
         table.add_column(name, justify="left" if name == "plan" else "right")
@@ -180,4 +237,6 @@ def verify_by_simulation(result: SearchResult) -> ScoredPlan:
             for c in others
         ),
     )
-    return ScoredPlan(plan=plan, estimate=estimate_plan(plan), strategy=winner.strategy)
+    return ScoredPlan(
+        plan=plan, estimate=estimate_plan(plan, curve=curve), strategy=winner.strategy
+    )

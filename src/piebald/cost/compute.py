@@ -1,15 +1,20 @@
 """Compute time of a layer on a device: a roofline with a saturating efficiency curve.
 
-A layer pass of ``w`` FLOPs moving ``q`` bytes takes
+A layer pass of ``w`` FLOPs moving ``q`` bytes takes, with
+``c = w / (peak * max_fraction)`` and ``m = q / (memory_bandwidth * bandwidth_fraction)``,
 
-    t = max(w / (peak * max_fraction), q / (memory_bandwidth * bandwidth_fraction))
-        + half_saturation_s
+    t = max(c, m) + (1 - overlap) * min(c, m) + half_saturation_s
 
-The first term is the roofline (Williams et al. 2009) with the best sustained fraction of
-the dense peak; the constant is the time lost to kernel launches and small tiles. Written
-as an efficiency, the compute-bound case is ``max_fraction * w / (w + w_half)`` with
+With ``overlap = 1`` (the default) the first term is the roofline (Williams et al. 2009)
+with the best sustained fraction of the dense peak: memory traffic hides entirely behind
+compute or the reverse. A processor that does not hide one behind the other -- a CPU core
+streaming a layer's weights through a GEMM with few rows, or running its elementwise
+kernels one after another -- pays part of the shorter time as well (``overlap = 0``: the
+sum). The constant is the time lost to kernel launches and small tiles. Written as an
+efficiency, the compute-bound case is ``max_fraction * w / (w + w_half)`` with
 ``w_half = peak * max_fraction * half_saturation_s``: small kernels reach a small fraction
-of peak, large ones approach ``max_fraction``. Profiles calibrate both numbers per device.
+of peak, large ones approach ``max_fraction``. Profiles calibrate these numbers per device
+(``piebald.profiler.calibrate``).
 
 A measured profile enters through the object passed as ``curve``: a subclass
 (``piebald.profiler.compute_model.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
@@ -54,12 +59,17 @@ class EfficiencyCurve:
     # gradient zero-fills the table-sized gradient and accumulates it into .grad. The
     # analytic default leaves it out (0); calibration fits it where measured.
     embedding_table_passes: float = 0.0
+    # Fraction of the shorter of compute and memory time hidden behind the longer: 1 is
+    # the roofline (GPUs overlap loads with math); calibration fits it per device.
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
         if not (0 < self.max_fraction <= 1 and 0 < self.bandwidth_fraction <= 1):
             raise ValueError(f"efficiency fractions must be in (0, 1]: {self}")
         if self.half_saturation_s < 0:
             raise ValueError(f"half_saturation_s = {self.half_saturation_s}; expected >= 0")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"overlap = {self.overlap}; expected a fraction in [0, 1]")
         if self.embedding_table_passes < 0:
             raise ValueError(
                 f"embedding_table_passes = {self.embedding_table_passes}; expected >= 0"
@@ -77,7 +87,8 @@ class EfficiencyCurve:
             return 0.0
         compute_s = flops / (peak_flops * self.max_fraction)
         memory_s = num_bytes / (memory_bandwidth_bytes_per_s * self.bandwidth_fraction)
-        return max(compute_s, memory_s) + self.half_saturation_s
+        exposed_s = (1.0 - self.overlap) * min(compute_s, memory_s)  # 0 on the roofline
+        return max(compute_s, memory_s) + exposed_s + self.half_saturation_s
 
     def measured_time_s(
         self,

@@ -5,15 +5,22 @@
 ``compare`` and ``simulate`` pass on when given ``--profiles DIR``. :func:`cost_inputs_for`
 lists, for a finished plan, every measured number that priced it -- per device type, layer
 kind and micro-batch size, whether it was measured, interpolated or extrapolated -- and
-the DB's identity, for the plan file's ``cost_inputs``.
+the DB's identity, for the plan file's ``cost_inputs``. :func:`recorded_curve` turns those
+numbers back into a curve, so ``simulate`` and ``explain`` re-price a plan file exactly as
+the planner priced it, without the DB (the measured links are already in the plan's
+cluster).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
+from piebald.errors import SpecError
 from piebald.profiler.calibrate import calibrate_device, observations_of
 from piebald.profiler.compute_model import KindCurve, LayerTable, ProfiledCurve
 from piebald.profiler.db import ProfileDB
@@ -24,9 +31,17 @@ from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import CalibratedCurve, CostInputs, MeasuredLayerTime, MeasuredLink, Plan
 
-__all__ = ["ProfiledInputs", "cost_inputs_for", "profiled_curve", "profiled_inputs"]
+__all__ = [
+    "ProfiledInputs",
+    "cost_inputs_for",
+    "profiled_curve",
+    "profiled_inputs",
+    "recorded_curve",
+]
 
 log = logging.getLogger(__name__)
+
+_E = TypeVar("_E", bound=StrEnum)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +112,7 @@ def profiled_curve(
         bandwidth_fraction=base.bandwidth_fraction,
         half_saturation_s=base.half_saturation_s,
         embedding_table_passes=base.embedding_table_passes,
+        overlap=base.overlap,
         tables=tuple(tables),
         kind_curves=tuple(kind_curves),
     )
@@ -184,4 +200,84 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
         layer_times=tuple(layer_times[key] for key in sorted(layer_times, key=str)),
         curves=curves,
         links=inputs.links,
+    )
+
+
+def _recorded_enum(value: str, field: str, allowed: list[_E]) -> _E:
+    """``value`` as a member of ``allowed``, or a SpecError naming the plan field."""
+    for member in allowed:
+        if member.value == value:
+            return member
+    raise SpecError(
+        source="plan", field=field, value=value, expected=f"one of {[m.value for m in allowed]}"
+    )
+
+
+def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> EfficiencyCurve:
+    """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` alone: each
+    recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
+    (the ones the plan uses, so every lookup hits a recorded number), and the recorded
+    calibrated curves price the layers nothing was measured for. ``base`` (the analytic
+    curve) when the plan records nothing, or for devices it records nothing of."""
+    inputs = plan.cost_inputs
+    if inputs is None:
+        return base
+    layer_of = {layer.kind: layer for layer in distinct_layers(plan.model)}
+    grouped: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredLayerTime]] = defaultdict(list)
+    for index, entry in enumerate(inputs.layer_times):
+        where = f"cost_inputs.layer_times[{index}]"
+        kind = _recorded_enum(entry.layer_kind, f"{where}.layer_kind", list(layer_of))
+        dtype = _recorded_enum(entry.dtype, f"{where}.dtype", list(Dtype))
+        grouped[entry.device, dtype, kind, entry.seq_len].append(entry)
+    tables: list[LayerTable] = []
+    for (device, dtype, kind, seq_len), entries in sorted(grouped.items(), key=str):
+        entries.sort(key=lambda entry: entry.micro_batch_size)
+        layer = layer_of[kind]
+        recompute = [entry.backward_recompute_s for entry in entries]
+        tables.append(
+            LayerTable(
+                device=device,
+                dtype=dtype,
+                seq_len=seq_len,
+                layer=layer_key(layer),
+                layer_kind=layer.kind,
+                signature=entries[0].signature,
+                micro_batch_sizes=tuple(entry.micro_batch_size for entry in entries),
+                forward_s=tuple(entry.forward_s for entry in entries),
+                backward_s=tuple(entry.backward_s for entry in entries),
+                backward_recompute_s=(
+                    tuple(value for value in recompute if value is not None)
+                    if all(value is not None for value in recompute)
+                    else None
+                ),
+            )
+        )
+    kind_curves = tuple(
+        KindCurve(
+            device=c.device,
+            layer_kind=_recorded_enum(
+                c.layer_kind, f"cost_inputs.curves[{index}].layer_kind", list(LayerKind)
+            ),
+            pass_kind=_recorded_enum(
+                c.pass_kind,
+                f"cost_inputs.curves[{index}].pass_kind",
+                [PassKind.FORWARD, PassKind.BACKWARD],
+            ),
+            curve=EfficiencyCurve(
+                max_fraction=c.max_fraction,
+                bandwidth_fraction=c.bandwidth_fraction,
+                half_saturation_s=c.half_saturation_s,
+                embedding_table_passes=c.embedding_table_passes,
+            ),
+        )
+        for index, c in enumerate(inputs.curves)
+    )
+    return ProfiledCurve(
+        max_fraction=base.max_fraction,
+        bandwidth_fraction=base.bandwidth_fraction,
+        half_saturation_s=base.half_saturation_s,
+        embedding_table_passes=base.embedding_table_passes,
+        overlap=base.overlap,
+        tables=tuple(tables),
+        kind_curves=kind_curves,
     )

@@ -3,7 +3,8 @@
 For one device type and dtype, and separately for each layer kind (embedding, block, head)
 and pass (forward, backward), find the :class:`~piebald.cost.compute.EfficiencyCurve`
 parameters -- sustained fraction of peak, fraction of memory bandwidth, fixed per-pass
-time, and (embedding backward) passes over the table -- that minimise the squared log
+time, overlap of compute with memory traffic, and (embedding backward) passes over the
+table -- that minimise the squared log
 ratio of analytic to measured time over every measured (model, micro-batch size, sequence
 length) (scipy ``least_squares``, trust-region reflective, bounded, from a few starts).
 A weak prior pulls each parameter towards the analytic default, so a parameter the data
@@ -105,12 +106,19 @@ def predict_s(
     )
 
 
+# The fitted parameters, in order: log max_fraction, log bandwidth_fraction,
+# log half_saturation_s, overlap (a fraction, fitted as is), and for the embedding's
+# backward log embedding_table_passes.
+_NUM_PARAMS = 4
+
+
 def _curve_of(params: np.ndarray, *, with_table: bool) -> EfficiencyCurve:
     return EfficiencyCurve(
         max_fraction=float(min(1.0, math.exp(params[0]))),
         bandwidth_fraction=float(min(1.0, math.exp(params[1]))),
         half_saturation_s=float(math.exp(params[2])),
-        embedding_table_passes=float(math.exp(params[3])) if with_table else 0.0,
+        overlap=float(min(1.0, max(0.0, params[3]))),
+        embedding_table_passes=float(math.exp(params[4])) if with_table else 0.0,
     )
 
 
@@ -123,14 +131,16 @@ def _fit_one(
     with_table: bool,
 ) -> EfficiencyCurve:
     measured = np.array([o.measured_s for o in observations])
-    default = np.log(
+    size = _NUM_PARAMS + 1 if with_table else _NUM_PARAMS
+    default = np.array(
         [
-            start.max_fraction,
-            start.bandwidth_fraction,
-            max(start.half_saturation_s, _MIN_TIME_S),
-            1.0,  # one pass over the table
+            math.log(start.max_fraction),
+            math.log(start.bandwidth_fraction),
+            math.log(max(start.half_saturation_s, _MIN_TIME_S)),
+            start.overlap,
+            0.0,  # one pass over the table
         ]
-    )
+    )[:size]
 
     def residuals(params: np.ndarray) -> np.ndarray:
         curve = _curve_of(params, with_table=with_table)
@@ -138,24 +148,34 @@ def _fit_one(
             [predict_s(o, device=device, dtype=dtype, curve=curve) for o in observations]
         )
         misfit = np.log(np.maximum(predicted, _MIN_TIME_S) / measured)
-        prior = _PRIOR_WEIGHT * (params - default[: len(params)])
+        prior = _PRIOR_WEIGHT * (params - default)
         return np.concatenate([misfit, prior])
 
-    lower = np.log([_MIN_FRACTION, _MIN_FRACTION, _MIN_TIME_S, 1e-3])
-    upper = np.array([0.0, 0.0, math.log(10.0), math.log(1e3)])
-    # Starts: the default; overhead-bound (half the smallest time is fixed cost); slow.
+    lower = np.array(
+        [
+            math.log(_MIN_FRACTION),
+            math.log(_MIN_FRACTION),
+            math.log(_MIN_TIME_S),
+            0.0,
+            math.log(1e-3),
+        ]
+    )[:size]
+    upper = np.array([0.0, 0.0, math.log(10.0), 1.0, math.log(1e3)])[:size]
+    # Starts: the default (roofline); the default without overlap (a sum); overhead-bound
+    # (half the smallest time is fixed cost); slow and overhead-bound.
+    fixed = math.log(float(measured.min()) / 2)
     starts = [
         default,
-        np.array([default[0], default[1], math.log(float(measured.min()) / 2), 0.0]),
-        np.array([math.log(0.05), math.log(0.1), math.log(float(measured.min()) / 10), 1.0]),
+        np.array([default[0], default[1], default[2], 0.0, 0.0])[:size],
+        np.array([default[0], default[1], fixed, 0.5, 0.0])[:size],
+        np.array([math.log(0.05), math.log(0.1), math.log(float(measured.min()) / 10), 0.0, 1.0])[
+            :size
+        ],
     ]
-    size = 4 if with_table else 3
     best = None
     for x0 in starts:
-        x0 = np.clip(x0[:size], lower[:size] + 1e-9, upper[:size] - 1e-9)
-        result = least_squares(
-            residuals, x0, bounds=(lower[:size], upper[:size]), method="trf", x_scale=1.0
-        )
+        x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+        result = least_squares(residuals, x0, bounds=(lower, upper), method="trf", x_scale=1.0)
         if best is None or result.cost < best.cost:
             best = result
     assert best is not None
@@ -239,5 +259,6 @@ def calibrated_curve(
         bandwidth_fraction=base.bandwidth_fraction,
         half_saturation_s=base.half_saturation_s,
         embedding_table_passes=base.embedding_table_passes,
+        overlap=base.overlap,
         kind_curves=tuple(kind_curves),
     )

@@ -98,7 +98,13 @@ class ProfiledCurve(EfficiencyCurve):
             "_curve_of",
             {(c.device, c.layer_kind, c.pass_kind): c.curve for c in self.kind_curves},
         )
-        base = (self.max_fraction, self.bandwidth_fraction, self.half_saturation_s)
+        base = (
+            self.max_fraction,
+            self.bandwidth_fraction,
+            self.half_saturation_s,
+            self.embedding_table_passes,
+            self.overlap,
+        )
         object.__setattr__(self, "_hash", hash((base, self.tables, self.kind_curves)))
 
     def __hash__(self) -> int:
@@ -122,6 +128,7 @@ class ProfiledCurve(EfficiencyCurve):
                 bandwidth_fraction=self.bandwidth_fraction,
                 half_saturation_s=self.half_saturation_s,
                 embedding_table_passes=self.embedding_table_passes,
+                overlap=self.overlap,
             )
         found = self._curve_of.get((device.name, layer_kind, pass_kind))
         return found if found is not None else self.for_device(device)

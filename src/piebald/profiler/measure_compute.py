@@ -10,9 +10,14 @@ ids for the embedding, hidden states that need a gradient otherwise) and, for th
 the summed token loss; then backward (from the loss, or from a random output gradient as
 if it came from the next stage), accumulating into the parameters' ``.grad``. After
 ``num_warmup`` iterations, ``num_repeats`` are timed -- CUDA events around each pass on a
-GPU, ``time.perf_counter`` around synchronised passes on a CPU -- and the median is kept.
-Blocks are timed again with recompute (activation checkpointing): its backward runs the
-forward again.
+GPU; on a CPU the thread's CPU time (``time.thread_time``) when torch computes on one
+thread, else the wall clock (``time.perf_counter``) -- and the median is kept. With one
+thread every kernel, forward and backward (autograd runs CPU backward on the calling
+thread), runs on the timing thread, so its CPU time is the pass's time on a core of its
+own: time the OS gives to other processes on a shared machine does not count, which on a
+loaded two-core box otherwise inflates single passes by 1.5-2x at random. Every pass
+starts with cold caches (see ``_Timer``), as it does in training. Blocks are timed
+again with recompute (activation checkpointing): its backward runs the forward again.
 
 Memory: ``activation_bytes`` sums the storages the forward saves for the backward
 (``torch.autograd.graph.saved_tensors_hooks``, each storage once, parameters excluded).
@@ -31,6 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,7 +47,7 @@ from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
 from piebald.specs.devices import Dtype
 from piebald.specs.model import LayerKind, ModelSpec
 
-__all__ = ["TORCH_DTYPES", "detect_device", "profile_compute"]
+__all__ = ["TORCH_DTYPES", "cpu_clock_name", "detect_device", "profile_compute"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,18 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_clock_name() -> str:
+    """The clock CPU passes are timed with: the thread's CPU time when torch computes on
+    one thread (all the work is on the timing thread), else the wall clock."""
+    return "thread_time" if torch.get_num_threads() == 1 else "perf_counter"
+
+
+_CPU_CLOCKS: dict[str, Callable[[], float]] = {
+    "thread_time": time.thread_time,
+    "perf_counter": time.perf_counter,
+}
+
+
 def _rate_probe(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
     """(large-GEMM FLOP/s, large-copy bytes/s) measured in ``dtype`` on ``device``: what a
     custom device type in a cluster file can declare for a device the catalog lacks."""
@@ -81,15 +99,17 @@ def _rate_probe(device: torch.device, dtype: torch.dtype) -> tuple[float, float]
     b = torch.randn(n, n, device=device, dtype=dtype)
     source = torch.empty(16 * 2**20, device=device, dtype=torch.float32)
 
+    clock = time.perf_counter if device.type == "cuda" else _CPU_CLOCKS[cpu_clock_name()]
+
     def best_of(action: Callable[[], object], repeats: int = 5) -> float:
         action()
         times = []
         for _ in range(repeats):
             _synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             action()
             _synchronize(device)
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return min(times)
 
     matmul_s = best_of(lambda: a @ b)
@@ -125,37 +145,79 @@ class _Pass:
     backward_s: float
 
 
+def _last_level_cache_bytes(device: torch.device) -> int:
+    """The largest cache in front of ``device``'s memory: the GPU's L2, or the CPU's
+    last-level cache as sysfs reports it; 0 where unknown."""
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        return int(getattr(properties, "L2_cache_size", 0))
+    largest = 0
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text(encoding="utf-8").strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            largest = max(largest, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return largest
+
+
+_DEFAULT_FLUSH_BYTES = 256 * 2**20  # where the cache size is unknown (Triton's choice)
+
+
 class _Timer:
-    """Forward and backward durations of one iteration: CUDA events or the wall clock."""
+    """Forward and backward durations of one iteration: CUDA events on a GPU; on a CPU the
+    clock :func:`cpu_clock_name` chooses.
+
+    Each pass starts with cold caches: a buffer twice the last-level cache is written just
+    before it, untimed (as Triton's ``do_bench`` flushes the L2 before every repetition).
+    In training a layer's pass follows other layers' passes that have evicted its weights,
+    its activations and the framework's own code and data; timing one layer in a tight
+    loop instead keeps them cached, which flatters small layers, and makes a pass depend
+    on what its own other pass streamed (gpt2's embedding forward after a backward that
+    writes a 154 MB table gradient, tiny's after one that writes 64 KB).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
+        self.clock = _CPU_CLOCKS[cpu_clock_name()]
+        cache_bytes = _last_level_cache_bytes(device)
+        flush_bytes = 2 * cache_bytes if cache_bytes else _DEFAULT_FLUSH_BYTES
+        self.flush_buffer = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+
+    def flush(self) -> None:
+        self.flush_buffer.zero_()
 
     def run(
         self, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], None]
     ) -> _Pass:
         if self.cuda:
-            start, middle, end = (
+            events = [
                 torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                for _ in range(3)
-            )
-            start.record()
+                for _ in range(4)
+            ]
+            self.flush()
+            events[0].record()
             out = forward()
-            middle.record()
+            events[1].record()
+            self.flush()
+            events[2].record()
             backward(out)
-            end.record()
+            events[3].record()
             torch.cuda.synchronize(self.device)
             return _Pass(
-                forward_s=start.elapsed_time(middle) / 1e3,
-                backward_s=middle.elapsed_time(end) / 1e3,
+                forward_s=events[0].elapsed_time(events[1]) / 1e3,
+                backward_s=events[2].elapsed_time(events[3]) / 1e3,
             )
-        start_s = time.perf_counter()
+        self.flush()
+        start_s = self.clock()
         out = forward()
-        middle_s = time.perf_counter()
+        forward_s = self.clock() - start_s
+        self.flush()
+        start_s = self.clock()
         backward(out)
-        end_s = time.perf_counter()
-        return _Pass(forward_s=middle_s - start_s, backward_s=end_s - middle_s)
+        return _Pass(forward_s=forward_s, backward_s=self.clock() - start_s)
 
 
 def _saved_bytes(forward: Callable[[], torch.Tensor], parameters: set[int]) -> float:
@@ -270,7 +332,7 @@ def profile_compute(
         host=socket.gethostname(),
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         torch_version=torch.__version__,
-        timer="cuda-events" if torch_device.type == "cuda" else "perf_counter",
+        timer="cuda-events" if torch_device.type == "cuda" else cpu_clock_name(),
         num_warmup=num_warmup,
         num_repeats=num_repeats,
     )

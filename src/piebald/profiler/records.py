@@ -42,7 +42,7 @@ class Provenance:
     host: str
     created: str  # ISO 8601, UTC
     torch_version: str
-    timer: str  # "cuda-events" or "perf_counter"
+    timer: str  # "cuda-events", "thread_time" (CPU time, one thread) or "perf_counter"
     num_warmup: int
     num_repeats: int
 

@@ -188,7 +188,8 @@ def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakePro
 
 
 def test_calibration_recovers_known_curves() -> None:
-    """Times made by known per-kind curves: the fit finds them (within 1% on the times)."""
+    """Times made by known per-kind curves, some not overlapping compute with memory
+    traffic: the fit finds them (within 1% on the times)."""
     truth = {
         (LayerKind.EMBEDDING, PassKind.FORWARD): EfficiencyCurve(
             max_fraction=0.5, bandwidth_fraction=0.3, half_saturation_s=20e-6
@@ -200,7 +201,7 @@ def test_calibration_recovers_known_curves() -> None:
             embedding_table_passes=3.0,
         ),
         (LayerKind.BLOCK, PassKind.FORWARD): EfficiencyCurve(
-            max_fraction=0.35, bandwidth_fraction=0.5, half_saturation_s=200e-6
+            max_fraction=0.35, bandwidth_fraction=0.5, half_saturation_s=200e-6, overlap=0.5
         ),
         (LayerKind.BLOCK, PassKind.BACKWARD): EfficiencyCurve(
             max_fraction=0.25, bandwidth_fraction=0.5, half_saturation_s=400e-6
@@ -209,7 +210,7 @@ def test_calibration_recovers_known_curves() -> None:
             max_fraction=0.45, bandwidth_fraction=0.6, half_saturation_s=80e-6
         ),
         (LayerKind.HEAD, PassKind.BACKWARD): EfficiencyCurve(
-            max_fraction=0.4, bandwidth_fraction=0.6, half_saturation_s=120e-6
+            max_fraction=0.4, bandwidth_fraction=0.6, half_saturation_s=120e-6, overlap=0.0
         ),
     }
     observations = []
@@ -249,3 +250,23 @@ def test_calibration_recovers_known_curves() -> None:
 
 def _obs_fields(observation: Observation) -> dict[str, object]:
     return {name: getattr(observation, name) for name in Observation.__dataclass_fields__}
+
+
+def test_overlap_spans_roofline_to_sum() -> None:
+    """Closed form: c = 2 ms compute, m = 1 ms memory, 0.1 ms fixed; overlap 1 is the
+    roofline max(c, m), 0 the sum c + m, 0.25 hides a quarter of the shorter."""
+    rates = {"peak_flops": 1e12, "memory_bandwidth_bytes_per_s": 1e9}
+    work = {"flops": 2e9 * 0.5, "num_bytes": 1e6 * 0.5}  # at max_fraction = bw_fraction = 0.5
+
+    def time_s(overlap: float) -> float:
+        curve = EfficiencyCurve(
+            max_fraction=0.5, bandwidth_fraction=0.5, half_saturation_s=1e-4, overlap=overlap
+        )
+        return curve.time_s(**work, **rates)
+
+    assert time_s(1.0) == pytest.approx(2e-3 + 1e-4)
+    assert time_s(0.0) == pytest.approx(3e-3 + 1e-4)
+    assert time_s(0.25) == pytest.approx(2e-3 + 0.75e-3 + 1e-4)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="overlap"):
+            EfficiencyCurve(overlap=bad)

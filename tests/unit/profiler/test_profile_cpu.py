@@ -58,11 +58,17 @@ def tiny_profiles() -> tuple[ComputeProfile, ...]:
     return _profile("tiny", "cpu-a", (1, 2, 4, 8))
 
 
+@pytest.fixture(scope="module")
+def gpt2_profiles() -> tuple[ComputeProfile, ...]:
+    # Every size a plan of global batch 2 may choose.
+    return _profile("gpt2", "cpu-a", (1, 2))
+
+
 @pytest.mark.slow
 def test_profiles_cover_every_layer_kind_with_sane_numbers(
-    tiny_profiles: tuple[ComputeProfile, ...],
+    tiny_profiles: tuple[ComputeProfile, ...], gpt2_profiles: tuple[ComputeProfile, ...]
 ) -> None:
-    gpt2 = _profile("gpt2", "cpu-a", (1,))
+    gpt2 = gpt2_profiles
     for profiles, model in ((tiny_profiles, "tiny"), (gpt2, "gpt2")):
         assert [p.layer_kind for p in profiles] == list(LayerKind)
         spec = load_model(model)
@@ -86,20 +92,26 @@ def test_profiles_cover_every_layer_kind_with_sane_numbers(
     assert head.peak_memory_bytes > 2 * 50257 * 768 * 4
 
 
+@pytest.mark.parametrize(
+    ("model_name", "global_batch"),
+    [("tiny", 8), pytest.param("gpt2", 2, marks=pytest.mark.slow)],
+)
 def test_plan_from_profiles_uses_the_measured_times(
-    tmp_path: Path, tiny_profiles: tuple[ComputeProfile, ...]
+    tmp_path: Path, request: pytest.FixtureRequest, model_name: str, global_batch: int
 ) -> None:
-    for profile in tiny_profiles:
+    profiles: tuple[ComputeProfile, ...] = request.getfixturevalue(f"{model_name}_profiles")
+    for profile in profiles:
         write_profile(profile, tmp_path / "db")
     db = load_profile_db(tmp_path / "db")
-    model = load_model("tiny")
-    job = JobSpec(global_batch_size=8, seq_len=SEQ, precision=Dtype.BF16)
+    model = load_model(model_name)
+    job = JobSpec(global_batch_size=global_batch, seq_len=SEQ, precision=Dtype.BF16)
     cluster = _cpu_cluster("cpu-a")
     inputs = profiled_inputs(db, cluster=cluster, model=model, precision=job.precision)
     result = search(inputs.cluster, model=model, job=job, curve=inputs.curve)
     plan = result.best.plan
-    measured = {p.layer_kind: {t.micro_batch_size: t for t in p.timings} for p in tiny_profiles}
+    measured = {p.layer_kind: {t.micro_batch_size: t for t in p.timings} for p in profiles}
     device = cluster.device_of(0)
+    compared: set[LayerKind] = set()
     for stage in plan.stages:
         for size in set(stage.micro_batch_size):
             for recompute in (False, True):
@@ -113,9 +125,8 @@ def test_plan_from_profiles_uses_the_measured_times(
                     curve=inputs.curve,
                 )
                 for layer in model.layers[stage.layer_start : stage.layer_end]:
-                    row = measured[layer.kind].get(size)
-                    if row is None:
-                        continue
+                    # The fixtures measured every size the plan may choose.
+                    row = measured[layer.kind][size]
                     backward = row.backward_s
                     if recompute and layer.kind is LayerKind.BLOCK:
                         assert row.backward_recompute_s is not None
@@ -123,6 +134,8 @@ def test_plan_from_profiles_uses_the_measured_times(
                     index = layer.index
                     assert times.forward_s(index, index + 1) == pytest.approx(row.forward_s)
                     assert times.backward_s(index, index + 1) == pytest.approx(backward)
+                    compared.add(layer.kind)
+    assert compared == set(LayerKind)  # every layer of the model was checked
     recorded = cost_inputs_for(plan, inputs)
     assert recorded.profile_db_digest == db.digest and recorded.curves
     assert recorded.layer_times

@@ -1,0 +1,187 @@
+"""``piebald simulate --profiles DIR`` and a plan's recorded ``cost_inputs``: the simulator
+and the prediction it is compared with are priced with the numbers the planner used.
+
+The profiles are synthetic (no torch): tiny's layers on a device ``cpu-a`` measured 50x
+slower than the analytic model says, so a simulation priced analytically is far from one
+priced from the profiles, and an accidental fallback to the formulas shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from piebald.cli import app
+from piebald.cost.compute import DEFAULT_CURVE
+from piebald.cost.layer_table import pass_times
+from piebald.cost.plan_estimate import estimate_plan
+from piebald.errors import SpecError
+from piebald.profiler.apply import profiled_inputs, recorded_curve
+from piebald.profiler.db import load_profile_db, write_profile
+from piebald.specs.model import LayerKind
+from piebald.specs.plan import MeasuredLayerTime
+from piebald.specs.plan_io import load_plan
+
+from .conftest import MakeProfile
+
+CLUSTER = """\
+name: cpu-lab
+gpu_types:
+  - {name: cpu-a, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
+nodes:
+  - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
+"""
+SEQ = 32
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def made(tmp_path: Path, profile_of: MakeProfile) -> tuple[Path, Path, Path]:
+    """(profile DB, cluster file, plan file made with ``plan --profiles``)."""
+    db = tmp_path / "db"
+    # Per kind, times at micro-batch sizes 1 and 2: a fixed part and a per-sequence part,
+    # tens of milliseconds where the analytic model says well under one.
+    for kind, base_s in (
+        (LayerKind.EMBEDDING, 5e-3),
+        (LayerKind.BLOCK, 20e-3),
+        (LayerKind.HEAD, 10e-3),
+    ):
+        write_profile(
+            profile_of(
+                kind=kind,
+                seq_len=SEQ,
+                sizes=(1, 2),
+                forward_s=(base_s, 1.6 * base_s),
+            ),
+            db,
+        )
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    plan = tmp_path / "plan.json"
+    code, output = _run(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
+        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db), "--out", str(plan),
+    )  # fmt: skip
+    assert code == 0, output
+    return db, cluster, plan
+
+
+def _simulate(*args: str) -> dict[str, object]:
+    code, output = _run("simulate", *args, "--json")
+    assert code == 0, output
+    data: dict[str, object] = json.loads(output)
+    return data
+
+
+def test_recorded_curve_prices_the_plan_as_the_planner_did(
+    made: tuple[Path, Path, Path],
+) -> None:
+    db, _, plan_file = made
+    plan = load_plan(plan_file)
+    assert plan.cost_inputs is not None and plan.cost_inputs.layer_times
+    assert plan.predicted is not None
+    inputs = profiled_inputs(
+        load_profile_db(db), cluster=plan.cluster, model=plan.model, precision=plan.job.precision
+    )
+    rebuilt = recorded_curve(plan)
+    # Every pass of every stage at every size the plan uses, with and without recompute.
+    compared = 0
+    for stage in plan.stages:
+        for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True):
+            device = plan.cluster.device_of(rank)
+            for recompute in (False, True):
+                times = [
+                    pass_times(
+                        plan.model,
+                        device=device,
+                        dtype=device.training_dtype(plan.job.precision),
+                        micro_batch_size=size,
+                        seq_len=SEQ,
+                        recompute=recompute,
+                        curve=curve,
+                    )
+                    for curve in (inputs.curve, rebuilt)
+                ]
+                start, end = stage.layer_start, stage.layer_end
+                assert times[1].forward_s(start, end) == pytest.approx(
+                    times[0].forward_s(start, end)
+                )
+                assert times[1].backward_s(start, end) == pytest.approx(
+                    times[0].backward_s(start, end)
+                )
+                compared += 1
+    assert compared > 0
+    # The whole estimate: the recorded curve gives the plan's own prediction; the
+    # analytic model gives something else entirely.
+    recorded = estimate_plan(plan, curve=rebuilt).step_time_s
+    assert recorded == pytest.approx(plan.predicted.step_time_s)
+    assert estimate_plan(plan, curve=DEFAULT_CURVE).step_time_s < 0.5 * recorded
+    assert recorded_curve(plan.__class__(**_without_cost_inputs(plan))) is DEFAULT_CURVE
+
+
+def _without_cost_inputs(plan: object) -> dict[str, object]:
+    fields = type(plan).__dataclass_fields__  # type: ignore[attr-defined]
+    out = {name: getattr(plan, name) for name, f in fields.items() if f.init}
+    out["cost_inputs"] = None
+    return out
+
+
+def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    db, _, plan_file = made
+    plan = load_plan(plan_file)
+    assert plan.predicted is not None
+    recorded = _simulate("--plan", str(plan_file))
+    from_db = _simulate("--plan", str(plan_file), "--profiles", str(db))
+    for data in (recorded, from_db):
+        predicted = data["predicted"]
+        assert isinstance(predicted, dict)
+        assert predicted["step_time_s"] == pytest.approx(plan.predicted.step_time_s)
+        assert data["deadlock"] is None
+    assert recorded["step_time_s"] == pytest.approx(from_db["step_time_s"])
+    # The same plan without its cost_inputs is simulated by the formulas: much faster.
+    bare = tmp_path / "bare.json"
+    text = json.loads(plan_file.read_text())
+    del text["cost_inputs"]
+    bare.write_text(json.dumps(text))
+    analytic = _simulate("--plan", str(bare))
+    assert isinstance(analytic["step_time_s"], float)
+    assert isinstance(recorded["step_time_s"], float)
+    assert analytic["step_time_s"] < 0.5 * recorded["step_time_s"]
+    # --profiles on the bare plan prices it from the DB again.
+    again = _simulate("--plan", str(bare), "--profiles", str(db))
+    assert again["step_time_s"] == pytest.approx(recorded["step_time_s"])
+    code, output = _run("simulate", "--plan", str(plan_file))
+    assert code == 0 and "priced from the measurements the plan records" in " ".join(output.split())
+
+
+def test_simulate_bad_profiles_and_bad_recorded_inputs_are_one_line(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _, _, plan_file = made
+    code, output = _run("simulate", "--plan", str(plan_file), "--profiles", str(tmp_path / "no"))
+    assert code == 2 and "Traceback" not in output
+    plan = load_plan(plan_file)
+    assert plan.cost_inputs is not None
+    entry = plan.cost_inputs.layer_times[0]
+    broken = MeasuredLayerTime(
+        **{
+            **{name: getattr(entry, name) for name in MeasuredLayerTime.__dataclass_fields__},
+            "layer_kind": "decoder",
+        }
+    )
+    fields = _without_cost_inputs(plan)
+    fields["cost_inputs"] = plan.cost_inputs.__class__(
+        profile_db=plan.cost_inputs.profile_db,
+        profile_db_digest=plan.cost_inputs.profile_db_digest,
+        layer_times=(broken,),
+    )
+    with pytest.raises(SpecError, match=r"cost_inputs.layer_times\[0\].layer_kind"):
+        recorded_curve(plan.__class__(**fields))
