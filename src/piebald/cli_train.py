@@ -83,6 +83,9 @@ def train(
         Path | None, typer.Option(help="Append one JSON object per step here.")
     ] = None,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="Save checkpoints here.")] = None,
+    save_model: Annotated[
+        Path | None, typer.Option(help="Write the trained weights here (one file, torch.save).")
+    ] = None,
     checkpoint_every: Annotated[
         int, typer.Option(min=0, help="Save every K steps (0: at the end only).")
     ] = 0,
@@ -145,6 +148,7 @@ def train(
             checkpoint_every=checkpoint_every,
             resume=resume,
             metrics_path=metrics,
+            save_model_path=save_model,
             time_scale=time_scale if emulate else None,
         ),
     )
@@ -172,6 +176,11 @@ def run_train(
     if config.metrics_path is not None and config.metrics_path.exists() and not config.resume:
         raise FileExistsError(
             f"{config.metrics_path}: already exists; choose another --metrics file "
+            "(nothing was overwritten)"
+        )
+    if config.save_model_path is not None and config.save_model_path.exists():
+        raise FileExistsError(
+            f"{config.save_model_path}: already exists; choose another --save-model file "
             "(nothing was overwritten)"
         )
     if plan_file is None:

@@ -7,7 +7,7 @@ expected, so the CLI can print it as one line and exit 2 instead of a traceback.
 
 from __future__ import annotations
 
-__all__ = ["SpecError"]
+__all__ = ["SpecError", "error_fields"]
 
 _MAX_VALUE_CHARS = 80
 
@@ -49,3 +49,14 @@ class SpecError(ValueError):
             expected=self.expected,
             has_value=self._has_value,
         )
+
+
+def error_fields(error: SpecError) -> dict[str, object]:
+    """JSON-serialisable keyword arguments that rebuild ``error`` (in another process)."""
+    return {
+        "source": error.source,
+        "field": error.field,
+        "value": error.value if isinstance(error.value, (str, int, float)) else repr(error.value),
+        "expected": error.expected,
+        "has_value": error._has_value,
+    }

@@ -8,6 +8,7 @@ live in modules on ``sys.path`` (tests/distributed/conftest.py puts this folder 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import tempfile
@@ -97,21 +98,28 @@ def make_plan(
     num_gpus: int,
     tied: bool = True,
     schedule: Schedule = Schedule.ONE_F_ONE_B,
+    gpu_types: Sequence[str] | None = None,
 ) -> Plan:
     """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1
-    unless a stage says otherwise, routes by weighted round robin in every stage."""
+    unless a stage says otherwise, routes by weighted round robin in every stage; rank r is
+    a ``gpu_types[r]`` (default: all A100-80GB), consecutive equal types forming a node."""
     arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
     model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
+    types = list(gpu_types) if gpu_types is not None else ["A100-80GB"] * num_gpus
+    assert len(types) == num_gpus, "one GPU type per rank"
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(types)]
     cluster = parse_cluster(
         {
             "name": "test",
             "nodes": [
                 {
-                    "name": "n",
-                    "gpu": "A100-80GB",
-                    "gpus_per_node": num_gpus,
+                    "name": f"n{index}",
+                    "gpu": name,
+                    "gpus_per_node": count,
                     "intra_link": "300GB/s",
+                    "nic": {"kind": "infiniband", "bandwidth": "100Gb/s"},
                 }
+                for index, (name, count) in enumerate(runs)
             ],
         },
         source="test",

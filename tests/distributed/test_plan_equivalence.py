@@ -1,17 +1,22 @@
 """The runtime's acceptance test (DESIGN section 3): training the ``tiny`` model under any
-plan gives the losses of single-process training, step for step, to 1e-4.
+plan gives the losses of single-process training, step for step, to 1e-4, and the same
+parameters after the last step.
 
-Plans cover 1, 2 and 3 stages on 2 to 6 gloo ranks (one left idle), stages of different
-sizes fanning micro-batches out and in, per-GPU micro-batch sizes in a one-stage plan,
-uneven shard fractions under every ZeRO mode, a tied embedding/head across stages,
-recompute, and both schedules. Each run is 5 optimizer steps of AdamW with clipping.
+Plans cover 1, 2 and 3 stages on 2 to 6 gloo ranks of mixed emulated GPU types (one more
+left idle), stages of different sizes fanning micro-batches out and in, unequal
+micro-batch counts, per-GPU micro-batch sizes in a one-stage plan, uneven shard fractions
+under every ZeRO mode, a tied embedding/head across stages, recompute, and both schedules.
+Each run is 5 optimizer steps of AdamW with clipping.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
+import torch
 from dist_harness import StageSpec, make_plan
 
 from piebald.runtime.dist.optimizer import OptimizerConfig
@@ -40,6 +45,7 @@ def _one_stage_mixed_sizes() -> Plan:
         ],
         num_gpus=2,
         tied=True,
+        gpu_types=("A100-80GB", "V100-32GB"),
     )
 
 
@@ -58,6 +64,7 @@ def _two_stages_fan_out() -> Plan:
         ],
         num_gpus=4,
         tied=True,
+        gpu_types=("A100-80GB", "RTX-4090", "RTX-4090", "T4"),
     )
 
 
@@ -92,6 +99,7 @@ def _three_stages_six_ranks(schedule: Schedule) -> Plan:
         num_gpus=7,
         tied=False,
         schedule=schedule,
+        gpu_types=("A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB", "L4", "L4", "T4"),
     )
 
 
@@ -104,13 +112,29 @@ PLANS = {
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_plan_trains_exactly_like_one_process(name: str) -> None:
+def test_plan_trains_exactly_like_one_process(name: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
-    reference = train_reference(plan.model, plan.job, CONFIG, print_line=lambda _: None)
-    run = emulate(plan, CONFIG, max_params=10**9, lines_to_stderr=True)
+    assert len({plan.cluster.device_of(r).name for r in plan.used_ranks}) >= 2
+    reference = train_reference(
+        plan.model,
+        plan.job,
+        dataclasses.replace(CONFIG, save_model_path=tmp_path / "reference.pt"),
+        print_line=lambda _: None,
+    )
+    run = emulate(
+        plan,
+        dataclasses.replace(CONFIG, save_model_path=tmp_path / "plan.pt"),
+        max_params=10**9,
+        lines_to_stderr=True,
+    )
     assert run.steps == STEPS and len(run.losses) == STEPS
     assert all(math.isfinite(loss) for loss in run.losses)
     # The model learns: the check below compares two moving sequences, not two constants.
     assert reference.losses[-1] < reference.losses[0] - 0.05
     for step, (mine, theirs) in enumerate(zip(run.losses, reference.losses, strict=True)):
         assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-4), f"step {step + 1}"
+    mine = torch.load(tmp_path / "plan.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert sorted(mine) == sorted(theirs)
+    for param_name, value in theirs.items():
+        torch.testing.assert_close(mine[param_name], value, rtol=1e-4, atol=1e-5, msg=param_name)

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from piebald.errors import SpecError
+from piebald.errors import SpecError, error_fields
 from piebald.runtime.dist.groups import CommGroup
 from piebald.runtime.dist.optimizer import ShardedOptimizer
 from piebald.specs.job import Optimizer
@@ -401,16 +401,6 @@ def _assemble(
     return states, own
 
 
-def _error_fields(error: SpecError) -> dict[str, Any]:
-    return {
-        "source": error.source,
-        "field": error.field,
-        "value": error.value if isinstance(error.value, (str, int, float)) else repr(error.value),
-        "expected": error.expected,
-        "has_value": error._has_value,
-    }
-
-
 def load_checkpoint(
     path: Path, *, optimizer: ShardedOptimizer, group: CommGroup, rank: int
 ) -> CheckpointInfo:
@@ -443,7 +433,7 @@ def load_checkpoint(
     except Exception as caught:  # any rank's surprise must not leave the others waiting
         error = _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)")
     # Agree on the verdict before any collective, and raise the same line everywhere.
-    verdict = None if error is None else _error_fields(error)
+    verdict = None if error is None else error_fields(error)
     verdicts = _all_gather_objects(verdict, group)
     if error is not None:
         raise error

@@ -22,6 +22,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only at the end of the run (when a directory is given)
     resume: bool = False
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
+    save_model_path: Path | None = None  # the trained weights, one file, global names
     time_scale: float | None = None  # emulation: wall seconds per emulated second; None: real
     fp32: bool = False  # compute in fp32 whatever the plan's precision (emulation default)
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run

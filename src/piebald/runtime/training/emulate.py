@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
+from torch.multiprocessing.spawn import ProcessExitedException, start_processes
 
+from piebald.errors import SpecError, error_fields
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.metrics import RunSummary
@@ -63,12 +64,22 @@ def _rank_main(
         def print_line(line: str) -> None:
             print(line, flush=True, file=sys.stderr if lines_to_stderr else sys.stdout)
 
-        result = run_rank(plan, config, runtime_model=model, print_line=print_line)
+        try:
+            result = run_rank(plan, config, runtime_model=model, print_line=print_line)
+        except SpecError as error:  # e.g. a corrupt checkpoint: every rank raises the same
+            (Path(out_dir) / f"error-{rank}.json").write_text(json.dumps(error_fields(error)))
+            raise SystemExit(2) from None
         dist.barrier()  # idle ranks stay until the others are done with the world group
         if result.summary is not None:
             (Path(out_dir) / _SUMMARY).write_text(json.dumps(result.summary.as_dict()))
     finally:
         dist.destroy_process_group()
+
+
+def _start(args: tuple[Any, ...], world_size: int) -> None:
+    start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        _rank_main, args=args, nprocs=world_size, start_method="forkserver", join=True
+    )
 
 
 def emulate(
@@ -86,9 +97,11 @@ def emulate(
     """
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
-        raise ValueError(
-            f"the plan's cluster {plan.cluster.name!r} has {world_size} GPUs; emulation runs "
-            f"one process per GPU and supports at most {MAX_EMULATED_GPUS}"
+        raise SpecError(
+            source="plan",
+            field="cluster",
+            value=f"{plan.cluster.name} ({world_size} GPUs)",
+            expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
     config = replace(config, device="cpu", fp32=True)
     model = reduced_width_model(plan.model, max_params=max_params)
@@ -98,9 +111,8 @@ def emulate(
     multiprocessing.set_forkserver_preload(["torch", "piebald.runtime.training.rank_worker"])
     with tempfile.TemporaryDirectory(prefix="piebald-emulate-") as scratch:
         init_method = f"file://{Path(scratch) / 'store'}"
-        start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-            _rank_main,
-            args=(
+        try:
+            args = (
                 world_size,
                 init_method,
                 plan_to_dict(plan),
@@ -108,11 +120,13 @@ def emulate(
                 max_params,
                 scratch,
                 lines_to_stderr,
-            ),
-            nprocs=world_size,
-            start_method="forkserver",
-            join=True,
-        )
+            )
+            _start(args, world_size)
+        except ProcessExitedException:
+            reported = sorted(Path(scratch).glob("error-*.json"))
+            if not reported:
+                raise
+            raise SpecError(**json.loads(reported[0].read_text())) from None
         data = json.loads((Path(scratch) / _SUMMARY).read_text())
     data["losses"] = tuple(data["losses"])
     return RunSummary(**data)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from piebald.cost.plan_estimate import model_flops_utilization
+from piebald.errors import SpecError
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.dist.buckets import build_buckets
 from piebald.runtime.dist.checkpoint import (
@@ -39,6 +40,7 @@ from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.export import export_part_weights
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
@@ -96,6 +98,13 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
             raise ValueError("--resume needs --checkpoint-dir (where the checkpoints are)")
         return None
     latest = find_latest_checkpoint(directory) if directory.exists() else None
+    if latest is None and config.resume:
+        raise SpecError(
+            source=str(directory),
+            field="--resume",
+            value=True,
+            expected="a directory holding a complete checkpoint (step-NNNNNNNN) to resume from",
+        )
     if latest is not None and not config.resume:
         raise FileExistsError(
             f"{directory}: already holds checkpoint {latest.name}; pass --resume to continue "
@@ -212,6 +221,10 @@ def run_rank(
                 extra={"seed": config.seed, "plan_model": plan.model.name},
             )
             started = time.perf_counter()  # the save is not part of the next step's time
+    if config.save_model_path is not None:
+        export_part_weights(
+            config.save_model_path, part=part, optimizer=optimizer, groups=groups, rank=rank
+        )
     report = pacer.report() if pacer is not None else None
     counts = torch.tensor(
         [report.overruns, report.operations] if report is not None else [0, 0], dtype=torch.int64

@@ -21,6 +21,7 @@ from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import build_stage_part
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.export import part_weights, save_weights
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
@@ -102,6 +103,8 @@ def train_reference(
         history.append(metrics)
         print_line(format_step(metrics))
         writer.write(metrics)
+    if config.save_model_path is not None:
+        save_weights(part_weights(model_part), config.save_model_path)
     return summarise(
         history,
         steps=config.steps,
