@@ -51,9 +51,9 @@ from piebald.specs.presets import load_model
 if TYPE_CHECKING:  # the runtime imports torch: only the training step of the demo loads it
     from piebald.runtime.training.metrics import RunSummary
 
-__all__ = ["HOMOGENEOUS_BASELINES", "TIME_SCALE", "demo"]
+__all__ = ["HOMOGENEOUS_BASELINES", "TIME_SCALE", "best_homogeneous", "demo"]
 
-MODEL = "llama-3.2-1b"
+MODEL = "llama-3.2-1b"  # planned at full size, trained at reduced width
 GLOBAL_BATCH, SEQ_LEN = 16, 512
 TRAIN_STEPS = 3
 # Wall seconds per emulated second: the CPU's real work for one reduced-width step takes
@@ -63,7 +63,7 @@ TIME_SCALE = 50.0
 HOMOGENEOUS_BASELINES = ("megatron", "zero-even")
 
 
-def _best_homogeneous(comparison: Comparison) -> tuple[str, Plan] | None:
+def best_homogeneous(comparison: Comparison) -> tuple[str, Plan] | None:
     rows = [
         row
         for row in comparison.rows
@@ -144,7 +144,7 @@ def run_demo(*, out_dir: Path, train_steps: int) -> None:
             highlight=False,
         )
         plans = [("piebald", plan)]
-        baseline = _best_homogeneous(comparison)
+        baseline = best_homogeneous(comparison)
         if baseline is not None:
             plans.append(baseline)
         rows = []
