@@ -9,7 +9,10 @@ within 15% after calibration on the measured shapes.
 
 On a CPU the device is described by its measured GEMM rate and copy bandwidth (what
 ``piebald profile compute`` suggests for a cluster file's ``gpu_types``); on a GPU by its
-catalog entry.
+catalog entry. With ``--threads 1`` (the default) CPU passes are timed in the thread's CPU
+time and every pass starts with cold caches (``piebald.profiler.measure_compute``), so
+other work on a shared machine stretches them far less; each round is one run in the DB,
+and the DB combines rounds by their median.
 
     .venv/bin/python benchmarks/calibration.py [--models tiny,gpt2] [--seq-lens 32,64]
         [--micro-batch-sizes 1,2,4] [--repeats 7] [--rounds 3] [--threads 1] [--device cpu|cuda]

@@ -332,10 +332,17 @@ def calibrate(
         console.print(_error_rows_table(f"{name} ({dtype}): analytic vs measured", before, after))
         for kind_curve in kind_curves:
             c = kind_curve.curve
+            if kind_curve.layer is not None:  # a measured layer: its own fixed time
+                console.print(
+                    f"    {kind_curve.model}'s {kind_curve.layer_kind}: fixed "
+                    f"{c.half_saturation_s * 1e6:.1f} us",
+                    highlight=False,
+                )
+                continue
             console.print(
                 f"  {kind_curve.layer_kind} {kind_curve.pass_kind}: max_fraction "
                 f"{c.max_fraction:.3g}, bandwidth_fraction {c.bandwidth_fraction:.3g}, "
-                f"half_saturation {c.half_saturation_s * 1e6:.1f} us"
+                f"overlap {c.overlap:.2f}, typical fixed time {c.half_saturation_s * 1e6:.1f} us"
                 + (
                     f", embedding table passes {c.embedding_table_passes:.2f}"
                     if c.embedding_table_passes

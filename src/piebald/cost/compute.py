@@ -109,9 +109,11 @@ class EfficiencyCurve:
         *,
         layer_kind: LayerKind | None = None,
         pass_kind: PassKind | None = None,
+        layer: LayerSpec | None = None,
     ) -> EfficiencyCurve:
         """The curve to price ``device`` with; a profile may hold one calibrated per device
-        type, layer kind and pass (a block's kernels saturate differently from a gather)."""
+        type, layer kind and pass (a block's kernels saturate differently from a gather),
+        and per measured ``layer`` (its own fixed per-pass time)."""
         return self
 
 
@@ -149,7 +151,9 @@ def layer_forward_time_s(
     )
     if measured is not None:
         return measured
-    analytic = curve.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD)
+    analytic = curve.for_device(
+        device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
+    )
     tokens = micro_batch_size * seq_len
     flops = layer.forward_flops_per_token(seq_len=seq_len) * tokens
     return analytic.time_s(
@@ -183,7 +187,9 @@ def layer_backward_time_s(
     )
     if measured is not None:
         return measured
-    analytic = curve.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD)
+    analytic = curve.for_device(
+        device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
+    )
     tokens = micro_batch_size * seq_len
     flops = 2.0 * layer.forward_flops_per_token(seq_len=seq_len) * tokens
     num_bytes = 2.0 * _forward_bytes(layer, tokens=tokens, dtype=dtype)

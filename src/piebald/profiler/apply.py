@@ -181,19 +181,32 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                         else None
                     ),
                 )
-    curves = tuple(
-        CalibratedCurve(
-            device=kind_curve.device,
-            layer_kind=kind_curve.layer_kind.value,
-            pass_kind=kind_curve.pass_kind.value,
-            max_fraction=kind_curve.curve.max_fraction,
-            bandwidth_fraction=kind_curve.curve.bandwidth_fraction,
-            half_saturation_s=kind_curve.curve.half_saturation_s,
-            embedding_table_passes=kind_curve.curve.embedding_table_passes,
-        )
-        for kind_curve in curve.kind_curves
-        if kind_curve.device in devices
-    )
+    # Per device type, the calibrated curve each layer kind of this plan's model is priced
+    # with (the measured layer's own where it was measured): one per kind and pass.
+    calibrated: list[CalibratedCurve] = []
+    device_of = {
+        plan.cluster.device_of(rank).name: plan.cluster.device_of(rank) for rank in plan.used_ranks
+    }
+    for name in sorted(devices):
+        for layer in distinct_layers(plan.model):
+            for pass_kind in (PassKind.FORWARD, PassKind.BACKWARD):
+                applied = curve.calibrated(
+                    device_of[name], layer_kind=layer.kind, pass_kind=pass_kind, layer=layer
+                )
+                if applied is None:
+                    continue
+                calibrated.append(
+                    CalibratedCurve(
+                        device=name,
+                        layer_kind=layer.kind.value,
+                        pass_kind=pass_kind.value,
+                        max_fraction=applied.max_fraction,
+                        bandwidth_fraction=applied.bandwidth_fraction,
+                        half_saturation_s=applied.half_saturation_s,
+                        embedding_table_passes=applied.embedding_table_passes,
+                    )
+                )
+    curves = tuple(calibrated)
     return CostInputs(
         profile_db=inputs.db.root,
         profile_db_digest=inputs.db.digest,
@@ -218,7 +231,11 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
     recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
     (the ones the plan uses, so every lookup hits a recorded number), and the recorded
     calibrated curves price the layers nothing was measured for. ``base`` (the analytic
-    curve) when the plan records nothing, or for devices it records nothing of."""
+    curve) when the plan records nothing, or for devices it records nothing of.
+
+    Not yet exact for layers priced by a calibrated curve alone: the plan format's
+    ``CalibratedCurve`` has no ``overlap`` field, so those curves come back with the
+    roofline's overlap of 1 (measured layers, the common case, are exact)."""
     inputs = plan.cost_inputs
     if inputs is None:
         return base

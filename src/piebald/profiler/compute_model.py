@@ -10,7 +10,8 @@ are the analytic fallback for devices nothing was measured on). It answers
   the nearest measured size scaled by the calibrated analytic curve's ratio, so the
   extrapolation keeps the curve's saturation shape and meets the measurement at its edge;
 * :meth:`ProfiledCurve.for_device`: the curve calibrated for that device type, layer kind
-  and pass (``piebald.profiler.calibrate``), for layers that were not measured.
+  and pass (``piebald.profiler.calibrate``) -- with a measured layer's own fixed per-pass
+  time where it is that layer, the kind's typical one otherwise.
 
 Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
 """
@@ -67,12 +68,16 @@ class LayerTable:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KindCurve:
-    """The curve calibrated for one (device type, layer kind, pass)."""
+    """The curve calibrated for one (device type, layer kind, pass), either for one
+    measured layer (its own fixed per-pass time, the kind's rates) or, with ``layer`` None,
+    for every other layer of the kind (the kind's typical fixed time)."""
 
     device: str
     layer_kind: LayerKind
     pass_kind: PassKind  # FORWARD or BACKWARD (recompute = both)
     curve: EfficiencyCurve
+    layer: tuple[object, ...] | None = None  # piebald.profiler.keys.layer_key
+    model: str = ""  # the measured model the layer is from, for reports
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,9 +87,9 @@ class ProfiledCurve(EfficiencyCurve):
     _table_of: Mapping[tuple[object, ...], LayerTable] = field(
         init=False, repr=False, compare=False, hash=False
     )
-    _curve_of: Mapping[tuple[str, LayerKind, PassKind], EfficiencyCurve] = field(
-        init=False, repr=False, compare=False, hash=False
-    )
+    _curve_of: Mapping[
+        tuple[str, LayerKind, PassKind, tuple[object, ...] | None], EfficiencyCurve
+    ] = field(init=False, repr=False, compare=False, hash=False)
     _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +101,7 @@ class ProfiledCurve(EfficiencyCurve):
         object.__setattr__(
             self,
             "_curve_of",
-            {(c.device, c.layer_kind, c.pass_kind): c.curve for c in self.kind_curves},
+            {(c.device, c.layer_kind, c.pass_kind, c.layer): c.curve for c in self.kind_curves},
         )
         base = (
             self.max_fraction,
@@ -121,6 +126,7 @@ class ProfiledCurve(EfficiencyCurve):
         *,
         layer_kind: LayerKind | None = None,
         pass_kind: PassKind | None = None,
+        layer: LayerSpec | None = None,
     ) -> EfficiencyCurve:
         if layer_kind is None or pass_kind is None:
             return EfficiencyCurve(
@@ -130,8 +136,24 @@ class ProfiledCurve(EfficiencyCurve):
                 embedding_table_passes=self.embedding_table_passes,
                 overlap=self.overlap,
             )
-        found = self._curve_of.get((device.name, layer_kind, pass_kind))
+        found = self.calibrated(device, layer_kind=layer_kind, pass_kind=pass_kind, layer=layer)
         return found if found is not None else self.for_device(device)
+
+    def calibrated(
+        self,
+        device: DeviceType,
+        *,
+        layer_kind: LayerKind,
+        pass_kind: PassKind,
+        layer: LayerSpec | None = None,
+    ) -> EfficiencyCurve | None:
+        """The calibrated curve for ``layer`` (its own, else its kind's), or None where
+        ``device`` has no calibration of that kind and pass."""
+        if layer is not None:
+            own = self._curve_of.get((device.name, layer_kind, pass_kind, layer_key(layer)))
+            if own is not None:
+                return own
+        return self._curve_of.get((device.name, layer_kind, pass_kind, None))
 
     def _analytic_s(
         self,
@@ -144,7 +166,9 @@ class ProfiledCurve(EfficiencyCurve):
         kind: PassKind,
     ) -> float:
         """The calibrated analytic time, never a measured one (used to extrapolate)."""
-        forward_curve = self.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD)
+        forward_curve = self.for_device(
+            device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
+        )
         forward_s = layer_forward_time_s(
             layer,
             device=device,
@@ -162,7 +186,9 @@ class ProfiledCurve(EfficiencyCurve):
             micro_batch_size=micro_batch_size,
             seq_len=seq_len,
             recompute=False,
-            curve=self.for_device(device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD),
+            curve=self.for_device(
+                device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
+            ),
         )
         return backward_s + (forward_s if kind is PassKind.BACKWARD_RECOMPUTE else 0.0)
 

@@ -75,9 +75,12 @@ def test_measured_interpolated_and_extrapolated_times(
     assert lookup(8, PassKind.BACKWARD_RECOMPUTE) == (3e-3 + 6e-3, Source.MEASURED)
     value, source = lookup(6)
     assert source is Source.INTERPOLATED and value == pytest.approx((1.5e-3 + 3e-3) / 2)
-    # Beyond: the edge measurement times the calibrated curve's ratio.
+    # Beyond: the edge measurement times the ratio of the block's calibrated curve (the
+    # kind's rates with the block's own fixed time).
     value, source = lookup(16)
-    fitted = curve.for_device(CPU_A, layer_kind=LayerKind.BLOCK, pass_kind=PassKind.FORWARD)
+    fitted = curve.for_device(
+        CPU_A, layer_kind=LayerKind.BLOCK, pass_kind=PassKind.FORWARD, layer=block
+    )
 
     def analytic(size: int) -> float:
         return layer_forward_time_s(
@@ -270,3 +273,40 @@ def test_overlap_spans_roofline_to_sum() -> None:
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="overlap"):
             EfficiencyCurve(overlap=bad)
+
+
+def test_calibration_gives_each_measured_layer_its_own_fixed_time() -> None:
+    """Embedding forwards of tiny and gpt2 made with one bandwidth and different fixed
+    times (gpt2's learned positions run more kernels): the fit finds both fixed times,
+    the kind's rates, and reproduces the times; one shared fixed time could not."""
+    rates = EfficiencyCurve(max_fraction=0.6, bandwidth_fraction=0.3)
+    fixed_s = {"tiny": 0.3e-3, "gpt2": 0.45e-3}
+    observations = []
+    for model_name, fixed in fixed_s.items():
+        embedding = load_model(model_name).layers[0]
+        truth = EfficiencyCurve(max_fraction=0.6, bandwidth_fraction=0.3, half_saturation_s=fixed)
+        for seq_len in (32, 64):
+            for size in (1, 2, 4):
+                probe = Observation(
+                    model=model_name,
+                    layer=embedding,
+                    seq_len=seq_len,
+                    micro_batch_size=size,
+                    pass_kind=PassKind.FORWARD,
+                    measured_s=1.0,
+                )
+                exact = predict_s(probe, device=CPU_A, dtype=Dtype.FP32, curve=truth)
+                observations.append(Observation(**{**_obs_fields(probe), "measured_s": exact}))
+    kind_curves = calibrate_device(observations, device=CPU_A, dtype=Dtype.FP32)
+    own = {c.model: c.curve for c in kind_curves if c.layer is not None}
+    assert set(own) == {"tiny", "gpt2"}
+    for model_name, fixed in fixed_s.items():
+        assert own[model_name].half_saturation_s == pytest.approx(fixed, rel=0.05)
+        assert own[model_name].bandwidth_fraction == pytest.approx(rates.bandwidth_fraction, 0.05)
+    fitted = calibrated_curve(kind_curves)
+    after = error_table(observations, device=CPU_A, dtype=Dtype.FP32, curve=fitted)
+    assert after[0].max_abs_error < 0.02
+    # The kind's curve alone (what an unmeasured embedding gets) misses one of the two.
+    shared = calibrated_curve([c for c in kind_curves if c.layer is None])
+    alone = error_table(observations, device=CPU_A, dtype=Dtype.FP32, curve=shared)
+    assert alone[0].max_abs_error > 0.05
