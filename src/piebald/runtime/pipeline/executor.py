@@ -122,17 +122,17 @@ class PipelineExecutor:
         self.optimizer.gather_params()
         for k, op in enumerate(self.ops):
             match op:
-                case RecvActivation(micro_batch=j, peer=peer):
-                    mailbox.post_receive(
-                        MessageKind.ACTIVATION,
-                        micro_batch=j,
-                        peer=peer,
-                        shape=self._message_shape(j),
-                        dtype=self.wire_dtypes[peer],
+                case (
+                    RecvActivation(micro_batch=j, peer=peer)
+                    | RecvGradient(micro_batch=j, peer=peer)
+                ):
+                    kind = (
+                        MessageKind.ACTIVATION
+                        if isinstance(op, RecvActivation)
+                        else MessageKind.GRADIENT
                     )
-                case RecvGradient(micro_batch=j, peer=peer):
                     mailbox.post_receive(
-                        MessageKind.GRADIENT,
+                        kind,
                         micro_batch=j,
                         peer=peer,
                         shape=self._message_shape(j),
