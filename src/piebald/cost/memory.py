@@ -23,14 +23,16 @@ import numpy.typing as npt
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, ModelSpec
-from piebald.specs.plan import Schedule, ZeroMode
+from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
     "MemoryBreakdown",
     "framework_reserve_bytes",
+    "in_flight_for_rounds",
     "in_flight_micro_batches",
     "rank_memory",
     "ranks_to_end",
+    "stage_in_flight",
     "stage_memory_bytes",
     "stage_params_matrix",
 ]
@@ -104,6 +106,36 @@ def in_flight_micro_batches(
 def ranks_to_end(counts_per_stage: Sequence[Sequence[int]], stage_index: int) -> int:
     """Ranks with micro-batches in stage ``stage_index`` and the stages after it."""
     return sum(1 for counts in counts_per_stage[stage_index:] for count in counts if count > 0)
+
+
+def in_flight_for_rounds(*, budget: int, rank_micro_batches: int, num_rounds: int) -> int:
+    """The smallest in-flight budget, at most ``budget``, that lets a rank run its
+    micro-batches in ``num_rounds`` round trips (1F1B finishes at most w micro-batches per
+    round trip): ceil(n / rounds), at least 1 for a rank with work."""
+    if rank_micro_batches <= 0:
+        return 0
+    return max(1, min(budget, math.ceil(rank_micro_batches / num_rounds)))
+
+
+def stage_in_flight(plan: Plan, stage_index: int) -> tuple[int, ...]:
+    """Each rank's in-flight budget in stage ``stage_index``: the plan's ``max_in_flight``
+    where the planner recorded one (a budget lowered to fit memory), else Little's law
+    (:func:`in_flight_micro_batches`). The memory estimate, the step-time estimate and the
+    1F1B schedule all hold a rank to this."""
+    stage = plan.stages[stage_index]
+    if stage.max_in_flight is not None:
+        return stage.max_in_flight
+    downstream = ranks_to_end([s.num_micro_batches for s in plan.stages], stage_index)
+    total = sum(stage.num_micro_batches)
+    return tuple(
+        in_flight_micro_batches(
+            schedule=plan.schedule,
+            ranks_to_end=downstream,
+            rank_micro_batches=count,
+            stage_micro_batches=total,
+        )
+        for count in stage.num_micro_batches
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,12 +20,7 @@ from dataclasses import dataclass
 from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import (
-    MemoryBreakdown,
-    in_flight_micro_batches,
-    rank_memory,
-    ranks_to_end,
-)
+from piebald.cost.memory import MemoryBreakdown, rank_memory, stage_in_flight
 from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
 from piebald.specs.devices import DeviceType
@@ -110,8 +105,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
     )
     before_forward_s, during_backward_s = comm.before_forward_s, comm.during_backward_s
     neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
-    stage_micro_batches = sum(stage.num_micro_batches)
-    downstream = ranks_to_end([s.num_micro_batches for s in plan.stages], stage_index)
+    budgets = stage_in_flight(plan, stage_index)
     compute: dict[int, float] = {}
     rounds: list[tuple[int, float]] = []  # (round trips its in-flight budget forces, pass)
     memory: dict[int, MemoryBreakdown] = {}
@@ -148,12 +142,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
                 num_params=owned, device=device, optimizer=plan.job.optimizer, curve=curve
             ),
         )
-        in_flight = in_flight_micro_batches(
-            schedule=plan.schedule,
-            ranks_to_end=downstream,
-            rank_micro_batches=count,
-            stage_micro_batches=stage_micro_batches,
-        )
+        in_flight = budgets[index]
         if count:
             rounds.append((math.ceil(count / in_flight), pass_of[device, size]))
         key = (device, size, in_flight, fraction)

@@ -22,13 +22,19 @@ def min_makespan_counts(item_times_s: Sequence[float], num_items: int) -> list[i
         raise ValueError(f"num_items = {num_items}; expected >= 0")
     if not item_times_s or any(t <= 0 for t in item_times_s):
         raise ValueError(f"item times must be positive, got {list(item_times_s)}")
-    counts = [0] * len(item_times_s)
-    heap = [(time_s, index) for index, time_s in enumerate(item_times_s)]
+    # At most n items finish by the continuous bound T = n / sum_i (1 / t_i), so the greedy
+    # hands out every item finishing before T first: start after them (a rank's k-th item
+    # finishes at k t_i) and leave only the last few items to the heap.
+    bound_s = num_items / sum(1.0 / t for t in item_times_s)
+    counts = [max(0, int(bound_s / t) - 1) for t in item_times_s]
+    heap = [
+        ((count + 1) * t, i) for i, (count, t) in enumerate(zip(counts, item_times_s, strict=True))
+    ]
     heapq.heapify(heap)
-    for _ in range(num_items):
-        finish_s, index = heapq.heappop(heap)
+    for _ in range(num_items - sum(counts)):
+        _, index = heapq.heappop(heap)
         counts[index] += 1
-        heapq.heappush(heap, (finish_s + item_times_s[index], index))
+        heapq.heappush(heap, ((counts[index] + 1) * item_times_s[index], index))
     return counts
 
 

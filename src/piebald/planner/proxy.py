@@ -29,7 +29,7 @@ def pipeline_proxy(
     the slowest optimizer step."""
     ranges = list(itertools.pairwise(bounds))
     sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    busy = [float(c.cost_s[a, b]) - s for c, (a, b), s in zip(costs, ranges, sync, strict=True)]
+    busy = [float(c.busy_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
     slowest_stage = int(np.argmax(busy))
@@ -38,9 +38,11 @@ def pipeline_proxy(
     else:
         pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
     # Little's law (cost.plan_estimate): the stage's rounds of one micro-batch of an equal
-    # share plus the trip through the later stages.
-    for i in range(len(ranges) - 1):
+    # share plus the trip through the later stages; more rounds where the stage's in-flight
+    # budget had to shrink to fit memory.
+    for i, (a, b) in enumerate(ranges[:-1]):
         rounds, share = round_trips[i]
+        rounds = max(rounds, int(costs[i].rounds[a, b]))
         later = sum(hops[i:]) + sum(passes[i + 1 :])
         before = sum(passes[:i]) + sum(hops[:i])
         pipeline = max(pipeline, rounds * (busy[i] * share + later) + before)

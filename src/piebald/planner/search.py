@@ -589,13 +589,15 @@ def _search_structures(state: _Search, report: Progress) -> None:
         if not best:
             break
         _, order_index, best_size, depth = best[0]
-        near = sorted({1, *range(max(1, depth - 2), depth + 3)})  # one stage always
         small = state.cluster.num_gpus <= ALL_SIZES_UP_TO
         if small:  # every order and size of the subset's own units
             subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
             subset_orders = unit_orders(subset_units)
         else:  # the winning order without the idle groups, at the winning size
             subset_orders = [tuple(u for u in orders[order_index] if u.node_index in nodes)]
+        # Depths near the best one, as deep as the subset's units allow; one stage always.
+        depth = min(depth, len(subset_orders[0]))
+        near = sorted({1, *range(max(1, depth - 2), depth + 3)})
         subset_tried = [
             (value, size, d, i)
             for i, order in enumerate(subset_orders)

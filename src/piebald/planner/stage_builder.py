@@ -5,6 +5,14 @@ is tried: micro-batches go to ranks by exact min-makespan allocation, the sharde
 the training state is water-filled against each rank's free memory (the most even split
 that fits, since uneven collectives are padded to the largest shard), and the fastest
 setting whose every rank fits its memory wins.
+
+Each rank holds the 1F1B in-flight budget of Little's law
+(``cost.memory.in_flight_micro_batches``). Where no setting fits with it, the budget
+shrinks to the fewest round trips rho that fit, w_r = ceil(n_r / rho)
+(``in_flight_for_rounds``; memory falls as rho grows, so a binary search finds the
+smallest), and the stage records it; the settings then compete with their busy time
+stretched by rho over the round trips Little's budget needs, the price the plan
+estimate's round-trip bound puts on it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from dataclasses import dataclass
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import in_flight_micro_batches, rank_memory
+from piebald.cost.memory import in_flight_for_rounds, in_flight_micro_batches, rank_memory
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
@@ -47,11 +55,15 @@ class StageChoice:
     sync_s: float
     pass_s: float  # one micro-batch through the stage on its slowest working rank
     optimizer_s: float  # the slowest owner's optimizer step
+    # Round trips its in-flight budget forces over those the Little's-law budget needs
+    # (1 unless the budget was lowered to fit memory).
+    round_trip_factor: float = 1.0
 
     @property
     def total_s(self) -> float:
-        """What this stage alone adds to a step: busy, sync and optimizer step."""
-        return self.busy_s + self.sync_s + self.optimizer_s
+        """What this stage alone adds to a step: busy (stretched by the extra round trips
+        of a lowered in-flight budget), sync and optimizer step."""
+        return self.busy_s * self.round_trip_factor + self.sync_s + self.optimizer_s
 
 
 def water_fill(capacities: Sequence[float]) -> tuple[float, ...] | None:
@@ -115,93 +127,110 @@ def build_stage(
     even = tuple(1.0 / len(ranks) for _ in ranks)
     profile = ring_profile(cluster, ranks)
     best: StageChoice | None = None
-    for recompute in rules.recompute:
-        compute_s = []
-        for device, size in zip(devices, micro_batch_sizes, strict=True):
-            times = pass_times(
-                model,
-                device=device,
-                dtype=device.training_dtype(job.precision),
-                micro_batch_size=size,
-                seq_len=job.seq_len,
-                recompute=recompute,
-                curve=curve,
-            )
-            compute_s.append(
-                (times.forward_s(layer_start, layer_end), times.backward_s(layer_start, layer_end))
-            )
-        for zero in rules.zero_modes:
-            # Per-pass traffic with even shards; the exact plan estimate re-prices it.
-            comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
-            # A pass never takes zero time (a stage of only the embedding of a tiny model
-            # comes close); the allocation needs positive times.
-            pass_s = [
-                max(max(f, comm.before_forward_s) + max(b, comm.during_backward_s), 1e-12)
-                for f, b in compute_s
-            ]
-            counts = _counts(
-                pass_s,
-                micro_batch_sizes,
-                num_sequences=job.global_batch_size,
-                equal=rules.equal_micro_batches,
-            )
-            if counts is None:
-                continue
-            fractions = _fit_memory(
-                cluster,
-                model=model,
-                job=job,
-                ranks=ranks,
-                devices=devices,
-                layers=(layer_start, layer_end),
-                sizes=micro_batch_sizes,
-                counts=counts,
-                zero=zero,
-                recompute=recompute,
-                downstream=ranks_to_end,
-                neighbors=neighbors,
-                even_shards=rules.even_shards or zero is ZeroMode.NONE,
-            )
-            if fractions is None:
-                continue
-            stage = Stage(
-                layer_start=layer_start,
-                layer_end=layer_end,
-                ranks=ranks,
-                micro_batch_size=micro_batch_sizes,
-                num_micro_batches=tuple(counts),
-                shard_fraction=fractions,
-                zero=zero,
-                recompute=recompute,
-            )
-            sync = stage_comm(
-                profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
-            ).sync_s
-            busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
-            working = [t for c, t in zip(counts, pass_s, strict=True) if c]
-            optimizer = max(
-                optimizer_step_time_s(
-                    num_params=params * (1.0 if zero is ZeroMode.NONE else fraction),
+    # Little's in-flight budget wherever some setting fits with it; only where none does,
+    # the fewest extra round trips that fit.
+    for shrink in (False, True):
+        for recompute in rules.recompute:
+            compute_s = []
+            for device, size in zip(devices, micro_batch_sizes, strict=True):
+                times = pass_times(
+                    model,
                     device=device,
-                    optimizer=job.optimizer,
+                    dtype=device.training_dtype(job.precision),
+                    micro_batch_size=size,
+                    seq_len=job.seq_len,
+                    recompute=recompute,
                     curve=curve,
                 )
-                for device, fraction in zip(devices, fractions, strict=True)
-            )
-            choice = StageChoice(
-                stage=stage, busy_s=busy, sync_s=sync, pass_s=max(working), optimizer_s=optimizer
-            )
-            if best is None or choice.total_s < best.total_s:
-                best = choice
+                compute_s.append(
+                    (
+                        times.forward_s(layer_start, layer_end),
+                        times.backward_s(layer_start, layer_end),
+                    )
+                )
+            for zero in rules.zero_modes:
+                # Per-pass traffic with even shards; the exact plan estimate re-prices it.
+                comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
+                # A pass never takes zero time (a stage of only the embedding of a tiny model
+                # comes close); the allocation needs positive times.
+                pass_s = [
+                    max(max(f, comm.before_forward_s) + max(b, comm.during_backward_s), 1e-12)
+                    for f, b in compute_s
+                ]
+                counts = _counts(
+                    pass_s,
+                    micro_batch_sizes,
+                    num_sequences=job.global_batch_size,
+                    equal=rules.equal_micro_batches,
+                )
+                if counts is None:
+                    continue
+                fitted = _fit_in_flight(
+                    model,
+                    job=job,
+                    devices=devices,
+                    layers=(layer_start, layer_end),
+                    sizes=micro_batch_sizes,
+                    counts=counts,
+                    zero=zero,
+                    recompute=recompute,
+                    downstream=ranks_to_end,
+                    neighbors=neighbors,
+                    even_shards=rules.even_shards or zero is ZeroMode.NONE,
+                    shrink=shrink,
+                )
+                if fitted is None:
+                    continue
+                fractions, max_in_flight, round_trip_factor = fitted
+                stage = Stage(
+                    layer_start=layer_start,
+                    layer_end=layer_end,
+                    ranks=ranks,
+                    micro_batch_size=micro_batch_sizes,
+                    num_micro_batches=tuple(counts),
+                    shard_fraction=fractions,
+                    zero=zero,
+                    recompute=recompute,
+                    max_in_flight=max_in_flight,
+                )
+                sync = stage_comm(
+                    profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
+                ).sync_s
+                busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
+                working = [t for c, t in zip(counts, pass_s, strict=True) if c]
+                optimizer = max(
+                    optimizer_step_time_s(
+                        num_params=params * (1.0 if zero is ZeroMode.NONE else fraction),
+                        device=device,
+                        optimizer=job.optimizer,
+                        curve=curve,
+                    )
+                    for device, fraction in zip(devices, fractions, strict=True)
+                )
+                choice = StageChoice(
+                    stage=stage,
+                    busy_s=busy,
+                    sync_s=sync,
+                    pass_s=max(working),
+                    optimizer_s=optimizer,
+                    round_trip_factor=round_trip_factor,
+                )
+                if best is None or choice.total_s < best.total_s:
+                    best = choice
+        if best is not None:
+            break
     return best
 
 
-def _fit_memory(
-    cluster: ClusterSpec,
-    *,
+def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:
+    """Round trips a step takes the stage's ranks: 1F1B finishes w per round trip."""
+    return max((math.ceil(n / w) for n, w in zip(counts, budgets, strict=True) if n), default=1)
+
+
+def _fit_in_flight(
     model: ModelSpec,
+    *,
     job: JobSpec,
-    ranks: tuple[int, ...],
     devices: list[DeviceType],
     layers: tuple[int, int],
     sizes: Sequence[int],
@@ -211,25 +240,19 @@ def _fit_memory(
     downstream: int,
     neighbors: int,
     even_shards: bool,
-) -> tuple[float, ...] | None:
-    """Shard fractions under which every rank fits its memory, or None."""
-    fixed_bytes, sharded_bytes, capacity_bytes = [], [], []
-    cache: dict[tuple[DeviceType, int, int], tuple[float, float]] = {}
-    for device, size, count in zip(devices, sizes, counts, strict=True):
-        in_flight = in_flight_micro_batches(
-            schedule=Schedule.ONE_F_ONE_B,
-            ranks_to_end=downstream,
-            rank_micro_batches=count,
-            stage_micro_batches=sum(counts),
-        )
-        key = (device, size, in_flight)
-        if key not in cache:
+    shrink: bool,
+) -> tuple[tuple[float, ...], tuple[int, ...] | None, float] | None:
+    """(shard fractions, the lowered in-flight budget or None, round trips over those of
+    Little's law) under which every rank fits its memory holding Little's budget, or with
+    ``shrink`` the fewest round trips' budget; None if that does not fit."""
+
+    # A rank's memory is affine in its micro-batches in flight and its shard fraction.
+    per_kind: dict[tuple[DeviceType, int], tuple[float, float, float]] = {}
+    for device, size in zip(devices, sizes, strict=True):
+        if (device, size) not in per_kind:
 
             def memory(
-                fraction: float,
-                device: DeviceType = device,
-                size: int = size,
-                in_flight: int = in_flight,
+                fraction: float, in_flight: int, device: DeviceType = device, size: int = size
             ) -> float:
                 return rank_memory(
                     model,
@@ -247,22 +270,73 @@ def _fit_memory(
                     num_neighbor_stages=neighbors,
                 ).total_bytes
 
-            unsharded = memory(0.0)
-            cache[key] = (unsharded, memory(1.0) - unsharded)
-        fixed, sharded = cache[key]
-        fixed_bytes.append(fixed)
-        sharded_bytes.append(sharded)
-        capacity_bytes.append(device.memory_bytes)
+            empty = memory(0.0, 0)
+            per_kind[device, size] = (empty, memory(0.0, 1) - empty, memory(1.0, 0) - empty)
+    kinds = [per_kind[device, size] for device, size in zip(devices, sizes, strict=True)]
+
+    def fit(budgets: Sequence[int]) -> tuple[float, ...] | None:
+        return _fit_memory(
+            fixed_bytes=[f + w * a for (f, a, _), w in zip(kinds, budgets, strict=True)],
+            sharded_bytes=[z for _, _, z in kinds],
+            capacity_bytes=[device.memory_bytes for device in devices],
+            even_shards=even_shards,
+        )
+
+    little = [
+        in_flight_micro_batches(
+            schedule=Schedule.ONE_F_ONE_B,
+            ranks_to_end=downstream,
+            rank_micro_batches=count,
+            stage_micro_batches=sum(counts),
+        )
+        for count in counts
+    ]
+    if not shrink:
+        fractions = fit(little)
+        return None if fractions is None else (fractions, None, 1.0)
+
+    def budgets_for(rounds: int) -> tuple[int, ...]:
+        return tuple(
+            in_flight_for_rounds(budget=w, rank_micro_batches=n, num_rounds=rounds)
+            for w, n in zip(little, counts, strict=True)
+        )
+
+    # Memory only falls as the round trips grow: the fewest that fit, by bisection.
+    low, high = _rounds(counts, little), max(counts)  # at max(counts) every budget is 1
+    if fit(budgets_for(high)) is None:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if fit(budgets_for(middle)) is None:
+            low = middle + 1
+        else:
+            high = middle
+    budgets = budgets_for(high)
+    fractions = fit(budgets)
+    assert fractions is not None
+    return fractions, budgets, _rounds(counts, budgets) / _rounds(counts, little)
+
+
+def _fit_memory(
+    *,
+    fixed_bytes: Sequence[float],
+    sharded_bytes: Sequence[float],
+    capacity_bytes: Sequence[float],
+    even_shards: bool,
+) -> tuple[float, ...] | None:
+    """Shard fractions f under which every rank fits, fixed + f x sharded <= capacity, or
+    None."""
+    num_ranks = len(fixed_bytes)
     if even_shards:
-        share = 1.0 / len(ranks)
+        share = 1.0 / num_ranks
         fits = all(
             f + share * z <= c
             for f, z, c in zip(fixed_bytes, sharded_bytes, capacity_bytes, strict=True)
         )
-        return tuple(share for _ in ranks) if fits else None
+        return (share,) * num_ranks if fits else None
     if all(z <= 0 for z in sharded_bytes):
         fits = all(f <= c for f, c in zip(fixed_bytes, capacity_bytes, strict=True))
-        return tuple(1.0 / len(ranks) for _ in ranks) if fits else None
+        return (1.0 / num_ranks,) * num_ranks if fits else None
     # A rank's sharded bytes per unit of fraction depend on the dtype it trains in.
     fractions = water_fill(
         [(c - f) / z for f, z, c in zip(fixed_bytes, sharded_bytes, capacity_bytes, strict=True)]

@@ -11,11 +11,12 @@ backwards in ascending j (the order micro-batches visit it).
   dependencies F(j, s) -> F(j, s+1), F(j, p-1) -> B(j, p-1), B(j, s+1) -> B(j, s), and every
   rank's list is sorted by it.
 - 1F1B for asymmetric, routed stages (picotron's warm-up / steady / cool-down, generalised):
-  rank r of stage s may hold at most w_r = ``in_flight_micro_batches(...)`` micro-batches
-  whose backward has not run, the number the memory estimate assumed. Warm-up: forwards
-  until w_r are in flight; steady state: one backward whenever the oldest in-flight
-  micro-batch's gradient is there, else one forward if fewer than w_r are in flight;
-  cool-down: the remaining backwards. Which of B and F comes next depends on when inputs
+  rank r of stage s may hold at most w_r micro-batches whose backward has not run, the
+  number the memory estimate assumed: ``prices.in_flight_limit``, capped by the stage's
+  ``max_in_flight`` where the plan records one (``cost.memory.stage_in_flight``).
+  Warm-up: forwards until w_r are in flight; steady state: one backward whenever the
+  oldest in-flight micro-batch's gradient is there, else one forward if fewer than w_r are
+  in flight; cool-down: the remaining backwards. Which of B and F comes next depends on when inputs
   arrive, so the order is found by a dry run of this greedy rule over the cost model's
   pass and hop times (``_one_f_one_b_orders``), each rank taking the backward when both
   are ready. The dry run never stalls: let j* be the smallest micro-batch with an
@@ -117,6 +118,13 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
     next_forward = dict.fromkeys(queue, 0)
     in_flight: dict[int, deque[int]] = {rank: deque() for rank in queue}
     limit = {rank: prices.in_flight_limit(rank) for rank in queue}
+    # A budget the plan records (the planner lowered it to fit memory) is the one the memory
+    # estimate counted: never hold more, whatever the prices allow.
+    for stage in plan.stages:
+        if stage.max_in_flight is not None:
+            for rank, budget in zip(stage.ranks, stage.max_in_flight, strict=True):
+                if rank in limit:
+                    limit[rank] = min(limit[rank], budget)
     free_at = dict.fromkeys(queue, 0.0)
     times = {rank: pass_durations_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
     # When the input of F(j, s) / B(j, s) reaches its rank; absent until its producer ran.

@@ -72,6 +72,10 @@ class Stage:
     shard_fraction: tuple[float, ...]
     zero: ZeroMode = ZeroMode.NONE
     recompute: bool = False
+    # Per rank, the most micro-batches whose activations it holds at once under 1F1B (the
+    # planner lowers it below the Little's-law budget where that does not fit memory, paying
+    # in round trips). None: the Little's-law budget, ``cost.memory.in_flight_micro_batches``.
+    max_in_flight: tuple[int, ...] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -279,12 +283,37 @@ def _validate_stage(
         raise _fail(
             f"{where}.shard_fraction", list(fractions), "non-negative fractions summing to 1"
         )
+    _validate_in_flight(plan, where, stage)
     if stage.zero is ZeroMode.NONE and len(set(fractions)) > 1:
         raise _fail(
             f"{where}.shard_fraction",
             list(fractions),
             "equal fractions when zero is 'none' (nothing is sharded)",
         )
+
+
+def _validate_in_flight(plan: Plan, where: str, stage: Stage) -> None:
+    budget = stage.max_in_flight
+    if budget is None:
+        return
+    if plan.schedule is not Schedule.ONE_F_ONE_B:
+        raise _fail(
+            f"{where}.max_in_flight",
+            list(budget),
+            f"no in-flight budget with schedule {plan.schedule.value!r} (only 1f1b has one)",
+        )
+    if len(budget) != len(stage.ranks):
+        raise _fail(
+            f"{where}.max_in_flight", list(budget), f"{len(stage.ranks)} values, one per rank"
+        )
+    for value, count in zip(budget, stage.num_micro_batches, strict=True):
+        if not min(1, count) <= value <= count:
+            raise _fail(
+                f"{where}.max_in_flight",
+                list(budget),
+                f"per rank 1..its micro-batches {list(stage.num_micro_batches)} "
+                "(0 for a rank without any)",
+            )
 
 
 def _validate_routes(plan: Plan) -> None:

@@ -42,19 +42,7 @@ __all__ = [
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    stages = [
-        {
-            "layers": [stage.layer_start, stage.layer_end],
-            "ranks": list(stage.ranks),
-            "devices": [plan.cluster.device_of(rank).name for rank in stage.ranks],
-            "micro_batch_size": list(stage.micro_batch_size),
-            "num_micro_batches": list(stage.num_micro_batches),
-            "shard_fraction": list(stage.shard_fraction),
-            "zero": stage.zero.value,
-            "recompute": stage.recompute,
-        }
-        for stage in plan.stages
-    ]
+    stages = [_stage_to_dict(plan, stage) for stage in plan.stages]
     out: dict[str, Any] = {
         "version": plan.version,
         "schedule": plan.schedule.value,
@@ -85,6 +73,22 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out["cluster"] = cluster_to_dict(plan.cluster)
     out["model"] = model_to_dict(plan.model)
     out["job"] = job_to_dict(plan.job)
+    return out
+
+
+def _stage_to_dict(plan: Plan, stage: Stage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "layers": [stage.layer_start, stage.layer_end],
+        "ranks": list(stage.ranks),
+        "devices": [plan.cluster.device_of(rank).name for rank in stage.ranks],
+        "micro_batch_size": list(stage.micro_batch_size),
+        "num_micro_batches": list(stage.num_micro_batches),
+        "shard_fraction": list(stage.shard_fraction),
+        "zero": stage.zero.value,
+        "recompute": stage.recompute,
+    }
+    if stage.max_in_flight is not None:  # absent: the Little's-law budget (older plans too)
+        out["max_in_flight"] = list(stage.max_in_flight)
     return out
 
 
@@ -213,6 +217,7 @@ def _stage_from(fields: Fields) -> Stage:
         shard_fraction=_float_list(fields, "shard_fraction"),
         zero=ZeroMode(fields.choice("zero", [z.value for z in ZeroMode], "none")),
         recompute=fields.boolean("recompute", default=False),
+        max_in_flight=_int_list(fields, "max_in_flight") if fields.has("max_in_flight") else None,
     )
 
 

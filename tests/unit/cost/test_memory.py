@@ -18,6 +18,7 @@ from piebald.cost.memory import (
     MemoryBreakdown,
     bytes_per_param,
     framework_reserve_bytes,
+    in_flight_for_rounds,
     in_flight_micro_batches,
     rank_memory,
 )
@@ -284,3 +285,34 @@ def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> N
     assert held <= depth  # never more than the 1F1B warm-up of the stage
     if rank_count == stage_count:  # alone in its stage
         assert held == min(rank_count, depth)
+
+
+# --- a lowered in-flight budget -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("budget", "count", "rounds", "expected"),
+    [
+        (8, 16, 2, 8),  # Little's budget already runs 16 in 2 round trips
+        (8, 16, 3, 6),  # ceil(16 / 3)
+        (8, 16, 16, 1),  # one at a time: a round trip per micro-batch
+        (8, 16, 40, 1),  # never fewer than one
+        (4, 16, 2, 4),  # never more than the budget
+        (4, 0, 3, 0),  # a rank without micro-batches holds none
+    ],
+)
+def test_in_flight_for_rounds_by_hand(budget: int, count: int, rounds: int, expected: int) -> None:
+    assert (
+        in_flight_for_rounds(budget=budget, rank_micro_batches=count, num_rounds=rounds) == expected
+    )
+
+
+@given(budget=st.integers(1, 64), count=st.integers(1, 200), rounds=st.integers(1, 200))
+def test_in_flight_for_rounds_is_the_fewest_that_make_the_round_trips(
+    budget: int, count: int, rounds: int
+) -> None:
+    held = in_flight_for_rounds(budget=budget, rank_micro_batches=count, num_rounds=rounds)
+    assert 1 <= held <= min(budget, count)
+    if held < budget:  # not capped: the round trips are met, and one fewer would miss them
+        assert math.ceil(count / held) <= rounds
+        assert held == 1 or math.ceil(count / (held - 1)) > rounds
