@@ -15,7 +15,7 @@ from piebald.cost.layer_table import pass_times
 from piebald.planner.search import search
 from piebald.profiler.apply import cost_inputs_for, profiled_inputs
 from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
-from piebald.profiler.measure_compute import profile_compute
+from piebald.profiler.measure_compute import cpu_clock_name, profile_compute
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
@@ -203,3 +203,21 @@ def test_two_machines_merge_into_one_db_a_plan_uses(
         combined = db.compute(key)
         assert combined is not None and found is not None
         assert found[0] == pytest.approx(combined.timings[1].forward_s)
+
+
+def test_one_thread_is_timed_in_its_cpu_time_and_says_so() -> None:
+    """With one torch thread every kernel runs on the timing thread, so passes are timed
+    in its CPU time (other processes' time does not count); with more, the wall clock."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu_clock_name() == "thread_time"
+        profiles = _profile("tiny", "cpu-a", (1,))
+        assert {p.provenance.timer for p in profiles} == {"thread_time"}
+        assert all(t.forward_s > 0 and t.backward_s > 0 for p in profiles for t in p.timings)
+        torch.set_num_threads(2)
+        assert cpu_clock_name() == "perf_counter"
+    finally:
+        torch.set_num_threads(before)
