@@ -34,6 +34,7 @@ from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
 from piebald.planner.strategies import STRATEGIES
 from piebald.plots import plot_comparison
+from piebald.profiler.apply import recorded_curve
 from piebald.render import (
     catalog_table,
     cluster_table,
@@ -147,7 +148,7 @@ def plan(
             progress=progress,
             curve=curve,
         )
-    best = cli_simulate.verify_by_simulation(result) if simulate else result.best
+    best = cli_simulate.verify_by_simulation(result, curve=curve) if simulate else result.best
     best = scored_with_cost_inputs(best, profiled)
     if out is not None:
         save_plan(best.plan, out, overwrite=force)
@@ -168,7 +169,8 @@ def plan(
 def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]) -> None:
     """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
     loaded = load_plan(plan_file)
-    explanation = explain_plan(loaded)
+    # A plan made from profiles is explained with the prices it was made with.
+    explanation = explain_plan(loaded, curve=recorded_curve(loaded))
     for renderable in explanation_tables(loaded, explanation):
         console.print(renderable)
 
