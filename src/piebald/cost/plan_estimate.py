@@ -13,11 +13,12 @@ The simulator executes plans operation by operation and checks these numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from piebald.cost.comm import p2p_time_s, ring_profile
+from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, rank_memory, stage_in_flight
@@ -63,36 +64,83 @@ class PlanEstimate:
         )
 
 
-def _boundary_s(plan: Plan, index: int) -> tuple[float, float]:
-    """(busy time of the boundary after stage ``index``, one micro-batch's fwd+bwd hops).
+def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float, float]]:
+    """Per stage boundary: (busy time of its busiest resource over the step, one
+    micro-batch's activation there and gradient back).
 
-    The boundary is as busy as its busiest resource (a GPU port, a node's NIC in one
-    direction, a site link) over the step: activations cross it forward, their gradients
-    backward, every transfer of one micro-batch's activation size."""
-    stage = plan.stages[index]
-    size_of = dict(zip(stage.ranks, stage.micro_batch_size, strict=True))
-    wire = plan.job.precision.num_bytes
+    A resource (a GPU port, a node's NIC in one direction, a site link; ``transfers``) is
+    busy for the bytes / capacity of every transfer that uses it, over all boundaries: a
+    node's NIC out carries its stage's activations forward and its gradients backward.
+
+    A hop shares each resource it crosses with the streams running at once, and moves at
+    min(path rate, capacity / streams) (the simulator's network splits a resource
+    equally). The ranks of a stage run their micro-batches in step, so every rank that
+    sends one way over a resource (its activations to the next stage, say) sends at once:
+    n streams, each taking T = n S / capacity. The other way over the same resource (the
+    gradients to the previous stage) overlaps those only when a transfer outlasts the pass
+    between a rank's two sends (1F1B alternates forward and backward, about half a pass
+    each): its m streams count (T - pass / 2) / T each, clipped to [0, 1].
+    """
+    size_of = {
+        rank: size
+        for stage in plan.stages
+        for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True)
+    }
+    token_bytes = plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
     busy: dict[Hashable, float] = {}
-    hop_of: dict[tuple[int, int], float] = {}
-    seconds_of: dict[tuple[int, int], tuple[tuple[Hashable, float], ...]] = {}
-    for route in plan.routes:
-        pair = (route[index], route[index + 1])
-        if pair not in hop_of:
-            sender, receiver = pair
-            num_bytes = size_of[sender] * plan.job.seq_len * plan.model.arch.hidden_size * wire
-            link = plan.cluster.link_between(sender, receiver)
-            hop_of[pair] = 2.0 * p2p_time_s(num_bytes=num_bytes, link=link)  # fwd + bwd
-            seconds_of[pair] = tuple(
-                (key, num_bytes / capacity)
-                for a, b in (pair, pair[::-1])  # activation there, gradient back
-                for key, capacity in transfer_resources(plan.cluster, a, b)
-            )
-        for key, seconds in seconds_of[pair]:
-            busy[key] = busy.get(key, 0.0) + seconds
-    return max(busy.values(), default=0.0), max(hop_of.values(), default=0.0)
+    # Per resource and way (boundary, forward?): the ranks sending that way over it, and
+    # the ranks where the ways meet (its senders for an outgoing port, else receivers).
+    senders: dict[Hashable, dict[tuple[int, bool], set[int]]] = {}
+    meeting: dict[Hashable, set[int]] = {}
+    bytes_of: dict[Hashable, tuple[float, float]] = {}  # (largest transfer, capacity)
+    pairs_of: list[dict[tuple[int, int], int]] = []
+    for index in range(plan.num_stages - 1):
+        pairs: dict[tuple[int, int], int] = {}
+        for route in plan.routes:
+            pair = (route[index], route[index + 1])
+            pairs[pair] = pairs.get(pair, 0) + 1
+        for (sender, receiver), count in pairs.items():
+            num_bytes = size_of[sender] * token_bytes
+            for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
+                for key, capacity in transfer_resources(plan.cluster, a, b):
+                    busy[key] = busy.get(key, 0.0) + count * num_bytes / capacity
+                    senders.setdefault(key, {}).setdefault((index, forward), set()).add(a)
+                    outgoing = isinstance(key, tuple) and str(key[0]).endswith("-out")
+                    meeting.setdefault(key, set()).add(a if outgoing else b)
+                    largest = max(bytes_of.get(key, (0.0, capacity))[0], num_bytes)
+                    bytes_of[key] = (largest, capacity)
+        pairs_of.append(pairs)
+    streams: dict[Hashable, float] = {}
+    for key, ways in senders.items():
+        counts = sorted((len(ranks) for ranks in ways.values()), reverse=True)
+        largest, capacity = bytes_of[key]
+        alone_s = counts[0] * largest / capacity  # T: the busiest way's streams together
+        half_pass_s = 0.5 * sum(pass_s[r] for r in meeting[key]) / len(meeting[key])
+        overlap = min(1.0, max(0.0, (alone_s - half_pass_s) / alone_s))
+        streams[key] = counts[0] + overlap * sum(counts[1:])
+    out = []
+    for pairs in pairs_of:
+        hop_s = boundary_s = 0.0
+        for sender, receiver in pairs:
+            num_bytes = size_of[sender] * token_bytes
+            there_and_back = 0.0
+            for a, b in ((sender, receiver), (receiver, sender)):
+                link = plan.cluster.link_between(a, b)
+                resources = transfer_resources(plan.cluster, a, b)
+                seconds_per_byte = max(
+                    1.0 / link.bandwidth_bytes_per_s,
+                    max(streams[key] / capacity for key, capacity in resources),
+                )
+                there_and_back += link.latency_s + num_bytes * seconds_per_byte
+                boundary_s = max(boundary_s, max(busy[key] for key, _ in resources))
+            hop_s = max(hop_s, there_and_back)
+        out.append((boundary_s, hop_s))
+    return out
 
 
-def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> StageEstimate:
+def _stage_estimate(
+    plan: Plan, stage_index: int, *, boundary: tuple[float, float], curve: EfficiencyCurve
+) -> StageEstimate:
     stage = plan.stages[stage_index]
     precision = plan.job.precision
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
@@ -164,8 +212,7 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
             )
         memory[rank] = memory_of[key]
     sync_s = comm.sync_s
-    last = stage_index == plan.num_stages - 1
-    boundary_s, hop_s = (0.0, 0.0) if last else _boundary_s(plan, stage_index)
+    boundary_s, hop_s = boundary
     return StageEstimate(
         compute_s=compute,
         micro_batch_s=micro_batch_s + hop_s,
@@ -180,7 +227,27 @@ def _stage_estimate(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> 
 
 def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> PlanEstimate:
     """Predicted step time, tokens/s and per-rank memory of ``plan``."""
-    stages = tuple(_stage_estimate(plan, index, curve=curve) for index in range(plan.num_stages))
+    alone = [
+        _stage_estimate(plan, index, boundary=(0.0, 0.0), curve=curve)
+        for index in range(plan.num_stages)
+    ]
+    rank_pass_s = {  # one micro-batch's forward and backward on each working rank
+        rank: busy_s / count
+        for stage, estimate in zip(plan.stages, alone, strict=True)
+        for rank, count in zip(stage.ranks, stage.num_micro_batches, strict=True)
+        if count
+        for busy_s in (estimate.compute_s[rank],)
+    }
+    boundaries = [*_boundaries(plan, pass_s=rank_pass_s), (0.0, 0.0)]  # the last sends nothing
+    stages = tuple(
+        dataclasses.replace(
+            estimate,
+            micro_batch_s=estimate.micro_batch_s + hop_s,
+            hop_s=hop_s,
+            boundary_s=boundary_s,
+        )
+        for estimate, (boundary_s, hop_s) in zip(alone, boundaries, strict=True)
+    )
     candidates = [
         (max(stage.compute_s.values()), index, f"stage {index}")
         for index, stage in enumerate(stages)

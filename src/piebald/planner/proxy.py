@@ -8,18 +8,58 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from piebald.planner.stage_costs import StageCost
 
-__all__ = ["pipeline_proxy", "polish_bounds", "uniform_bounds"]
+__all__ = ["Hop", "Way", "pipeline_proxy", "polish_bounds", "uniform_bounds"]
+
+
+@dataclass(frozen=True, slots=True)
+class Way:
+    """A resource (a node's NIC or a GPU's port, one direction) that one way of a hop
+    crosses: the streams running this way over it, those running the other way (a stage's
+    activations out and its gradients out share its NIC), and the stage where the two
+    meet, whose pass separates them."""
+
+    streams: int
+    other_streams: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One micro-batch's activation there and gradient back over a stage boundary, priced
+    as the plan estimate does (``cost.plan_estimate._boundaries``): each way takes its
+    latency plus its bytes at capacity / streams on its busiest resource, where the n
+    streams of the busier way run at once and the m of the other way overlap them by
+    (T - pass / 2) / T, T = n x one transfer alone."""
+
+    latency_s: float
+    alone_s: float  # one activation's bytes over the path's bandwidth
+    there: tuple[Way, ...]
+    back: tuple[Way, ...]
+
+    def seconds(self, passes: Sequence[float]) -> float:
+        total = 0.0
+        for resources in (self.there, self.back):
+            streams = 1.0
+            for way in resources:
+                most = max(way.streams, way.other_streams)
+                least = min(way.streams, way.other_streams)
+                together_s = most * self.alone_s
+                overlap = (together_s - 0.5 * passes[way.stage]) / together_s
+                streams = max(streams, most + min(1.0, max(0.0, overlap)) * least)
+            total += self.latency_s + streams * self.alone_s
+        return total
 
 
 def pipeline_proxy(
     costs: Sequence[StageCost],
     bounds: tuple[int, ...],
-    hops: list[float],
+    boundaries: list[Hop],
     link_busy: list[float],
     round_trips: list[tuple[int, float]],
 ) -> float:
@@ -31,6 +71,7 @@ def pipeline_proxy(
     sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     busy = [float(c.busy_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
+    hops = [hop.seconds(passes) for hop in boundaries]
     optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
     slowest_stage = int(np.argmax(busy))
     if max(link_busy, default=0.0) > busy[slowest_stage]:
@@ -53,7 +94,7 @@ def pipeline_proxy(
 def polish_bounds(
     costs: Sequence[StageCost],
     bounds: tuple[int, ...],
-    hops: list[float],
+    hops: list[Hop],
     link_busy: list[float],
     round_trips: list[tuple[int, float]],
     proxy: float,

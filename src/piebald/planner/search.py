@@ -30,7 +30,7 @@ from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
 from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
 from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
-from piebald.planner.proxy import pipeline_proxy, polish_bounds, uniform_bounds
+from piebald.planner.proxy import Hop, Way, pipeline_proxy, polish_bounds, uniform_bounds
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
@@ -101,7 +101,8 @@ class _Search:
         self.costs: dict[tuple[tuple[tuple[int, int], ...], int, int, int], StageCost] = {}
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
-        self.hops: dict[tuple[object, ...], float] = {}
+        self.hops: dict[tuple[object, ...], tuple[float, float]] = {}
+        self.node_sets: dict[tuple[int, ...], frozenset[int]] = {}
         self.signatures: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
 
     # -- pricing a structure with the DP ------------------------------------------------
@@ -190,25 +191,76 @@ class _Search:
 
     def links(
         self, stages: tuple[tuple[int, ...], ...], size: int
-    ) -> tuple[list[float], list[float]]:
-        """Per boundary: one micro-batch's hop, and the link's busy time over the step (each
-        side's GPUs send or receive their share of the micro-batches over it)."""
-        hops = [self.hop_s(a, b, size) for a, b in itertools.pairwise(stages)]
-        # A NIC or port carries one direction: activations out, or gradients in (half a hop).
+    ) -> tuple[list[Hop], list[float]]:
+        """Per boundary: one micro-batch's hop there and back, and the busy time of its
+        busiest NIC or GPU port over the step, as the plan estimate prices them
+        (``cost.plan_estimate._boundaries``): the GPUs of a stage run in step, so those
+        sharing a node's NIC (or a receiver's port) send at once and split it; and a node's
+        NIC carries both of its stage's boundaries (activations out to the next stage,
+        gradients out to the previous one; in, the other way round)."""
+        num_micro_batches = self.job.global_batch_size / size
+        p = len(stages)
+        nodes = [self.nodes_of(ranks) for ranks in stages]
+        inter = [len(nodes[i] | nodes[i + 1]) > 1 for i in range(p - 1)]
+
+        def crossing(i: int, kind: bool) -> bool:
+            """Boundary i exists and is inter-node (``kind``) or intra-node (not)."""
+            return 0 <= i < p - 1 and inter[i] == kind
+
+        def out_streams(s: int, kind: bool) -> int:  # senders on a NIC, or a GPU's port
+            return self.most_per_node(stages[s]) if kind else 1
+
+        def in_streams(sender: int, receiver: int, kind: bool) -> int:  # into a NIC or GPU
+            a, b = stages[sender], stages[receiver]
+            per = self.most_per_node(b) if kind else 1
+            return min(len(a), per * math.ceil(len(a) / len(b)))
+
+        hops, seconds = [], []
+        for i in range(p - 1):
+            k = inter[i]
+            latency_s, alone_s = self.hop_parts(stages[i], stages[i + 1], size, inter=k)
+            there = (  # activations: stage i's way out, stage i+1's way in
+                Way(out_streams(i, k), out_streams(i, k) if crossing(i - 1, k) else 0, i),
+                Way(
+                    in_streams(i, i + 1, k),
+                    in_streams(i + 2, i + 1, k) if crossing(i + 1, k) else 0,
+                    i + 1,
+                ),
+            )
+            back = (  # gradients: stage i+1's way out, stage i's way in
+                Way(
+                    out_streams(i + 1, k),
+                    out_streams(i + 1, k) if crossing(i + 1, k) else 0,
+                    i + 1,
+                ),
+                Way(
+                    in_streams(i + 1, i, k),
+                    in_streams(i - 1, i, k) if crossing(i - 1, k) else 0,
+                    i,
+                ),
+            )
+            hops.append(Hop(latency_s, alone_s, there, back))
+            seconds.append(alone_s)
+        nic = [0.0] * p  # per stage: one direction of each of its nodes' NICs
+        port = [0.0] * p  # ... of each of its GPUs' ports
+        for i, alone_s in enumerate(seconds):
+            for s in (i, i + 1):
+                if inter[i]:
+                    nic[s] += alone_s * num_micro_batches / len(nodes[s])
+                else:
+                    port[s] += alone_s * num_micro_batches / len(stages[s])
         busy = [
-            0.5 * hop * self.job.global_batch_size / size / self.lanes(a, b)
-            for hop, (a, b) in zip(hops, itertools.pairwise(stages), strict=True)
+            max(nic[i], nic[i + 1]) if inter[i] else max(port[i], port[i + 1]) for i in range(p - 1)
         ]
         return hops, busy
 
-    def lanes(self, sender: tuple[int, ...], receiver: tuple[int, ...]) -> int:
-        """Transfers a boundary carries at once: one per GPU port inside a node, one per
-        node NIC between nodes (a node's GPUs share its NIC)."""
-        nodes_a = {self.cluster.gpus[r].node_index for r in sender}
-        nodes_b = {self.cluster.gpus[r].node_index for r in receiver}
-        if len(nodes_a | nodes_b) == 1:
-            return min(len(sender), len(receiver))
-        return min(len(nodes_a), len(nodes_b))
+    def nodes_of(self, ranks: tuple[int, ...]) -> frozenset[int]:
+        if ranks not in self.node_sets:
+            self.node_sets[ranks] = frozenset(self.cluster.gpus[r].node_index for r in ranks)
+        return self.node_sets[ranks]
+
+    def most_per_node(self, ranks: tuple[int, ...]) -> int:
+        return max(count for _, count in self.signature(ranks))
 
     def round_trips(
         self, stages: tuple[tuple[int, ...], ...], size: int
@@ -226,20 +278,20 @@ class _Search:
             for i in range(len(stages))
         ]
 
-    def hop_s(self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int) -> float:
-        """Activations there and gradients back for one micro-batch over the slowest link
-        between two neighbouring stages (one GPU per node group on each side)."""
-        key = (self.signature(sender), self.signature(receiver), size)
+    def hop_parts(
+        self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int, *, inter: bool
+    ) -> tuple[float, float]:
+        """(latency, bytes over bandwidth) of one micro-batch's activation over the slowest
+        link between two neighbouring stages (one GPU per node group on each side)."""
+        key = (self.signature(sender), self.signature(receiver), size, inter)
         if key not in self.hops:
             wire = self.job.precision.num_bytes  # activations travel in the job's width
             num_bytes = size * self.job.seq_len * self.model.arch.hidden_size * wire
             left = {self.cluster.gpus[r].group_index: r for r in sender}
             right = {self.cluster.gpus[r].group_index: r for r in receiver}
-            self.hops[key] = max(
-                2.0 * p2p_time_s(num_bytes=num_bytes, link=self.cluster.link_between(a, b))
-                for a in left.values()
-                for b in right.values()
-            )
+            links = [self.cluster.link_between(a, b) for a in left.values() for b in right.values()]
+            slowest = max(links, key=lambda link: p2p_time_s(num_bytes=num_bytes, link=link))
+            self.hops[key] = (slowest.latency_s, num_bytes / slowest.bandwidth_bytes_per_s)
         return self.hops[key]
 
     # -- exact construction -------------------------------------------------------------

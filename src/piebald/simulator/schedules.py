@@ -14,18 +14,23 @@ backwards in ascending j (the order micro-batches visit it).
   rank r of stage s may hold at most w_r micro-batches whose backward has not run, the
   number the memory estimate assumed: ``prices.in_flight_limit``, capped by the stage's
   ``max_in_flight`` where the plan records one (``cost.memory.stage_in_flight``).
-  Warm-up: forwards until w_r are in flight; steady state: one backward whenever the
-  oldest in-flight micro-batch's gradient is there, else one forward if fewer than w_r are
-  in flight; cool-down: the remaining backwards. Which of B and F comes next depends on when inputs
-  arrive, so the order is found by a dry run of this greedy rule over the cost model's
-  pass and hop times (``_one_f_one_b_orders``), each rank taking the backward when both
-  are ready. The dry run never stalls: let j* be the smallest micro-batch with an
-  operation left and q the rank of its next one. If that is F(j*, s), every micro-batch q
-  ran before j* is complete, so q holds none in flight and may start it (w_q >= 1); if it
-  is B(j*, s), j* is q's oldest in flight and its gradient has arrived. Either way q starts
-  it once free. The dry run's start order is then one global order that is topological
-  (an operation starts only after its inputs finished) and sorts every rank's list, so
-  executing the lists with asynchronous sends cannot deadlock, whatever the real times.
+  Warm-up: forwards until w_r are in flight; steady state: one forward, one backward (the
+  backward of the oldest in-flight micro-batch once its gradient is there, a forward once
+  fewer than w_r are in flight and its activation is there); cool-down: the remaining
+  backwards. Which of B and F comes next depends on when inputs arrive, so the order is
+  found by a dry run of this greedy rule over the cost model's pass and hop times
+  (``_one_f_one_b_orders``): a rank starts whichever it can, and when it can start both,
+  the kind it did not run last. (Taking the backward whenever its gradient is there
+  empties the pipeline when gradients come back quickly: w_r backwards in a row, then
+  w_r forwards, then a whole round trip's wait.) The dry run never stalls: let j* be the
+  smallest micro-batch with an operation left and q the rank of its next one. If that is
+  F(j*, s), every micro-batch q ran before j* is complete, so q holds none in flight and
+  may start it (w_q >= 1); if it is B(j*, s), j* is q's oldest in flight and its gradient
+  has arrived. Either way q can start something once free, and the rule never leaves a
+  rank idle that can start something. The dry run's start order is then one global order
+  that is topological (an operation starts only after its inputs finished) and sorts
+  every rank's list, so executing the lists with asynchronous sends cannot deadlock,
+  whatever the real times.
 
 Around the compute. Before running compute operation k a rank posts the inputs of
 operation k+1: its receive, under ZeRO-3 its parameter gather, and before a backward under
@@ -126,6 +131,7 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
                 if rank in limit:
                     limit[rank] = min(limit[rank], budget)
     free_at = dict.fromkeys(queue, 0.0)
+    after_backward = dict.fromkeys(queue, False)  # the last pass the rank ran
     times = {rank: pass_durations_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
     # When the input of F(j, s) / B(j, s) reaches its rank; absent until its producer ran.
     forward_ready: dict[tuple[int, int], float] = {(j, 0): 0.0 for j in range(len(routes))}
@@ -141,7 +147,13 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
         forward_s, backward_s = times[rank]
         held = in_flight[rank]
         oldest = held[0] if held else -1
-        if held and backward_ready.get((oldest, s), now + 1.0) <= now:
+        backward = bool(held) and backward_ready.get((oldest, s), now + 1.0) <= now
+        if backward and after_backward[rank]:  # 1F1B alternates: a forward first, if any
+            j = queue[rank][next_forward[rank]] if next_forward[rank] < len(queue[rank]) else -1
+            forward = j >= 0 and len(held) < limit[rank]
+            backward = not (forward and forward_ready.get((j, s), now + 1.0) <= now)
+        if backward:
+            after_backward[rank] = True
             held.popleft()
             orders[rank].append(Backward(micro_batch=oldest, stage=s))
             end = now + backward_s
@@ -155,6 +167,7 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
             if forward_ready.get((j, s), now + 1.0) > now:
                 continue  # woken again when the activation arrives
             next_forward[rank] += 1
+            after_backward[rank] = False
             held.append(j)
             orders[rank].append(Forward(micro_batch=j, stage=s))
             end = now + forward_s

@@ -124,9 +124,9 @@ def test_fast_gpu_feeding_two_slow_ones_matches_the_hand_timeline() -> None:
     = 3, ranks 1 and 2 ceil(2 x 2/4) = 1.
 
     t=0 r0 F0; t=1 r0 F1, r1 F0 (act 0 arrived); t=2 r0 F2, r2 F1; t=3 r0 full (3 in
-    flight), r1 B0; t=4 r2 B1; t=7 r0 B0 (grad 0), r1 F2; t=9 r0 B1 (grad 1 came at 8),
-    r1 B2; t=11 r0 F3 (grad 2 not back yet); t=12 r2 F3; t=13 r0 B2 (grad 2); t=14 r2 B3;
-    t=18 r0 B3, done at 20.
+    flight), r1 B0; t=4 r2 B1; t=7 r0 B0 (grad 0), r1 F2; t=9 r0 F3 (after a backward, a
+    forward when it can: 2 in flight), r1 B2; t=10 r0 B1 (grad 1 came at 8), r2 F3; t=12
+    r2 B3; t=13 r0 B2 (grad 2); t=16 r0 B3, done at 18.
     """
     plan = pipeline(
         cluster(("round", 1), ("half", 2)),
@@ -154,20 +154,20 @@ def test_fast_gpu_feeding_two_slow_ones_matches_the_hand_timeline() -> None:
         (4.0, 2, "B1", 8.0),
         (7.0, 0, "B0", 9.0),
         (7.0, 1, "F2", 9.0),
-        (9.0, 0, "B1", 11.0),
+        (9.0, 0, "F3", 10.0),
         (9.0, 1, "B2", 13.0),
-        (11.0, 0, "F3", 12.0),
-        (12.0, 2, "F3", 14.0),
+        (10.0, 0, "B1", 12.0),
+        (10.0, 2, "F3", 12.0),
+        (12.0, 2, "B3", 16.0),
         (13.0, 0, "B2", 15.0),
-        (14.0, 2, "B3", 18.0),
-        (18.0, 0, "B3", 20.0),
+        (16.0, 0, "B3", 18.0),
     ]
-    assert result.step_time_s == 20.0
-    assert result.tokens_per_s == plan.job.tokens_per_step / 20.0
-    # Busy 12 of 20 on each rank. Rank 1 ends its passes at 13 and waits at the stage's
-    # (free) all-reduce for rank 2 until 18: blocked on data-parallel sync, not idle.
+    assert result.step_time_s == 18.0
+    assert result.tokens_per_s == plan.job.tokens_per_step / 18.0
+    # Busy 12 of 18 on each rank. Rank 1 ends its passes at 13 and waits at the stage's
+    # (free) all-reduce for rank 2 until 16: blocked on data-parallel sync, not idle.
     stats = {s.rank: (s.busy_s, s.blocked_s, s.idle_s) for s in result.ranks}
-    assert stats == {0: (12.0, 0.0, 8.0), 1: (12.0, 5.0, 3.0), 2: (12.0, 0.0, 8.0)}
+    assert stats == {0: (12.0, 0.0, 6.0), 1: (12.0, 3.0, 3.0), 2: (12.0, 0.0, 6.0)}
 
 
 def test_two_ranks_each_waiting_to_receive_first_is_a_deadlock() -> None:
