@@ -24,6 +24,7 @@ from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, rank_memory, stage_in_flight
 from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
+from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction, ZeroMode
 
@@ -64,6 +65,9 @@ class PlanEstimate:
         )
 
 
+_Ways = tuple[tuple[Link, tuple[tuple[Hashable, float], ...]], ...]
+
+
 def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float, float]]:
     """Per stage boundary: (busy time of its busiest resource over the step, one
     micro-batch's activation there and gradient back).
@@ -75,11 +79,13 @@ def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float,
     A hop shares each resource it crosses with the streams running at once, and moves at
     min(path rate, capacity / streams) (the simulator's network splits a resource
     equally). The ranks of a stage run their micro-batches in step, so every rank that
-    sends one way over a resource (its activations to the next stage, say) sends at once:
-    n streams, each taking T = n S / capacity. The other way over the same resource (the
-    gradients to the previous stage) overlaps those only when a transfer outlasts the pass
-    between a rank's two sends (1F1B alternates forward and backward, about half a pass
-    each): its m streams count (T - pass / 2) / T each, clipped to [0, 1].
+    sends one way over a resource (its activations to the next stage, say) sends at once,
+    and every rank that receives that way receives one transfer at a time (it posts one
+    receive ahead): n = min(senders, receivers) streams, each taking T = n S / capacity.
+    The other way over the same resource (the gradients to the previous stage) overlaps
+    those only when a transfer outlasts the pass between a rank's two sends (1F1B
+    alternates forward and backward, about half a pass each): its m streams count
+    (T - pass / 2) / T each, clipped to [0, 1].
     """
     size_of = {
         rank: size
@@ -88,50 +94,55 @@ def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float,
     }
     token_bytes = plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
     busy: dict[Hashable, float] = {}
-    # Per resource and way (boundary, forward?): the ranks sending that way over it, and
-    # the ranks where the ways meet (its senders for an outgoing port, else receivers).
-    senders: dict[Hashable, dict[tuple[int, bool], set[int]]] = {}
+    # Per resource and way (boundary, forward?): the ranks sending and receiving that way
+    # over it, and the ranks where the ways meet (senders on a way out, else receivers).
+    ends: dict[Hashable, dict[tuple[int, bool], tuple[set[int], set[int]]]] = {}
     meeting: dict[Hashable, set[int]] = {}
     bytes_of: dict[Hashable, tuple[float, float]] = {}  # (largest transfer, capacity)
-    pairs_of: list[dict[tuple[int, int], int]] = []
+    # Per boundary, per (sender, receiver) pair: its bytes and both ways' links and resources.
+    pairs_of: list[list[tuple[float, _Ways]]] = []
     for index in range(plan.num_stages - 1):
         pairs: dict[tuple[int, int], int] = {}
         for route in plan.routes:
             pair = (route[index], route[index + 1])
             pairs[pair] = pairs.get(pair, 0) + 1
+        priced: list[tuple[float, _Ways]] = []
         for (sender, receiver), count in pairs.items():
             num_bytes = size_of[sender] * token_bytes
+            ways: list[tuple[Link, tuple[tuple[Hashable, float], ...]]] = []
             for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
-                for key, capacity in transfer_resources(plan.cluster, a, b):
+                resources = transfer_resources(plan.cluster, a, b)
+                ways.append((plan.cluster.link_between(a, b), resources))
+                for key, capacity in resources:
                     busy[key] = busy.get(key, 0.0) + count * num_bytes / capacity
-                    senders.setdefault(key, {}).setdefault((index, forward), set()).add(a)
+                    way = ends.setdefault(key, {}).setdefault((index, forward), (set(), set()))
+                    way[0].add(a)
+                    way[1].add(b)
                     outgoing = isinstance(key, tuple) and str(key[0]).endswith("-out")
                     meeting.setdefault(key, set()).add(a if outgoing else b)
                     largest = max(bytes_of.get(key, (0.0, capacity))[0], num_bytes)
                     bytes_of[key] = (largest, capacity)
-        pairs_of.append(pairs)
+            priced.append((num_bytes, tuple(ways)))
+        pairs_of.append(priced)
     streams: dict[Hashable, float] = {}
-    for key, ways in senders.items():
-        counts = sorted((len(ranks) for ranks in ways.values()), reverse=True)
+    for key, per_way in ends.items():
+        counts = sorted((min(len(a), len(b)) for a, b in per_way.values()), reverse=True)
         largest, capacity = bytes_of[key]
         alone_s = counts[0] * largest / capacity  # T: the busiest way's streams together
         half_pass_s = 0.5 * sum(pass_s[r] for r in meeting[key]) / len(meeting[key])
         overlap = min(1.0, max(0.0, (alone_s - half_pass_s) / alone_s))
         streams[key] = counts[0] + overlap * sum(counts[1:])
     out = []
-    for pairs in pairs_of:
+    for priced in pairs_of:
         hop_s = boundary_s = 0.0
-        for sender, receiver in pairs:
-            num_bytes = size_of[sender] * token_bytes
+        for pair_bytes, pair_ways in priced:
             there_and_back = 0.0
-            for a, b in ((sender, receiver), (receiver, sender)):
-                link = plan.cluster.link_between(a, b)
-                resources = transfer_resources(plan.cluster, a, b)
+            for link, resources in pair_ways:
                 seconds_per_byte = max(
                     1.0 / link.bandwidth_bytes_per_s,
                     max(streams[key] / capacity for key, capacity in resources),
                 )
-                there_and_back += link.latency_s + num_bytes * seconds_per_byte
+                there_and_back += link.latency_s + pair_bytes * seconds_per_byte
                 boundary_s = max(boundary_s, max(busy[key] for key, _ in resources))
             hop_s = max(hop_s, there_and_back)
         out.append((boundary_s, hop_s))

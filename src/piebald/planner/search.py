@@ -102,7 +102,6 @@ class _Search:
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
         self.hops: dict[tuple[object, ...], tuple[float, float]] = {}
-        self.node_sets: dict[tuple[int, ...], frozenset[int]] = {}
         self.signatures: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
 
     # -- pricing a structure with the DP ------------------------------------------------
@@ -200,27 +199,37 @@ class _Search:
         gradients out to the previous one; in, the other way round)."""
         num_micro_batches = self.job.global_batch_size / size
         p = len(stages)
-        nodes = [self.nodes_of(ranks) for ranks in stages]
-        inter = [len(nodes[i] | nodes[i + 1]) > 1 for i in range(p - 1)]
+        num_nodes = [len(self.signature(ranks)) for ranks in stages]
+        node_of = [self.cluster.gpus[ranks[0]].node_index for ranks in stages]
+        inter = [  # not both stages on one and the same node
+            not (num_nodes[i] == num_nodes[i + 1] == 1 and node_of[i] == node_of[i + 1])
+            for i in range(p - 1)
+        ]
 
         def crossing(i: int, kind: bool) -> bool:
             """Boundary i exists and is inter-node (``kind``) or intra-node (not)."""
             return 0 <= i < p - 1 and inter[i] == kind
 
-        def out_streams(s: int, kind: bool) -> int:  # senders on a NIC, or a GPU's port
-            return self.most_per_node(stages[s]) if kind else 1
+        # Streams one way over a resource: its senders, each sending at once, but no more
+        # than its receivers, each receiving one at a time (cost.plan_estimate).
+        def out_streams(s: int, kind: bool, to: int) -> int:  # a NIC out, or a GPU's port
+            return min(self.most_per_node(stages[s]), len(stages[to])) if kind else 1
 
         def in_streams(sender: int, receiver: int, kind: bool) -> int:  # into a NIC or GPU
-            a, b = stages[sender], stages[receiver]
-            per = self.most_per_node(b) if kind else 1
-            return min(len(a), per * math.ceil(len(a) / len(b)))
+            if not kind:
+                return 1
+            return min(len(stages[sender]), self.most_per_node(stages[receiver]))
 
         hops, seconds = [], []
         for i in range(p - 1):
             k = inter[i]
             latency_s, alone_s = self.hop_parts(stages[i], stages[i + 1], size, inter=k)
             there = (  # activations: stage i's way out, stage i+1's way in
-                Way(out_streams(i, k), out_streams(i, k) if crossing(i - 1, k) else 0, i),
+                Way(
+                    out_streams(i, k, i + 1),
+                    out_streams(i, k, i - 1) if crossing(i - 1, k) else 0,
+                    i,
+                ),
                 Way(
                     in_streams(i, i + 1, k),
                     in_streams(i + 2, i + 1, k) if crossing(i + 1, k) else 0,
@@ -229,8 +238,8 @@ class _Search:
             )
             back = (  # gradients: stage i+1's way out, stage i's way in
                 Way(
-                    out_streams(i + 1, k),
-                    out_streams(i + 1, k) if crossing(i + 1, k) else 0,
+                    out_streams(i + 1, k, i),
+                    out_streams(i + 1, k, i + 2) if crossing(i + 1, k) else 0,
                     i + 1,
                 ),
                 Way(
@@ -246,18 +255,13 @@ class _Search:
         for i, alone_s in enumerate(seconds):
             for s in (i, i + 1):
                 if inter[i]:
-                    nic[s] += alone_s * num_micro_batches / len(nodes[s])
+                    nic[s] += alone_s * num_micro_batches / num_nodes[s]
                 else:
                     port[s] += alone_s * num_micro_batches / len(stages[s])
         busy = [
             max(nic[i], nic[i + 1]) if inter[i] else max(port[i], port[i + 1]) for i in range(p - 1)
         ]
         return hops, busy
-
-    def nodes_of(self, ranks: tuple[int, ...]) -> frozenset[int]:
-        if ranks not in self.node_sets:
-            self.node_sets[ranks] = frozenset(self.cluster.gpus[r].node_index for r in ranks)
-        return self.node_sets[ranks]
 
     def most_per_node(self, ranks: tuple[int, ...]) -> int:
         return max(count for _, count in self.signature(ranks))
