@@ -4,11 +4,20 @@ Pipeline time follows the bottleneck form of the 1F1B/GPipe makespan: the busies
 (or stage boundary) runs for its whole busy time, and every other stage and every boundary
 adds one micro-batch's forward plus backward for the fill and drain. For p equal stages of t per
 micro-batch and m micro-batches this is (m + p - 1) * t, bubble (p-1)/(m+p-1)
-(Huang et al. 2019; Narayanan et al. 2021). Data-parallel traffic is priced per stage by
-its ZeRO mode; the part of the gradient sync not hidden behind the drain of later stages
-is exposed, then the optimizer step and the parameter all-gather.
+(Huang et al. 2019; Narayanan et al. 2021). Under 1F1B a rank holding at most w
+micro-batches in flight (``cost.memory.stage_in_flight``) finishes at most w per round
+trip through the later stages, which bounds the pipeline too (Little's law). A stage
+boundary is as busy as its busiest NIC or port, and a hop is priced at the share of each
+resource it gets among the transfers running at once (``_boundaries``). Data-parallel
+traffic is priced per stage by its ZeRO mode; the part of the gradient sync not hidden
+behind the drain of later stages is exposed, then the optimizer step and the parameter
+all-gather.
 
-The simulator executes plans operation by operation and checks these numbers.
+The simulator executes plans operation by operation and checks these numbers
+(benchmarks/simulate_scenarios.py). What the closed form leaves out: round trips are
+sums of service times, so waits behind other micro-batches at busy ranks and NICs are
+not in them, and a Little's budget that exactly covers the mean round trip starves a
+little (one more micro-batch in flight closes most of the gap in the simulator).
 """
 
 from __future__ import annotations
