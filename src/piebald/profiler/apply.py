@@ -204,6 +204,7 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                         bandwidth_fraction=applied.bandwidth_fraction,
                         half_saturation_s=applied.half_saturation_s,
                         embedding_table_passes=applied.embedding_table_passes,
+                        overlap=applied.overlap,
                     )
                 )
     curves = tuple(calibrated)
@@ -231,11 +232,7 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
     recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
     (the ones the plan uses, so every lookup hits a recorded number), and the recorded
     calibrated curves price the layers nothing was measured for. ``base`` (the analytic
-    curve) when the plan records nothing, or for devices it records nothing of.
-
-    Not yet exact for layers priced by a calibrated curve alone: the plan format's
-    ``CalibratedCurve`` has no ``overlap`` field, so those curves come back with the
-    roofline's overlap of 1 (measured layers, the common case, are exact)."""
+    curve) when the plan records nothing, or for devices it records nothing of."""
     inputs = plan.cost_inputs
     if inputs is None:
         return base
@@ -285,6 +282,7 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
                 bandwidth_fraction=c.bandwidth_fraction,
                 half_saturation_s=c.half_saturation_s,
                 embedding_table_passes=c.embedding_table_passes,
+                overlap=c.overlap,
             ),
         )
         for index, c in enumerate(inputs.curves)

@@ -134,6 +134,7 @@ class CalibratedCurve:
     bandwidth_fraction: float
     half_saturation_s: float
     embedding_table_passes: float = 0.0
+    overlap: float = 1.0  # of compute and memory time: 1 the roofline's max, 0 their sum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

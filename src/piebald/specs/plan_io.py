@@ -120,6 +120,7 @@ def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
                 "bandwidth_fraction": c.bandwidth_fraction,
                 "half_saturation_s": c.half_saturation_s,
                 "embedding_table_passes": c.embedding_table_passes,
+                "overlap": c.overlap,
             }
             for c in inputs.curves
         ],
@@ -165,6 +166,7 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             ),
             half_saturation_s=entry.number("half_saturation_s"),
             embedding_table_passes=entry.number("embedding_table_passes", default=0.0),
+            overlap=entry.number("overlap", default=1.0, maximum=1.0),
         )
         for entry in fields.sub_list("curves", default_empty=True)
     )

@@ -7,6 +7,7 @@ priced from the profiles, and an accidental fallback to the formulas shows."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,10 +20,11 @@ from piebald.cost.layer_table import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
 from piebald.profiler.apply import profiled_inputs, recorded_curve
+from piebald.profiler.compute_model import ProfiledCurve
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.specs.model import LayerKind
-from piebald.specs.plan import MeasuredLayerTime
-from piebald.specs.plan_io import load_plan
+from piebald.specs.plan import CalibratedCurve, MeasuredLayerTime
+from piebald.specs.plan_io import load_plan, plan_from_dict, plan_to_dict
 
 from .conftest import MakeProfile
 
@@ -185,3 +187,28 @@ def test_simulate_bad_profiles_and_bad_recorded_inputs_are_one_line(
     )
     with pytest.raises(SpecError, match=r"cost_inputs.layer_times\[0\].layer_kind"):
         recorded_curve(plan.__class__(**fields))
+
+
+def test_recorded_calibrated_curves_keep_their_overlap(made: tuple[Path, Path, Path]) -> None:
+    """A curve recorded in a plan survives the JSON round trip with every parameter, the
+    compute/memory overlap included, and re-pricing uses it."""
+    _, _, plan_file = made
+    plan = load_plan(plan_file)
+    assert plan.cost_inputs is not None
+    curve = CalibratedCurve(
+        device="cpu-a",
+        layer_kind=LayerKind.BLOCK.value,
+        pass_kind="forward",
+        max_fraction=0.4,
+        bandwidth_fraction=0.6,
+        half_saturation_s=2e-4,
+        overlap=0.3,
+    )
+    with_curve = dataclasses.replace(
+        plan, cost_inputs=dataclasses.replace(plan.cost_inputs, curves=(curve,))
+    )
+    again = plan_from_dict(json.loads(json.dumps(plan_to_dict(with_curve))), source="test")
+    assert again.cost_inputs is not None and again.cost_inputs.curves == (curve,)
+    rebuilt = recorded_curve(again)
+    assert isinstance(rebuilt, ProfiledCurve)
+    assert [k.curve.overlap for k in rebuilt.kind_curves] == [0.3]
