@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import in_flight_micro_batches, rank_memory, ranks_to_end
+from piebald.cost.memory import rank_memory, stage_in_flight
 from piebald.cost.transfers import transfer_resources
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
@@ -145,13 +145,7 @@ class Prices:
         stage = plan.stages[index]
         rank = stage.ranks[position]
         device = plan.cluster.device_of(rank)
-        count = stage.num_micro_batches[position]
-        limit = in_flight_micro_batches(
-            schedule=plan.schedule,
-            ranks_to_end=ranks_to_end([s.num_micro_batches for s in plan.stages], index),
-            rank_micro_batches=count,
-            stage_micro_batches=sum(stage.num_micro_batches),
-        )
+        limit = stage_in_flight(plan, index)[position]
 
         def memory(in_flight: int) -> float:
             breakdown = rank_memory(

@@ -12,8 +12,8 @@ backwards in ascending j (the order micro-batches visit it).
   rank's list is sorted by it.
 - 1F1B for asymmetric, routed stages (picotron's warm-up / steady / cool-down, generalised):
   rank r of stage s may hold at most w_r micro-batches whose backward has not run, the
-  number the memory estimate assumed: ``prices.in_flight_limit``, capped by the stage's
-  ``max_in_flight`` where the plan records one (``cost.memory.stage_in_flight``).
+  number the memory estimate assumed (``prices.in_flight_limit``, which is
+  ``cost.memory.stage_in_flight``: the plan's ``max_in_flight`` where it records one).
   Warm-up: forwards until w_r are in flight; steady state: one forward, one backward (the
   backward of the oldest in-flight micro-batch once its gradient is there, a forward once
   fewer than w_r are in flight and its activation is there); cool-down: the remaining
@@ -123,13 +123,6 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
     next_forward = dict.fromkeys(queue, 0)
     in_flight: dict[int, deque[int]] = {rank: deque() for rank in queue}
     limit = {rank: prices.in_flight_limit(rank) for rank in queue}
-    # A budget the plan records (the planner lowered it to fit memory) is the one the memory
-    # estimate counted: never hold more, whatever the prices allow.
-    for stage in plan.stages:
-        if stage.max_in_flight is not None:
-            for rank, budget in zip(stage.ranks, stage.max_in_flight, strict=True):
-                if rank in limit:
-                    limit[rank] = min(limit[rank], budget)
     free_at = dict.fromkeys(queue, 0.0)
     after_backward = dict.fromkeys(queue, False)  # the last pass the rank ran
     times = {rank: pass_durations_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
