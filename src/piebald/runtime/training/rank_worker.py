@@ -25,6 +25,7 @@ from torch import nn
 
 from piebald.cost.plan_estimate import model_flops_utilization
 from piebald.errors import SpecError
+from piebald.profiler.apply import recorded_curve
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.dist.buckets import build_buckets
 from piebald.runtime.dist.checkpoint import (
@@ -149,7 +150,8 @@ def run_rank(
     optimizer = ShardedOptimizer(
         buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
     )
-    prices = Prices(plan)
+    # A plan made from profiles is paced with the prices it was made with.
+    prices = Prices(plan, curve=recorded_curve(plan))
     pacer = (
         Pacer(plan=plan, rank=rank, prices=prices, time_scale=config.time_scale)
         if config.time_scale is not None
