@@ -155,6 +155,7 @@ class PipelineExecutor:
                     assert leaf is not None and leaf.grad is not None
                     self._send(mailbox, MessageKind.GRADIENT, j, peer, leaf.grad)
                 case OptimizerStep():
+                    self.optimizer.release_params()  # a rank without micro-batches too
                     mailbox.finish()  # every send completes before the step's collectives
                     result = self._optimizer_step(lr)
                 case (
