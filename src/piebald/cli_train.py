@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from piebald.cli_common import PrecisionOption, console, errors, user_errors
+from piebald.cli_common import console, errors, user_errors
 from piebald.errors import SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec
@@ -115,7 +115,6 @@ def train(
     seq_len: Annotated[
         int | None, typer.Option(min=1, help="Reference run: tokens per row.")
     ] = None,
-    precision: PrecisionOption = Dtype.BF16,
     micro_batch_size: Annotated[
         int | None, typer.Option(min=1, help="Reference run: rows per forward (memory only).")
     ] = None,
@@ -131,7 +130,6 @@ def train(
         model=model,
         global_batch=global_batch,
         seq_len=seq_len,
-        precision=precision,
         micro_batch_size=micro_batch_size,
         max_emulated_params=max_emulated_params,
         as_json=as_json,
@@ -163,7 +161,6 @@ def run_train(
     model: str | None,
     global_batch: int | None,
     seq_len: int | None,
-    precision: Dtype,
     micro_batch_size: int | None,
     max_emulated_params: int,
     as_json: bool,
@@ -178,6 +175,8 @@ def run_train(
             f"{config.metrics_path}: already exists; choose another --metrics file "
             "(nothing was overwritten)"
         )
+    if config.resume and config.checkpoint_dir is None:
+        raise _fail("--resume", True, "a --checkpoint-dir holding the checkpoints to resume from")
     if config.save_model_path is not None and config.save_model_path.exists():
         raise FileExistsError(
             f"{config.save_model_path}: already exists; choose another --save-model file "
@@ -192,10 +191,17 @@ def run_train(
                 None,
                 "a plan, or --model, --global-batch and --seq-len for a single-process run",
             )
+        if config.checkpoint_dir is not None or config.resume:
+            raise _fail(
+                "--checkpoint-dir",
+                str(config.checkpoint_dir),
+                "a --plan: the single-process reference takes no checkpoints",
+            )
         from piebald.runtime.training.reference import train_reference
 
         spec = load_model(model)
-        job = JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+        # The reference computes in fp32 on every device: it is what plans are compared with.
+        job = JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=Dtype.FP32)
         summary = train_reference(
             spec,
             job,

@@ -55,6 +55,10 @@ def test_train_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 2 and "--global-batch" in output and "Traceback" not in output
     code, output = _run("train", "--emulate", "--model", "tiny", *JOB)
     assert code == 2 and "a --plan to emulate" in output
+    code, output = _run("train", "--model", "tiny", *JOB, "--checkpoint-dir", str(tmp_path))
+    assert code == 2 and "takes no checkpoints" in output
+    code, output = _run("train", "--model", "tiny", *JOB, "--resume")
+    assert code == 2 and "--checkpoint-dir" in output and "Traceback" not in output
     plan = tmp_path / "plan.json"
     code, output = _run(
         "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
