@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -374,28 +375,17 @@ class _Memory:
 
     def fits(self, rounds: Matrix | None) -> npt.NDArray[np.bool_]:
         """Where every rank fits holding Little's budget (None) or that of ``rounds``."""
-        kind = self.kinds[0]
-        all_fit = np.ones(kind.free_bytes.shape, dtype=bool)
-        shard_capacity = np.zeros(kind.free_bytes.shape)  # sum of free / sharded bytes
-        for kind in self.kinds:
-            free = kind.free_bytes - kind.budget(rounds) * kind.per_in_flight_bytes
-            if self.even_shards:
-                all_fit &= free >= kind.sharded_bytes / self.num_ranks
-            else:
-                all_fit &= free >= 0
-                shard_capacity += kind.count * np.where(
-                    kind.sharded_bytes > 0, free / kind.sharded_bytes, np.inf
-                )
-        if not self.even_shards:
-            all_fit &= shard_capacity >= 1.0
-        return all_fit
+        return self._fits(lambda kind: kind.budget(rounds))
 
     def fits_one(self) -> npt.NDArray[np.bool_]:
         """Where every rank fits holding one micro-batch in flight (the most round trips)."""
+        return self._fits(lambda kind: 1.0)
+
+    def _fits(self, budget: Callable[[_Kind], Matrix | float]) -> npt.NDArray[np.bool_]:
         all_fit = np.ones(self.kinds[0].free_bytes.shape, dtype=bool)
         shard_capacity = np.zeros(all_fit.shape)  # sum of free / sharded bytes
         for kind in self.kinds:
-            free = kind.free_bytes - kind.per_in_flight_bytes
+            free = kind.free_bytes - budget(kind) * kind.per_in_flight_bytes
             if self.even_shards:
                 all_fit &= free >= kind.sharded_bytes / self.num_ranks
             else:

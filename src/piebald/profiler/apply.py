@@ -107,15 +107,7 @@ def profiled_curve(
                         ),
                     )
                 )
-    return ProfiledCurve(
-        max_fraction=base.max_fraction,
-        bandwidth_fraction=base.bandwidth_fraction,
-        half_saturation_s=base.half_saturation_s,
-        embedding_table_passes=base.embedding_table_passes,
-        overlap=base.overlap,
-        tables=tuple(tables),
-        kind_curves=tuple(kind_curves),
-    )
+    return ProfiledCurve.over(base, tables=tuple(tables), kind_curves=tuple(kind_curves))
 
 
 def profiled_inputs(
@@ -287,12 +279,4 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
         )
         for index, c in enumerate(inputs.curves)
     )
-    return ProfiledCurve(
-        max_fraction=base.max_fraction,
-        bandwidth_fraction=base.bandwidth_fraction,
-        half_saturation_s=base.half_saturation_s,
-        embedding_table_passes=base.embedding_table_passes,
-        overlap=base.overlap,
-        tables=tuple(tables),
-        kind_curves=kind_curves,
-    )
+    return ProfiledCurve.over(base, tables=tuple(tables), kind_curves=kind_curves)

@@ -298,11 +298,4 @@ def calibrated_curve(
     kind_curves: Sequence[KindCurve], *, base: EfficiencyCurve = DEFAULT_CURVE
 ) -> ProfiledCurve:
     """A curve that prices with the calibrated per-kind curves and no measured tables."""
-    return ProfiledCurve(
-        max_fraction=base.max_fraction,
-        bandwidth_fraction=base.bandwidth_fraction,
-        half_saturation_s=base.half_saturation_s,
-        embedding_table_passes=base.embedding_table_passes,
-        overlap=base.overlap,
-        kind_curves=tuple(kind_curves),
-    )
+    return ProfiledCurve.over(base, kind_curves=tuple(kind_curves))

@@ -92,6 +92,25 @@ class ProfiledCurve(EfficiencyCurve):
     ] = field(init=False, repr=False, compare=False, hash=False)
     _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
+    @classmethod
+    def over(
+        cls,
+        base: EfficiencyCurve,
+        *,
+        tables: tuple[LayerTable, ...] = (),
+        kind_curves: tuple[KindCurve, ...] = (),
+    ) -> ProfiledCurve:
+        """Measured tables and calibrated kind curves, ``base`` wherever they are silent."""
+        return cls(
+            max_fraction=base.max_fraction,
+            bandwidth_fraction=base.bandwidth_fraction,
+            half_saturation_s=base.half_saturation_s,
+            embedding_table_passes=base.embedding_table_passes,
+            overlap=base.overlap,
+            tables=tables,
+            kind_curves=kind_curves,
+        )
+
     def __post_init__(self) -> None:
         EfficiencyCurve.__post_init__(self)  # zero-argument super() fails in slots classes
         table_of = {(t.device, t.dtype, t.seq_len, t.layer): t for t in self.tables}
