@@ -7,6 +7,13 @@ the pass that makes them and completed at the end of the step, so no rank ever b
 peer except for an input it is about to use. That is the execution model under which the
 schedule generator proves its lists deadlock-free.
 
+Gloo matches messages by tag. NCCL ignores tags and matches the messages of one (sender,
+receiver) pair in the order both sides post them; that order agrees too: between a rank of
+stage s and one of stage s+1 activations flow one way and gradients the other, and both
+ends post each kind in ascending micro-batch order (every rank runs its forwards, and its
+backwards, in ascending micro-batch order; see ``piebald.simulator.schedules``). The NCCL
+path has not run yet: no GPU was available when it was written.
+
 Under emulation each message is followed by a one-element float64 "stamp" message: the
 time (``time.monotonic``, one clock for every process of the machine) at which the
 emulated link delivers it, so the receiver can wait until then.
