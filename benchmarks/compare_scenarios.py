@@ -9,34 +9,18 @@ piebald is at least as fast as every baseline.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 from piebald.planner.compare import compare_strategies
-from piebald.specs.cluster_yaml import load_cluster
-from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
-
-SCENARIOS = Path(__file__).parent / "scenarios"
+from scenario_options import scenario_clusters, scenario_job, scenario_parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="llama-3-8b,llama-2-13b")
-    parser.add_argument("--global-batch", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--scenarios", default="", help="comma-separated names; default all")
-    args = parser.parse_args()
-    names = (
-        args.scenarios.split(",")
-        if args.scenarios
-        else sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
-    )
-    job = JobSpec(global_batch_size=args.global_batch, seq_len=args.seq_len)
+    args = scenario_parser(__doc__.splitlines()[0]).parse_args()
+    job = scenario_job(args)
     summary = []
-    for name in names:
-        cluster = load_cluster(SCENARIOS / f"{name}.yaml")
+    for name, cluster in scenario_clusters(args):
         for model_name in args.models.split(","):
             model = load_model(model_name)
             started = time.perf_counter()

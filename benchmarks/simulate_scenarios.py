@@ -14,20 +14,15 @@ what remains against the prediction is the schedule against the closed form.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
-from pathlib import Path
 
 from piebald.planner.search import Infeasible, search
 from piebald.simulator.engine import simulate
 from piebald.simulator.prices import Prices, Transfer
 from piebald.specs.cluster import Link, LinkKind
-from piebald.specs.cluster_yaml import load_cluster
-from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
-
-SCENARIOS = Path(__file__).parent / "scenarios"
+from scenario_options import scenario_clusters, scenario_job, scenario_parser
 
 
 class FreeTransferPrices(Prices):
@@ -39,18 +34,8 @@ class FreeTransferPrices(Prices):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="llama-3-8b,llama-2-13b")
-    parser.add_argument("--global-batch", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--scenarios", default="", help="comma-separated names; default all")
-    args = parser.parse_args()
-    names = (
-        args.scenarios.split(",")
-        if args.scenarios
-        else sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
-    )
-    job = JobSpec(global_batch_size=args.global_batch, seq_len=args.seq_len)
+    args = scenario_parser(__doc__.splitlines()[0]).parse_args()
+    job = scenario_job(args)
     print(
         f"global batch {job.global_batch_size} x {job.seq_len} tokens; piebald's plan for each "
         "scenario and model, simulated"
@@ -61,8 +46,7 @@ def main() -> None:
         "free transfers (s) | sim / pred | simulate time (s) |"
     )
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
-    for name in names:
-        cluster = load_cluster(SCENARIOS / f"{name}.yaml")
+    for name, cluster in scenario_clusters(args):
         for model_name in args.models.split(","):
             model = load_model(model_name)
             try:

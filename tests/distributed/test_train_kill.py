@@ -4,7 +4,6 @@ checkpoint is one line and exit 2, and the checkpoints on disk are left as they 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from test_train_resume import PLAN
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import last_json, run_cli
 from piebald.runtime.dist.checkpoint import find_latest_checkpoint
 from piebald.runtime.dist.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
@@ -29,11 +27,6 @@ STEPS = 8
 TRAIN = ["--steps", str(STEPS), "--seed", "7", "--lr", "0.003"]
 # The plan's emulated step is about 0.55 ms: x 1000 paces a step at about half a second.
 SLOW = ["--time-scale", "1000"]
-
-
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -68,9 +61,9 @@ def test_kill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path) ->
     killed_at = int(latest.name.split("-")[1])
     assert killed_at < STEPS, "the kill came after the run had finished"
 
-    code, output = _run("train", *common, "--resume", "--json")
+    code, output = run_cli("train", *common, "--resume", "--json")
     assert code == 0, output
-    resumed = json.loads(output.strip().splitlines()[-1])
+    resumed = last_json(output)
     assert resumed["losses"] == list(whole.losses[killed_at:])  # exact
 
 
@@ -79,16 +72,16 @@ def test_missing_or_corrupt_checkpoint_is_one_line(tmp_path: Path) -> None:
     save_plan(PLAN, plan_path)
     checkpoints = tmp_path / "ckpt"
     common = ["--plan", str(plan_path), "--emulate", "--checkpoint-dir", str(checkpoints)]
-    code, output = _run("train", *common, "--steps", "1", "--resume")
+    code, output = run_cli("train", *common, "--steps", "1", "--resume")
     assert code == 2 and "--resume" in output and "Traceback" not in output
 
-    code, output = _run("train", *common, "--steps", "1")
+    code, output = run_cli("train", *common, "--steps", "1")
     assert code == 0, output
     latest = find_latest_checkpoint(checkpoints)
     assert latest is not None
     victim = sorted(latest.glob("rank-*"))[0]
     victim.write_bytes(victim.read_bytes()[:-16] + b"\0" * 16)  # same size, wrong bytes
     before = _snapshot(checkpoints)
-    code, output = _run("train", *common, "--steps", "2", "--resume")
+    code, output = run_cli("train", *common, "--steps", "2", "--resume")
     assert code == 2 and victim.name in output and "Traceback" not in output, output
     assert _snapshot(checkpoints) == before  # nothing rewritten, nothing removed

@@ -4,7 +4,6 @@ sharded 2-rank stage, tied head), trains like the single-process reference."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_train_resume import PLAN as THREE_RANK_PLAN
 
+from cli_runner import last_json
 from piebald.runtime.dist.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.reference import train_reference
@@ -46,7 +46,7 @@ def test_torchrun_trains_like_the_reference(tmp_path: Path) -> None:
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])  # only the leader prints it
+    summary = last_json(done.stdout)  # only the leader prints it
     config = TrainConfig(steps=3, seed=4, optimizer=OptimizerConfig(lr=3e-3))
     reference = train_reference(
         THREE_RANK_PLAN.model, THREE_RANK_PLAN.job, config, print_line=lambda _: None

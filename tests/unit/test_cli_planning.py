@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import run_cli
 from piebald.examples import example_path
 from piebald.planner.explain import explain_plan
 from piebald.specs.plan_io import load_plan
@@ -16,29 +15,26 @@ from piebald.specs.plan_io import load_plan
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
 
 
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
-
-
 def test_plan_writes_a_valid_plan_and_refuses_to_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
     assert code == 0, output
     assert "achievable efficiency" in output and "tokens/s" in output
     plan = load_plan(out)
     assert plan.predicted is not None and plan.upper_bound_tokens_per_s is not None
     assert plan.predicted.tokens_per_s <= plan.upper_bound_tokens_per_s
     before = out.read_bytes()
-    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
     assert code == 2 and "exists" in output
     assert out.read_bytes() == before
-    code, _ = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out), "--force")
+    code, _ = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--out", str(out), "--force"
+    )
     assert code == 0
 
 
 def test_plan_json_is_the_plan(tmp_path: Path) -> None:
-    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--json")
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--json")
     assert code == 0
     data = json.loads(output)
     assert data["version"] == 1 and data["stages"] and "predicted" in data
@@ -46,7 +42,7 @@ def test_plan_json_is_the_plan(tmp_path: Path) -> None:
 
 
 def test_infeasible_plan_exits_3_with_what_does_not_fit() -> None:
-    code, output = _run(
+    code, output = run_cli(
         "plan",
         "--cluster",
         str(example_path()),
@@ -63,14 +59,14 @@ def test_infeasible_plan_exits_3_with_what_does_not_fit() -> None:
 
 
 def test_unknown_strategy_is_one_line() -> None:
-    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--strategy", "zorze")
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--strategy", "zorze")
     assert code == 2 and "did you mean 'zorse'" in output
 
 
 def test_explain_names_the_bottleneck_and_every_gpu(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    assert _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))[0] == 0
-    code, output = _run("explain", str(out))
+    assert run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))[0] == 0
+    code, output = run_cli("explain", str(out))
     assert code == 0, output
     assert "bottleneck" in output and "what limits each GPU" in output
     plan = load_plan(out)
@@ -83,7 +79,7 @@ def test_explain_names_the_bottleneck_and_every_gpu(tmp_path: Path) -> None:
 
 def test_compare_json_shape_and_plot(tmp_path: Path) -> None:
     plot = tmp_path / "compare.png"
-    code, output = _run(
+    code, output = run_cli(
         "compare", "--cluster", str(example_path()), *SMALL, "--json", "--plot", str(plot)
     )
     assert code == 0, output

@@ -7,41 +7,30 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import last_json, run_cli
 from piebald.examples import example_path
 
 JOB = ["--global-batch", "6", "--seq-len", "32"]
 TRAIN = ["--steps", "3", "--seed", "2", "--lr", "0.003"]
 
 
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
-
-
-def _summary(output: str) -> dict[str, object]:
-    data: dict[str, object] = json.loads(output.strip().splitlines()[-1])
-    return data
-
-
 @pytest.mark.distributed
 def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
     )
     assert code == 0, output
-    code, output = _run("train", "--model", "tiny", *JOB, *TRAIN, "--json")
+    code, output = run_cli("train", "--model", "tiny", *JOB, *TRAIN, "--json")
     assert code == 0, output
-    reference = _summary(output)
+    reference = last_json(output)
     metrics = tmp_path / "metrics.jsonl"
-    code, output = _run(
+    code, output = run_cli(
         "train", "--plan", str(plan), "--emulate", *TRAIN, "--json", "--metrics", str(metrics)
     )
     assert code == 0, output
-    emulated = _summary(output)
+    emulated = last_json(output)
     assert emulated["steps"] == reference["steps"] == 3
     assert emulated["emulated"] is True and emulated["predicted_tokens_per_s"] > 0  # type: ignore[operator]
     assert emulated["losses"] == pytest.approx(reference["losses"], rel=1e-4, abs=1e-4)
@@ -51,23 +40,23 @@ def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
 
 
 def test_train_errors_are_one_line(tmp_path: Path) -> None:
-    code, output = _run("train", "--steps", "1")
+    code, output = run_cli("train", "--steps", "1")
     assert code == 2 and "--global-batch" in output and "Traceback" not in output
-    code, output = _run("train", "--emulate", "--model", "tiny", *JOB)
+    code, output = run_cli("train", "--emulate", "--model", "tiny", *JOB)
     assert code == 2 and "a --plan to emulate" in output
-    code, output = _run("train", "--model", "tiny", *JOB, "--checkpoint-dir", str(tmp_path))
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--checkpoint-dir", str(tmp_path))
     assert code == 2 and "takes no checkpoints" in output
-    code, output = _run("train", "--model", "tiny", *JOB, "--resume")
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--resume")
     assert code == 2 and "--checkpoint-dir" in output and "Traceback" not in output
     plan = tmp_path / "plan.json"
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
     )
     assert code == 0, output
-    code, output = _run("train", "--plan", str(plan))
+    code, output = run_cli("train", "--plan", str(plan))
     assert code == 2 and "torchrun" in output and "--emulate" in output
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("keep me\n")
-    code, output = _run("train", "--model", "tiny", *JOB, "--metrics", str(metrics))
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--metrics", str(metrics))
     assert code == 2 and "already exists" in output
     assert metrics.read_text() == "keep me\n"

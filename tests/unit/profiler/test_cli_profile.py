@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import run_cli
 from piebald.profiler.db import load_profile_db
 
 pytest.importorskip("torch")
@@ -22,15 +21,10 @@ nodes:
 """
 
 
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
-
-
 @pytest.mark.slow
 def test_profile_plan_calibrate_merge(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    code, output = _run(
+    code, output = run_cli(
         "profile", "compute", "--model", "tiny", "--seq-len", "32",
         "--micro-batch-sizes", "1,2", "--out", str(db), "--warmup", "1", "--repeats", "1",
         "--threads", "1",
@@ -40,7 +34,7 @@ def test_profile_plan_calibrate_merge(tmp_path: Path) -> None:
     assert load_profile_db(db).num_files == 3
     cluster = tmp_path / "cpu.yaml"
     cluster.write_text(CLUSTER)
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "4",
         "--seq-len", "32", "--profiles", str(db), "--json",
     )  # fmt: skip
@@ -53,29 +47,29 @@ def test_profile_plan_calibrate_merge(tmp_path: Path) -> None:
         "head",
     }
     assert recorded["layer_times"] and recorded["curves"]
-    code, output = _run(
+    code, output = run_cli(
         "compare", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "4",
         "--seq-len", "32", "--profiles", str(db), "--json",
     )  # fmt: skip
     assert code == 0, output
-    code, output = _run("profile", "calibrate", "--profiles", str(db), "--cluster", str(cluster))
+    code, output = run_cli("profile", "calibrate", "--profiles", str(db), "--cluster", str(cluster))
     assert code == 0, output
     assert "error before" in output and "embedding" in output
-    code, output = _run("profile", "merge", str(db), "--into", str(tmp_path / "merged"))
+    code, output = run_cli("profile", "merge", str(db), "--into", str(tmp_path / "merged"))
     assert code == 0 and "copied 3 files" in output
 
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("[1, 2")
-    code, output = _run("profile", "calibrate", "--profiles", str(tmp_path))
+    code, output = run_cli("profile", "calibrate", "--profiles", str(tmp_path))
     assert code == 2 and "bad.json" in output and "Traceback" not in output
-    code, output = _run(
+    code, output = run_cli(
         "profile", "compute", "--model", "tiny", "--seq-len", "32", "--micro-batch-sizes", "1,x",
     )  # fmt: skip
     assert code == 2 and "--micro-batch-sizes" in output
-    code, output = _run("profile", "compute", "--model", "tiny", "--seq-len", "100000")
+    code, output = run_cli("profile", "compute", "--model", "tiny", "--seq-len", "100000")
     assert code == 2 and "max_seq_len" in output
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", "x.yaml", "--model", "tiny", "--global-batch", "4", "--seq-len", "32",
         "--profiles", str(tmp_path / "missing"),
     )  # fmt: skip

@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import run_cli
 from piebald.cost.compute import DEFAULT_CURVE
 from piebald.cost.layer_table import pass_times
 from piebald.cost.plan_estimate import estimate_plan
@@ -36,11 +35,6 @@ nodes:
   - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
 """
 SEQ = 32
-
-
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
 
 
 @pytest.fixture
@@ -66,7 +60,7 @@ def made(tmp_path: Path, profile_of: MakeProfile) -> tuple[Path, Path, Path]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
     plan = tmp_path / "plan.json"
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
         "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db), "--out", str(plan),
     )  # fmt: skip
@@ -75,7 +69,7 @@ def made(tmp_path: Path, profile_of: MakeProfile) -> tuple[Path, Path, Path]:
 
 
 def _simulate(*args: str) -> dict[str, object]:
-    code, output = _run("simulate", *args, "--json")
+    code, output = run_cli("simulate", *args, "--json")
     assert code == 0, output
     data: dict[str, object] = json.loads(output)
     return data
@@ -160,7 +154,7 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
     # --profiles on the bare plan prices it from the DB again.
     again = _simulate("--plan", str(bare), "--profiles", str(db))
     assert again["step_time_s"] == pytest.approx(recorded["step_time_s"])
-    code, output = _run("simulate", "--plan", str(plan_file))
+    code, output = run_cli("simulate", "--plan", str(plan_file))
     assert code == 0 and "priced from the measurements the plan records" in " ".join(output.split())
 
 
@@ -168,7 +162,7 @@ def test_simulate_bad_profiles_and_bad_recorded_inputs_are_one_line(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     _, _, plan_file = made
-    code, output = _run("simulate", "--plan", str(plan_file), "--profiles", str(tmp_path / "no"))
+    code, output = run_cli("simulate", "--plan", str(plan_file), "--profiles", str(tmp_path / "no"))
     assert code == 2 and "Traceback" not in output
     plan = load_plan(plan_file)
     assert plan.cost_inputs is not None

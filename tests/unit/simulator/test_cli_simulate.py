@@ -7,23 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from piebald.cli import app
+from cli_runner import run_cli
 from piebald.examples import example_path
 from piebald.specs.plan_io import load_plan
 
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
 
 
-def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
-
-
 def _plan(tmp_path: Path) -> Path:
     out = tmp_path / "plan.json"
-    code, output = _run("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
     assert code == 0, output
     return out
 
@@ -31,7 +25,7 @@ def _plan(tmp_path: Path) -> Path:
 def test_simulate_json_has_the_issue_fields_and_pictures_are_written(tmp_path: Path) -> None:
     plan_file = _plan(tmp_path)
     trace, gantt = tmp_path / "trace.json", tmp_path / "gantt.png"
-    code, output = _run(
+    code, output = run_cli(
         "simulate", "--plan", str(plan_file), "--trace", str(trace), "--gantt", str(gantt), "--json"
     )
     assert code == 0, output
@@ -59,10 +53,10 @@ def test_simulate_table_and_no_silent_overwrite(tmp_path: Path) -> None:
     plan_file = _plan(tmp_path)
     gantt = tmp_path / "gantt.png"
     gantt.write_bytes(b"mine")
-    code, output = _run("simulate", "--plan", str(plan_file), "--gantt", str(gantt))
+    code, output = run_cli("simulate", "--plan", str(plan_file), "--gantt", str(gantt))
     assert code == 2 and "exists" in output
     assert gantt.read_bytes() == b"mine"
-    code, output = _run("simulate", "--plan", str(plan_file), "--gantt", str(gantt), "--force")
+    code, output = run_cli("simulate", "--plan", str(plan_file), "--gantt", str(gantt), "--force")
     assert code == 0, output
     assert "simulated step" in output and "planner predicted" in output
 
@@ -70,14 +64,14 @@ def test_simulate_table_and_no_silent_overwrite(tmp_path: Path) -> None:
 def test_simulate_bad_plan_file_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": 1}')
-    code, output = _run("simulate", "--plan", str(bad))
+    code, output = run_cli("simulate", "--plan", str(bad))
     assert code == 2
     assert "Traceback" not in output and "error" in output
 
 
 def test_plan_simulate_verifies_the_top_candidates(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    code, output = _run(
+    code, output = run_cli(
         "plan", "--cluster", str(example_path()), *SMALL, "--simulate", "--out", str(out)
     )
     assert code == 0, output

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from piebald.errors import SpecError, error_fields
+from piebald.runtime.dist.collectives import barrier
 from piebald.runtime.dist.groups import CommGroup
 from piebald.runtime.dist.optimizer import ShardedOptimizer
 from piebald.specs.job import Optimizer
@@ -119,11 +120,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _barrier(group: CommGroup) -> None:
-    if group.size > 1:
-        dist.barrier(group=group.process_group)
-
-
 def _all_gather_objects(obj: object, group: CommGroup) -> list[Any]:
     if group.size == 1:
         return [obj]
@@ -173,7 +169,7 @@ def save_checkpoint(
         if tmp.exists():  # left by a save that crashed; never a complete checkpoint
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-    _barrier(group)
+    barrier(group)
 
     entry = _rank_entry(optimizer, rank=rank)
     state = {
@@ -227,7 +223,7 @@ def save_checkpoint(
         _install(tmp, final)
         if keep_last is not None:
             _prune(directory, keep=keep_last)
-    _barrier(group)
+    barrier(group)
     logger.info("checkpoint step %d written to %s", step, final)
     return final
 

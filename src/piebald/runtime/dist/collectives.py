@@ -32,7 +32,14 @@ import torch.distributed as dist
 from piebald.runtime.dist.groups import CommGroup
 from piebald.runtime.dist.shard_layout import ShardRange, padded_shard_size
 
-__all__ = ["CollectiveMethod", "all_gather_uneven", "all_reduce_sum", "reduce_scatter_uneven"]
+__all__ = [
+    "CollectiveMethod",
+    "all_gather_uneven",
+    "all_reduce",
+    "all_reduce_sum",
+    "barrier",
+    "reduce_scatter_uneven",
+]
 
 
 class CollectiveMethod(StrEnum):
@@ -149,7 +156,21 @@ def all_gather_uneven(
     )
 
 
+def all_reduce(
+    tensor: torch.Tensor, *, group: CommGroup, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> None:
+    """In-place reduction over the group (a group of one rank: nothing to do). The tensor
+    must live where the group's backend works: on the GPU for NCCL."""
+    if group.size > 1:
+        dist.all_reduce(tensor, op=op, group=group.process_group)
+
+
 def all_reduce_sum(tensor: torch.Tensor, *, group: CommGroup) -> None:
     """In-place SUM over the group (a group of one rank: nothing to do)."""
+    all_reduce(tensor, group=group)
+
+
+def barrier(group: CommGroup) -> None:
+    """Every rank of the group waits for the others (a group of one rank: no wait)."""
     if group.size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.process_group)
+        dist.barrier(group=group.process_group)

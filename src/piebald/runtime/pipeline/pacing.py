@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from piebald.runtime.dist.collectives import all_reduce
 from piebald.runtime.dist.groups import CommGroup
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import pass_durations_s
@@ -65,8 +66,7 @@ class Pacer:
         """The latest ``now()`` over ``group`` (collective): when a synchronised operation
         can start."""
         now = torch.tensor([time.monotonic()], dtype=torch.float64)
-        if group.size > 1:
-            dist.all_reduce(now, op=dist.ReduceOp.MAX, group=group.process_group)
+        all_reduce(now, group=group, op=dist.ReduceOp.MAX)
         return float(now.item())
 
     def pace(self, *, started: float, emulated_s: float) -> None:

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from piebald.runtime.dist.collectives import barrier
 from piebald.runtime.dist.groups import ProcessGroups
 from piebald.runtime.dist.optimizer import ShardedOptimizer
 from piebald.runtime.models.stage_part import StagePart
@@ -60,8 +60,7 @@ def export_part_weights(
         pieces.mkdir(parents=True, exist_ok=True)
         save_weights(part_weights(part), pieces / f"stage-{groups.stage_index}.pt")
     optimizer.release_params()
-    if groups.used.size > 1:
-        dist.barrier(group=groups.used.process_group)
+    barrier(groups.used)
     if rank == groups.used.ranks[0]:
         merged: dict[str, torch.Tensor] = {}
         for piece in sorted(pieces.glob("stage-*.pt")):

@@ -33,7 +33,8 @@ from piebald.runtime.dist.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from piebald.runtime.dist.groups import CommGroup, build_process_groups
+from piebald.runtime.dist.collectives import all_reduce, barrier
+from piebald.runtime.dist.groups import build_process_groups
 from piebald.runtime.dist.loss_scaler import DynamicLossScaler
 from piebald.runtime.dist.optimizer import ShardedOptimizer
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
@@ -178,7 +179,7 @@ def run_rank(
     writer = MetricsWriter(config.metrics_path if leader else None)
     history: list[StepMetrics] = []
     time_scale = config.time_scale or 1.0
-    _synchronise(groups.used)
+    barrier(groups.used)
     started = time.perf_counter()
     for step in range(first_step, config.steps):
         inputs, labels = batch_for_step(
@@ -189,10 +190,11 @@ def run_rank(
             seq_len=plan.job.seq_len,
         )
         outcome = executor.run_step(inputs=inputs, labels=labels)
-        reduced = torch.tensor([outcome.loss_sum], dtype=torch.float64)
-        memory = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64)
-        _all_reduce(reduced, groups.used, dist.ReduceOp.SUM)
-        _all_reduce(memory, groups.used, dist.ReduceOp.MAX)
+        # On the rank's device: NCCL reduces GPU tensors only.
+        reduced = torch.tensor([outcome.loss_sum], dtype=torch.float64, device=device)
+        memory = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
+        all_reduce(reduced, group=groups.used)
+        all_reduce(memory, group=groups.used, op=dist.ReduceOp.MAX)
         now = time.perf_counter()
         step_s = (now - started) / time_scale
         started = now
@@ -229,9 +231,11 @@ def run_rank(
         )
     report = pacer.report() if pacer is not None else None
     counts = torch.tensor(
-        [report.overruns, report.operations] if report is not None else [0, 0], dtype=torch.int64
+        [report.overruns, report.operations] if report is not None else [0, 0],
+        dtype=torch.int64,
+        device=device,
     )
-    _all_reduce(counts, groups.used, dist.ReduceOp.SUM)
+    all_reduce(counts, group=groups.used)
     if not leader:
         return RankRun(rank=rank, summary=None)
     predicted = plan.predicted.tokens_per_s if plan.predicted is not None else None
@@ -257,17 +261,3 @@ def _device(config: TrainConfig) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def _all_reduce(tensor: torch.Tensor, group: CommGroup, op: dist.ReduceOp.RedOpType) -> None:
-    if group.size > 1:
-        device_tensor = tensor
-        if group.backend == "nccl":
-            device_tensor = tensor.cuda()
-        dist.all_reduce(device_tensor, op=op, group=group.process_group)
-        tensor.copy_(device_tensor.cpu())
-
-
-def _synchronise(group: CommGroup) -> None:
-    if group.size > 1:
-        dist.barrier(group=group.process_group)
