@@ -20,6 +20,9 @@ A measured profile enters through the object passed as ``curve``: a subclass
 (``piebald.profiler.compute_model.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
 with measured times and :meth:`EfficiencyCurve.for_device` with a per-device calibrated
 curve; the plain curve answers "not measured" and itself, so the analytic path is unchanged.
+The same object carries measured activation memory to ``piebald.cost.memory``
+(:meth:`EfficiencyCurve.measured_activation_bytes`), so every consumer of a layer's time
+and of its activations sees one source of measurements.
 """
 
 from __future__ import annotations
@@ -101,6 +104,20 @@ class EfficiencyCurve:
         kind: PassKind,
     ) -> float | None:
         """A measured time for this pass, or None: the analytic curve has no measurements."""
+        return None
+
+    def measured_activation_bytes(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        recompute: bool,
+    ) -> float | None:
+        """Measured bytes one micro-batch keeps through ``layer`` for its backward, or None:
+        the analytic curve has none (``cost.memory`` then uses the model's per-token bytes)."""
         return None
 
     def for_device(

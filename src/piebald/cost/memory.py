@@ -7,6 +7,24 @@ compute, 4 + 4 + 8 (m, v; the weights are the master). ZeRO (Rajbhandari et al. 
 divides a state by the rank's shard fraction once it is sharded. Activations are the
 model's per-token bytes (Korthikanti et al. 2022, see ``piebald.specs.model``) times the
 tokens of every micro-batch the schedule keeps in flight.
+
+Measured activations. With ``--profiles`` the curve passed here
+(``piebald.profiler.compute_model.ProfiledCurve``, the one that prices compute) holds what
+``piebald profile compute`` measured per (device type, layer, dtype, sequence length,
+micro-batch size): ``activation_bytes``, the storages a layer's forward saves for its
+backward (saved-tensor hooks, each storage once, parameters excluded), and for blocks
+``activation_recompute_bytes``, what a checkpointed block keeps (its input). That is this
+model's activation term for one layer and one micro-batch, in the dtype the device trains
+in, so where measured it replaces ``tokens x per-token bytes x dtype scale`` of that layer
+(interpolated between measured micro-batch sizes, extrapolated linearly beyond); a block's
+measured ``activation_bytes`` also replaces the recompute working buffer (one block's full
+activations while it is recomputed). Layers add up as the per-token bytes do: a layer's
+input is saved by that layer only, once. The profile's ``peak_memory_bytes`` is not used:
+on a GPU it is the allocator's peak over one layer alone -- its weights and gradients, its
+input, output and their gradients, and transient backward buffers, which do not add up
+across layers or micro-batches -- and on a CPU it is weights + gradients +
+``activation_bytes``, nothing more. Weights, gradients, optimizer state, the other working
+buffers and the reserve stay analytic.
 """
 
 from __future__ import annotations
@@ -20,9 +38,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
-from piebald.specs.model import LayerKind, ModelSpec
+from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
@@ -30,6 +49,7 @@ __all__ = [
     "framework_reserve_bytes",
     "in_flight_for_rounds",
     "in_flight_micro_batches",
+    "layer_activation_bytes",
     "rank_memory",
     "ranks_to_end",
     "stage_in_flight",
@@ -190,6 +210,115 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
     )
 
 
+def layer_activation_bytes(
+    layer: LayerSpec,
+    *,
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: bool,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> float:
+    """Bytes one micro-batch keeps through ``layer`` until its backward: measured where
+    ``curve`` has it, else tokens x per-token bytes, scaled from 16-bit to ``dtype``."""
+    measured = curve.measured_activation_bytes(
+        layer,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        recompute=recompute,
+    )
+    if measured is not None:
+        return measured
+    per_token = (
+        layer.recompute_activation_bytes_per_token
+        if recompute
+        else layer.activation_bytes_per_token
+    )
+    return micro_batch_size * seq_len * per_token * dtype.num_bytes / 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _MeasuredActivations:
+    """One micro-batch's activations where ``curve`` measured some of the model's layers."""
+
+    kept: npt.NDArray[np.float64]  # bytes kept for layers [a, b), indexed [a, b]
+    block_bytes: float  # one block's full activations (held while it is recomputed)
+
+
+@functools.lru_cache(maxsize=256)
+def _measured_activations(
+    model: ModelSpec,
+    *,
+    curve: EfficiencyCurve,
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: bool,
+) -> _MeasuredActivations | None:
+    """Per range, measured bytes for the measured layers and the formula's for the others;
+    None where nothing of ``model`` was measured on ``device`` (the formula alone, exactly)."""
+    per_layer: dict[tuple[object, ...], tuple[float, bool]] = {}
+    kept: list[float] = []
+    any_measured = False
+    for layer in model.layers:
+        key = (layer.kind, layer.num_params, layer.activation_bytes_per_token)
+        if key not in per_layer:
+            measured = curve.measured_activation_bytes(
+                layer,
+                device=device,
+                dtype=dtype,
+                micro_batch_size=micro_batch_size,
+                seq_len=seq_len,
+                recompute=recompute,
+            )
+            per_layer[key] = (
+                layer_activation_bytes(
+                    layer,
+                    device=device,
+                    dtype=dtype,
+                    micro_batch_size=micro_batch_size,
+                    seq_len=seq_len,
+                    recompute=recompute,
+                    curve=curve,
+                ),
+                measured is not None,
+            )
+        value, measured_here = per_layer[key]
+        kept.append(value)
+        any_measured |= measured_here
+    block = next((layer for layer in model.layers if layer.kind is LayerKind.BLOCK), None)
+    block_bytes = 0.0
+    if block is not None:
+        measured_block = curve.measured_activation_bytes(
+            block,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=False,
+        )
+        any_measured |= measured_block is not None
+        block_bytes = layer_activation_bytes(
+            block,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=False,
+            curve=curve,
+        )
+    if not any_measured:
+        return None
+    prefix = _prefix(kept)
+    matrix = prefix[None, :] - prefix[:, None]
+    matrix.setflags(write=False)
+    return _MeasuredActivations(kept=matrix, block_bytes=block_bytes)
+
+
 def stage_params_matrix(model: ModelSpec) -> npt.NDArray[np.float64]:
     """Parameters a stage stores for every layer range, indexed [a, b] (tied replica included)."""
     return _ranges(model).params
@@ -208,6 +337,7 @@ def _activations_and_working(
     r: _LayerRanges,
     index: Any,
     *,
+    measured: _MeasuredActivations | None,
     dtype: Dtype,
     zero: ZeroMode,
     tokens: int,
@@ -218,8 +348,13 @@ def _activations_and_working(
     grad_b: float,
 ) -> tuple[Any, Any]:
     scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
-    stored = (r.recompute_activations if recompute else r.activations)[index]
-    activations = num_in_flight * tokens * stored * scale
+    if measured is None:
+        stored = (r.recompute_activations if recompute else r.activations)[index]
+        activations = num_in_flight * tokens * stored * scale
+        block_bytes = tokens * r.block_activation * scale
+    else:  # the profile's bytes per micro-batch, already in the device's dtype
+        activations = num_in_flight * measured.kept[index]
+        block_bytes = measured.block_bytes
     largest = r.largest_params[index]
     working = 0.0 * largest
     if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL):
@@ -227,7 +362,7 @@ def _activations_and_working(
     if zero is ZeroMode.FULL:
         working = working + 2 * largest * weight_b  # the gathered layer and the prefetched one
     if recompute:  # one block's full activations while it is recomputed
-        working = working + np.where(r.has_block[index], tokens * r.block_activation * scale, 0.0)
+        working = working + np.where(r.has_block[index], block_bytes, 0.0)
     # Send and receive buffers of activations and their gradients at each stage boundary.
     working = working + num_neighbor_stages * 2 * tokens * r.hidden_size * dtype.num_bytes
     return activations, working
@@ -246,11 +381,13 @@ def stage_memory_bytes(
     num_in_flight: Any,
     recompute: bool,
     num_neighbor_stages: int,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> tuple[Any, Any]:
     """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
     holding ``layers`` = [a, b) needs ``fixed + fraction * sharded``. With ``layers=None``
     both are (L+1) x (L+1) matrices over every range [a, b) (garbage where b <= a), which is
-    how the planner prices every split at once; :func:`rank_memory` is the same formula."""
+    how the planner prices every split at once; :func:`rank_memory` is the same formula.
+    ``curve``: the measured activations, if any (see the module docstring)."""
     r = _ranges(model)
     index: Any = slice(None) if layers is None else layers
     params = r.params[index]
@@ -259,6 +396,15 @@ def stage_memory_bytes(
     activations, working = _activations_and_working(
         r,
         index,
+        measured=_measured_activations(
+            model,
+            curve=curve,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=recompute,
+        ),
         dtype=dtype,
         zero=zero,
         tokens=micro_batch_size * seq_len,
@@ -292,8 +438,10 @@ def rank_memory(
     num_in_flight: int,
     recompute: bool,
     num_neighbor_stages: int,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
-    """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``."""
+    """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``, its
+    activations measured where ``curve`` has measurements (see the module docstring)."""
     r = _ranges(model)
     index = (layer_start, layer_end)
     params = float(r.params[index])
@@ -302,6 +450,15 @@ def rank_memory(
     activations, working = _activations_and_working(
         r,
         index,
+        measured=_measured_activations(
+            model,
+            curve=curve,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=recompute,
+        ),
         dtype=dtype,
         zero=zero,
         tokens=micro_batch_size * seq_len,

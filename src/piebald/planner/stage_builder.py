@@ -178,6 +178,7 @@ def build_stage(
                     neighbors=neighbors,
                     even_shards=rules.even_shards or zero is ZeroMode.NONE,
                     shrink=shrink,
+                    curve=curve,
                 )
                 if fitted is None:
                     continue
@@ -241,10 +242,12 @@ def _fit_in_flight(
     neighbors: int,
     even_shards: bool,
     shrink: bool,
+    curve: EfficiencyCurve,
 ) -> tuple[tuple[float, ...], tuple[int, ...] | None, float] | None:
     """(shard fractions, the lowered in-flight budget or None, round trips over those of
     Little's law) under which every rank fits its memory holding Little's budget, or with
-    ``shrink`` the fewest round trips' budget; None if that does not fit."""
+    ``shrink`` the fewest round trips' budget; None if that does not fit. Activations are
+    measured where ``curve`` has them (``rank_memory``)."""
 
     # A rank's memory is affine in its micro-batches in flight and its shard fraction.
     per_kind: dict[tuple[DeviceType, int], tuple[float, float, float]] = {}
@@ -268,6 +271,7 @@ def _fit_in_flight(
                     num_in_flight=in_flight,
                     recompute=recompute,
                     num_neighbor_stages=neighbors,
+                    curve=curve,
                 ).total_bytes
 
             empty = memory(0.0, 0)

@@ -150,6 +150,7 @@ def stage_cost(
                     recompute=recompute,
                     micro_batch_size=micro_batch_size,
                     neighbors=neighbors,
+                    curve=curve,
                 )
                 kinds.append(
                     _Kind(
@@ -294,11 +295,13 @@ def _memory_matrices(
     recompute: bool,
     micro_batch_size: int,
     neighbors: int,
+    curve: EfficiencyCurve,
 ) -> tuple[Matrix, Matrix, Matrix]:
     """(bytes with no micro-batch in flight, bytes per micro-batch in flight, bytes per unit
-    of shard fraction) of a rank for every layer range: ``stage_memory_bytes``, which is
-    affine in the micro-batches in flight. The same for every stage of these GPUs, so
-    computed once (read-only)."""
+    of shard fraction) of a rank for every layer range: ``stage_memory_bytes`` (activations
+    measured where ``curve`` has them, as in the exact check), which is affine in the
+    micro-batches in flight. The same for every stage of these GPUs, so computed once
+    (read-only)."""
     empty, one = (
         stage_memory_bytes(
             model,
@@ -312,6 +315,7 @@ def _memory_matrices(
             num_in_flight=in_flight,
             recompute=recompute,
             num_neighbor_stages=neighbors,
+            curve=curve,
         )
         for in_flight in (0, 1)
     )

@@ -4,11 +4,12 @@
 (measured layer times of the model, curves calibrated per device type) that ``plan``,
 ``compare`` and ``simulate`` pass on when given ``--profiles DIR``. :func:`cost_inputs_for`
 lists, for a finished plan, every measured number that priced it -- per device type, layer
-kind and micro-batch size, whether it was measured, interpolated or extrapolated -- and
-the DB's identity, for the plan file's ``cost_inputs``. :func:`recorded_curve` turns those
-numbers back into a curve, so ``simulate`` and ``explain`` re-price a plan file exactly as
-the planner priced it, without the DB (the measured links are already in the plan's
-cluster).
+kind and micro-batch size, whether it was measured, interpolated or extrapolated: layer
+times, activation bytes (what ``piebald.cost.memory`` prices activations with) -- and the
+DB's identity, for the plan file's ``cost_inputs``. :func:`recorded_curve` turns those
+numbers back into a curve, so ``simulate`` and ``explain`` re-price a plan file's time and
+memory exactly as the planner priced them, without the DB (the measured links are already
+in the plan's cluster).
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ from typing import TypeVar
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
 from piebald.errors import SpecError
 from piebald.profiler.calibrate import calibrate_device, observations_of
-from piebald.profiler.compute_model import KindCurve, LayerTable, ProfiledCurve
+from piebald.profiler.compute_model import ActivationTable, KindCurve, LayerTable, ProfiledCurve
 from piebald.profiler.db import ProfileDB
 from piebald.profiler.keys import distinct_layers, layer_key, layer_signature
 from piebald.profiler.network_model import apply_network_profiles, measured_links
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.model import LayerKind, ModelSpec
-from piebald.specs.plan import CalibratedCurve, CostInputs, MeasuredLayerTime, MeasuredLink, Plan
+from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
+from piebald.specs.plan import (
+    CalibratedCurve,
+    CostInputs,
+    MeasuredActivation,
+    MeasuredLayerTime,
+    MeasuredLink,
+    Plan,
+)
 
 __all__ = [
     "ProfiledInputs",
@@ -64,10 +72,12 @@ def profiled_curve(
     precision: Dtype,
     base: EfficiencyCurve = DEFAULT_CURVE,
 ) -> ProfiledCurve:
-    """Measured tables of ``model``'s layers and per-kind calibrated curves for every
-    device type of ``devices`` that the DB has measurements of, in the dtype that device
-    trains in for a ``precision`` job. Other devices are priced by ``base``."""
+    """Measured tables (times and activation bytes) of ``model``'s layers and per-kind
+    calibrated curves for every device type of ``devices`` that the DB has measurements
+    of, in the dtype that device trains in for a ``precision`` job. Other devices are
+    priced by ``base``."""
     tables: list[LayerTable] = []
+    activation_tables: list[ActivationTable] = []
     kind_curves: list[KindCurve] = []
     for name, device in sorted(devices.items()):
         dtype = device.training_dtype(precision)
@@ -107,7 +117,54 @@ def profiled_curve(
                         ),
                     )
                 )
-    return ProfiledCurve.over(base, tables=tuple(tables), kind_curves=tuple(kind_curves))
+                activation_tables.append(
+                    _activation_table(
+                        device=name,
+                        dtype=dtype,
+                        seq_len=profile.key.seq_len,
+                        layer=layer,
+                        signature=signature,
+                        rows=[
+                            (t.micro_batch_size, t.activation_bytes, t.activation_recompute_bytes)
+                            for t in profile.timings
+                        ],
+                    )
+                )
+    return ProfiledCurve.over(
+        base,
+        tables=tuple(tables),
+        kind_curves=tuple(kind_curves),
+        activation_tables=tuple(activation_tables),
+    )
+
+
+def _activation_table(
+    *,
+    device: str,
+    dtype: Dtype,
+    seq_len: int,
+    layer: LayerSpec,
+    signature: str,
+    rows: list[tuple[int, float, float | None]],
+) -> ActivationTable:
+    """(micro-batch size, activation bytes, with recompute) rows, ascending, as a table;
+    the recompute column only where every row has one."""
+    recompute = [row[2] for row in rows]
+    return ActivationTable(
+        device=device,
+        dtype=dtype,
+        seq_len=seq_len,
+        layer=layer_key(layer),
+        layer_kind=layer.kind,
+        signature=signature,
+        micro_batch_sizes=tuple(row[0] for row in rows),
+        activation_bytes=tuple(row[1] for row in rows),
+        activation_recompute_bytes=(
+            tuple(v for v in recompute if v is not None)
+            if all(v is not None for v in recompute)
+            else None
+        ),
+    )
 
 
 def profiled_inputs(
@@ -130,6 +187,7 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
     """Every measured number ``plan`` was priced with, and the DB's identity."""
     curve, job = inputs.curve, plan.job
     layer_times: dict[tuple[object, ...], MeasuredLayerTime] = {}
+    activations: dict[tuple[object, ...], MeasuredActivation] = {}
     devices: set[str] = set()
     for stage in plan.stages:
         kinds = {
@@ -140,6 +198,37 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
             dtype = device.training_dtype(job.precision)
             devices.add(device.name)
             for layer in kinds.values():
+                kept = {
+                    recompute: curve.activation_lookup(
+                        layer,
+                        device=device,
+                        dtype=dtype,
+                        micro_batch_size=size,
+                        seq_len=job.seq_len,
+                        recompute=recompute,
+                    )
+                    for recompute in (False, True)
+                }
+                plain = kept[False]
+                if plain is not None:
+                    table_of = curve.activation_table(
+                        layer, device=device, dtype=dtype, seq_len=job.seq_len
+                    )
+                    assert table_of is not None
+                    recomputed = kept[True] if layer.kind is LayerKind.BLOCK else None
+                    activations[(device.name, layer.kind, size)] = MeasuredActivation(
+                        device=device.name,
+                        layer_kind=layer.kind.value,
+                        signature=table_of.signature,
+                        seq_len=job.seq_len,
+                        dtype=dtype.value,
+                        micro_batch_size=size,
+                        source=plain[1].value,
+                        activation_bytes=plain[0],
+                        activation_recompute_bytes=(
+                            recomputed[0] if recomputed is not None else None
+                        ),
+                    )
                 found = {
                     kind: curve.lookup(
                         layer,
@@ -206,6 +295,7 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
         layer_times=tuple(layer_times[key] for key in sorted(layer_times, key=str)),
         curves=curves,
         links=inputs.links,
+        activations=tuple(activations[key] for key in sorted(activations, key=str)),
     )
 
 
@@ -222,9 +312,11 @@ def _recorded_enum(value: str, field: str, allowed: list[_E]) -> _E:
 def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> EfficiencyCurve:
     """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` alone: each
     recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
-    (the ones the plan uses, so every lookup hits a recorded number), and the recorded
-    calibrated curves price the layers nothing was measured for. ``base`` (the analytic
-    curve) when the plan records nothing, or for devices it records nothing of."""
+    (the ones the plan uses, so every lookup hits a recorded number) -- of layer times and
+    of activation bytes -- and the recorded calibrated curves price the layers nothing was
+    measured for. ``base`` (the analytic curve) when the plan records nothing, or for
+    devices it records nothing of; analytic memory for plans that record no activations
+    (made before memory was measured)."""
     inputs = plan.cost_inputs
     if inputs is None:
         return base
@@ -258,6 +350,28 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
                 ),
             )
         )
+    kept: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredActivation]] = defaultdict(list)
+    for index, activation in enumerate(inputs.activations):
+        where = f"cost_inputs.activations[{index}]"
+        kind = _recorded_enum(activation.layer_kind, f"{where}.layer_kind", list(layer_of))
+        dtype = _recorded_enum(activation.dtype, f"{where}.dtype", list(Dtype))
+        kept[activation.device, dtype, kind, activation.seq_len].append(activation)
+    activation_tables = []
+    for (device, dtype, kind, seq_len), recorded in sorted(kept.items(), key=str):
+        recorded.sort(key=lambda entry: entry.micro_batch_size)
+        activation_tables.append(
+            _activation_table(
+                device=device,
+                dtype=dtype,
+                seq_len=seq_len,
+                layer=layer_of[kind],
+                signature=recorded[0].signature,
+                rows=[
+                    (e.micro_batch_size, e.activation_bytes, e.activation_recompute_bytes)
+                    for e in recorded
+                ],
+            )
+        )
     kind_curves = tuple(
         KindCurve(
             device=c.device,
@@ -279,4 +393,9 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
         )
         for index, c in enumerate(inputs.curves)
     )
-    return ProfiledCurve.over(base, tables=tuple(tables), kind_curves=kind_curves)
+    return ProfiledCurve.over(
+        base,
+        tables=tuple(tables),
+        kind_curves=kind_curves,
+        activation_tables=tuple(activation_tables),
+    )

@@ -11,7 +11,15 @@ are the analytic fallback for devices nothing was measured on). It answers
   extrapolation keeps the curve's saturation shape and meets the measurement at its edge;
 * :meth:`ProfiledCurve.for_device`: the curve calibrated for that device type, layer kind
   and pass (``piebald.profiler.calibrate``) -- with a measured layer's own fixed per-pass
-  time where it is that layer, the kind's typical one otherwise.
+  time where it is that layer, the kind's typical one otherwise;
+* :meth:`ProfiledCurve.measured_activation_bytes`: the measured bytes one micro-batch keeps
+  through a layer for its backward (``LayerTiming.activation_bytes``, with recompute
+  ``activation_recompute_bytes``), which ``piebald.cost.memory`` uses in place of the
+  model's per-token formula. Linear interpolation between measured sizes and linear
+  extrapolation beyond them (the line through the two nearest measured sizes; through the
+  origin when only one size was measured; never below zero): the saved tensors are the
+  micro-batch's tokens times fixed widths, plus a few buffers that do not grow with it
+  (rotary tables), so the bytes are affine in the micro-batch size.
 
 Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
 """
@@ -34,7 +42,7 @@ from piebald.profiler.keys import layer_key
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
 
-__all__ = ["KindCurve", "LayerTable", "ProfiledCurve", "Source"]
+__all__ = ["ActivationTable", "KindCurve", "LayerTable", "ProfiledCurve", "Source"]
 
 
 class Source(StrEnum):
@@ -67,6 +75,46 @@ class LayerTable:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationTable:
+    """Measured activation bytes of one layer shape on one device type, by micro-batch
+    size: what the forward saves for the backward (saved-tensor hooks, each storage once,
+    parameters excluded; ``piebald.profiler.measure_compute``), in the dtype measured."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: tuple[object, ...]  # piebald.profiler.keys.layer_key of the model's layer
+    layer_kind: LayerKind
+    signature: str
+    micro_batch_sizes: tuple[int, ...]  # ascending
+    activation_bytes: tuple[float, ...]
+    # Under recompute (blocks: only the checkpointed input); None where not measured at
+    # every size, and for layers that are never recomputed (they keep activation_bytes).
+    activation_recompute_bytes: tuple[float, ...] | None
+
+    def values(self, *, recompute: bool) -> tuple[float, ...] | None:
+        if not recompute or self.layer_kind is not LayerKind.BLOCK:
+            return self.activation_bytes
+        return self.activation_recompute_bytes
+
+
+def _affine_lookup(
+    sizes: tuple[int, ...], values: tuple[float, ...], size: int
+) -> tuple[float, Source]:
+    """``values`` at ``size``: as measured, interpolated, or extrapolated along the line
+    through the two nearest measured sizes (through the origin from a single size)."""
+    if size in sizes:
+        return values[sizes.index(size)], Source.MEASURED
+    if sizes[0] < size < sizes[-1]:
+        return float(np.interp(size, sizes, values)), Source.INTERPOLATED
+    if len(sizes) == 1:
+        return values[0] * size / sizes[0], Source.EXTRAPOLATED
+    i, j = (0, 1) if size < sizes[0] else (len(sizes) - 2, len(sizes) - 1)
+    slope = (values[j] - values[i]) / (sizes[j] - sizes[i])
+    return max(0.0, values[i] + slope * (size - sizes[i])), Source.EXTRAPOLATED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KindCurve:
     """The curve calibrated for one (device type, layer kind, pass), either for one
     measured layer (its own fixed per-pass time, the kind's rates) or, with ``layer`` None,
@@ -84,7 +132,11 @@ class KindCurve:
 class ProfiledCurve(EfficiencyCurve):
     tables: tuple[LayerTable, ...] = ()
     kind_curves: tuple[KindCurve, ...] = ()
+    activation_tables: tuple[ActivationTable, ...] = ()
     _table_of: Mapping[tuple[object, ...], LayerTable] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+    _activation_table_of: Mapping[tuple[object, ...], ActivationTable] = field(
         init=False, repr=False, compare=False, hash=False
     )
     _curve_of: Mapping[
@@ -99,6 +151,7 @@ class ProfiledCurve(EfficiencyCurve):
         *,
         tables: tuple[LayerTable, ...] = (),
         kind_curves: tuple[KindCurve, ...] = (),
+        activation_tables: tuple[ActivationTable, ...] = (),
     ) -> ProfiledCurve:
         """Measured tables and calibrated kind curves, ``base`` wherever they are silent."""
         return cls(
@@ -109,6 +162,7 @@ class ProfiledCurve(EfficiencyCurve):
             overlap=base.overlap,
             tables=tables,
             kind_curves=kind_curves,
+            activation_tables=activation_tables,
         )
 
     def __post_init__(self) -> None:
@@ -117,6 +171,12 @@ class ProfiledCurve(EfficiencyCurve):
         if len(table_of) != len(self.tables):
             raise ValueError("two measured tables for one (device, dtype, seq_len, layer)")
         object.__setattr__(self, "_table_of", table_of)
+        activation_table_of = {
+            (t.device, t.dtype, t.seq_len, t.layer): t for t in self.activation_tables
+        }
+        if len(activation_table_of) != len(self.activation_tables):
+            raise ValueError("two activation tables for one (device, dtype, seq_len, layer)")
+        object.__setattr__(self, "_activation_table_of", activation_table_of)
         object.__setattr__(
             self,
             "_curve_of",
@@ -129,7 +189,9 @@ class ProfiledCurve(EfficiencyCurve):
             self.embedding_table_passes,
             self.overlap,
         )
-        object.__setattr__(self, "_hash", hash((base, self.tables, self.kind_curves)))
+        object.__setattr__(
+            self, "_hash", hash((base, self.tables, self.kind_curves, self.activation_tables))
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -138,6 +200,49 @@ class ProfiledCurve(EfficiencyCurve):
         self, layer: LayerSpec, *, device: DeviceType, dtype: Dtype, seq_len: int
     ) -> LayerTable | None:
         return self._table_of.get((device.name, dtype, seq_len, layer_key(layer)))
+
+    def activation_table(
+        self, layer: LayerSpec, *, device: DeviceType, dtype: Dtype, seq_len: int
+    ) -> ActivationTable | None:
+        return self._activation_table_of.get((device.name, dtype, seq_len, layer_key(layer)))
+
+    def activation_lookup(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        recompute: bool,
+    ) -> tuple[float, Source] | None:
+        """The measured (or interpolated, or extrapolated) activation bytes of one
+        micro-batch through ``layer`` and where they came from; None where not measured."""
+        table = self.activation_table(layer, device=device, dtype=dtype, seq_len=seq_len)
+        values = table.values(recompute=recompute) if table is not None else None
+        if table is None or values is None:
+            return None
+        return _affine_lookup(table.micro_batch_sizes, values, micro_batch_size)
+
+    def measured_activation_bytes(
+        self,
+        layer: LayerSpec,
+        *,
+        device: DeviceType,
+        dtype: Dtype,
+        micro_batch_size: int,
+        seq_len: int,
+        recompute: bool,
+    ) -> float | None:
+        found = self.activation_lookup(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=recompute,
+        )
+        return None if found is None else found[0]
 
     def for_device(
         self,

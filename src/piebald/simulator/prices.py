@@ -5,7 +5,8 @@ only through the schedule, never through prices, so every number here comes from
 functions with the same arguments: ``pass_times`` for compute, ``p2p_time_s``'s alpha-beta
 model over ``cluster.link_between`` for activation hops, ``ring_profile(...).time_s`` with
 the stage's state bytes and shard fractions for collectives (exactly what ``stage_comm``
-adds up), ``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory.
+adds up), ``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory (its
+activations measured where the curve carries measurements, as the planner's are).
 Ranks of one device type and micro-batch size in a stage cost the same, so each distinct
 operation is priced once.
 
@@ -162,6 +163,7 @@ class Prices:
                 num_in_flight=in_flight,
                 recompute=stage.recompute,
                 num_neighbor_stages=(index > 0) + (index < plan.num_stages - 1),
+                curve=self.curve,
             )
             return breakdown.total_bytes
 

@@ -29,6 +29,7 @@ __all__ = [
     "PLAN_VERSION",
     "CalibratedCurve",
     "CostInputs",
+    "MeasuredActivation",
     "MeasuredLayerTime",
     "MeasuredLink",
     "Plan",
@@ -123,6 +124,23 @@ class MeasuredLayerTime:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredActivation:
+    """Activation bytes the plan's memory was priced with that came from a profile: what
+    one micro-batch keeps through one layer of this kind for its backward, per rank of
+    this device type and micro-batch size (``piebald.cost.memory``)."""
+
+    device: str
+    layer_kind: str
+    signature: str  # the profile's layer signature (piebald.profiler.keys)
+    seq_len: int
+    dtype: str
+    micro_batch_size: int
+    source: str  # "measured", "interpolated" between sizes, or "extrapolated" beyond them
+    activation_bytes: float
+    activation_recompute_bytes: float | None  # None: not measured (not a block)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CalibratedCurve:
     """The efficiency curve a device type's layers of one kind were priced with in one pass
     (forward or backward), fitted to its measurements (piebald.profiler.calibrate)."""
@@ -157,6 +175,7 @@ class CostInputs:
     layer_times: tuple[MeasuredLayerTime, ...] = ()
     curves: tuple[CalibratedCurve, ...] = ()
     links: tuple[MeasuredLink, ...] = ()
+    activations: tuple[MeasuredActivation, ...] = ()  # older plans: none (memory analytic)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

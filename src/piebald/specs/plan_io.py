@@ -20,6 +20,7 @@ from piebald.specs.plan import (
     PLAN_VERSION,
     CalibratedCurve,
     CostInputs,
+    MeasuredActivation,
     MeasuredLayerTime,
     MeasuredLink,
     Plan,
@@ -133,6 +134,20 @@ def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
             }
             for link in inputs.links
         ],
+        "activations": [
+            {
+                "device": a.device,
+                "layer_kind": a.layer_kind,
+                "signature": a.signature,
+                "seq_len": a.seq_len,
+                "dtype": a.dtype,
+                "micro_batch_size": a.micro_batch_size,
+                "source": a.source,
+                "activation_bytes": a.activation_bytes,
+                "activation_recompute_bytes": a.activation_recompute_bytes,
+            }
+            for a in inputs.activations
+        ],
     }
 
 
@@ -183,12 +198,31 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
                 bandwidth_bytes_per_s=entry.number("bandwidth_bytes_per_s", strictly_positive=True),
             )
         )
+    activations = tuple(  # plans made before memory was measured have none
+        MeasuredActivation(
+            device=entry.string("device"),
+            layer_kind=entry.string("layer_kind"),
+            signature=entry.string("signature"),
+            seq_len=entry.integer("seq_len", minimum=1),
+            dtype=entry.string("dtype"),
+            micro_batch_size=entry.integer("micro_batch_size", minimum=1),
+            source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
+            activation_bytes=entry.number("activation_bytes"),
+            activation_recompute_bytes=(
+                entry.number("activation_recompute_bytes")
+                if entry.has("activation_recompute_bytes")
+                else None
+            ),
+        )
+        for entry in fields.sub_list("activations", default_empty=True)
+    )
     return CostInputs(
         profile_db=fields.string("profile_db"),
         profile_db_digest=fields.string("profile_db_digest"),
         layer_times=layer_times,
         curves=curves,
         links=tuple(links),
+        activations=activations,
     )
 
 
