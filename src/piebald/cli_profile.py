@@ -54,7 +54,8 @@ ProfilesOption = Annotated[
     Path | None,
     typer.Option(
         "--profiles",
-        help="A profile DB directory: price compute and links from its measurements.",
+        help="A profile DB directory: price compute, activation memory and links from its "
+        "measurements.",
     ),
 ]
 OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]

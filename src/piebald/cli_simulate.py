@@ -152,8 +152,8 @@ def simulate(
         Path | None,
         typer.Option(
             "--profiles",
-            help="A profile DB directory: price compute and links from its measurements "
-            "(default: the measurements the plan file records, if any).",
+            help="A profile DB directory: price compute, activation memory and links from "
+            "its measurements (default: the measurements the plan file records, if any).",
         ),
     ] = None,
 ) -> None:
