@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from piebald.cost.comm import ring_profile
@@ -74,27 +74,35 @@ class PlanEstimate:
         )
 
 
-_Ways = tuple[tuple[Link, tuple[tuple[Hashable, float], ...]], ...]
+_Ways = tuple[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]], ...]
+
+# A resource busier than this with other traffic is priced as if at this load: the
+# 1 / (1 - rho) of processor sharing has no steady state at rho = 1.
+MAX_BACKGROUND = 0.8
+HORIZON_ITERATIONS = 8
+RESIDUAL_OF_PASS = 5 / 18  # (1 + 4) / (2 x 3) x 1/3 ... see _waits
 
 
-def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float, float]]:
+def _boundaries(plan: Plan, *, horizon_s: float | None) -> list[tuple[float, float]]:
     """Per stage boundary: (busy time of its busiest resource over the step, one
     micro-batch's activation there and gradient back).
 
     A resource (a GPU port, a node's NIC in one direction, a site link; ``transfers``) is
     busy for the bytes / capacity of every transfer that uses it, over all boundaries: a
-    node's NIC out carries its stage's activations forward and its gradients backward.
+    node's NIC in carries its stage's activations from the previous stage and its
+    gradients from the next one.
 
-    A hop shares each resource it crosses with the streams running at once, and moves at
-    min(path rate, capacity / streams) (the simulator's network splits a resource
-    equally). The ranks of a stage run their micro-batches in step, so every rank that
+    A hop moves at min(path rate, the share it gets of each resource it crosses). The
+    simulator's network splits a resource equally among the transfers on it (processor
+    sharing). The ranks of a stage run their micro-batches in step, so every rank that
     sends one way over a resource (its activations to the next stage, say) sends at once,
     and every rank that receives that way receives one transfer at a time (it posts one
-    receive ahead): n = min(senders, receivers) streams, each taking T = n S / capacity.
-    The other way over the same resource (the gradients to the previous stage) overlaps
-    those only when a transfer outlasts the pass between a rank's two sends (1F1B
-    alternates forward and backward, about half a pass each): its m streams count
-    (T - pass / 2) / T each, clipped to [0, 1].
+    receive ahead): n = min(senders, receivers) streams, each taking n S / capacity. The
+    resource's other traffic (the other way, other boundaries) is not in step with these:
+    it arrives at its own times and, under processor sharing, stretches a transfer by
+    1 / (1 - rho), rho the share of the step (``horizon_s``, the pipeline) that traffic
+    keeps the resource busy (Kleinrock 1967, M/G/1-PS). Without a horizon it is not
+    counted.
     """
     size_of = {
         rank: size
@@ -104,10 +112,9 @@ def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float,
     token_bytes = plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
     busy: dict[Hashable, float] = {}
     # Per resource and way (boundary, forward?): the ranks sending and receiving that way
-    # over it, and the ranks where the ways meet (senders on a way out, else receivers).
+    # over it, and the seconds that way keeps it busy.
     ends: dict[Hashable, dict[tuple[int, bool], tuple[set[int], set[int]]]] = {}
-    meeting: dict[Hashable, set[int]] = {}
-    bytes_of: dict[Hashable, tuple[float, float]] = {}  # (largest transfer, capacity)
+    way_busy: dict[Hashable, dict[tuple[int, bool], float]] = {}
     # Per boundary, per (sender, receiver) pair: its bytes and both ways' links and resources.
     pairs_of: list[list[tuple[float, _Ways]]] = []
     for index in range(plan.num_stages - 1):
@@ -118,41 +125,36 @@ def _boundaries(plan: Plan, *, pass_s: Mapping[int, float]) -> list[tuple[float,
         priced: list[tuple[float, _Ways]] = []
         for (sender, receiver), count in pairs.items():
             num_bytes = size_of[sender] * token_bytes
-            ways: list[tuple[Link, tuple[tuple[Hashable, float], ...]]] = []
+            ways: list[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]]] = []
             for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
                 resources = transfer_resources(plan.cluster, a, b)
-                ways.append((plan.cluster.link_between(a, b), resources))
+                way = (index, forward)
+                ways.append((plan.cluster.link_between(a, b), resources, way))
                 for key, capacity in resources:
-                    busy[key] = busy.get(key, 0.0) + count * num_bytes / capacity
-                    way = ends.setdefault(key, {}).setdefault((index, forward), (set(), set()))
-                    way[0].add(a)
-                    way[1].add(b)
-                    outgoing = isinstance(key, tuple) and str(key[0]).endswith("-out")
-                    meeting.setdefault(key, set()).add(a if outgoing else b)
-                    largest = max(bytes_of.get(key, (0.0, capacity))[0], num_bytes)
-                    bytes_of[key] = (largest, capacity)
+                    seconds = count * num_bytes / capacity
+                    busy[key] = busy.get(key, 0.0) + seconds
+                    per_way = way_busy.setdefault(key, {})
+                    per_way[way] = per_way.get(way, 0.0) + seconds
+                    senders, receivers = ends.setdefault(key, {}).setdefault(way, (set(), set()))
+                    senders.add(a)
+                    receivers.add(b)
             priced.append((num_bytes, tuple(ways)))
         pairs_of.append(priced)
-    streams: dict[Hashable, float] = {}
-    for key, per_way in ends.items():
-        counts = sorted((min(len(a), len(b)) for a, b in per_way.values()), reverse=True)
-        largest, capacity = bytes_of[key]
-        alone_s = counts[0] * largest / capacity  # T: the busiest way's streams together
-        half_pass_s = 0.5 * sum(pass_s[r] for r in meeting[key]) / len(meeting[key])
-        overlap = min(1.0, max(0.0, (alone_s - half_pass_s) / alone_s))
-        streams[key] = counts[0] + overlap * sum(counts[1:])
     out = []
     for priced in pairs_of:
         hop_s = boundary_s = 0.0
         for pair_bytes, pair_ways in priced:
             there_and_back = 0.0
-            for link, resources in pair_ways:
-                seconds_per_byte = max(
-                    1.0 / link.bandwidth_bytes_per_s,
-                    max(streams[key] / capacity for key, capacity in resources),
-                )
+            for link, resources, way in pair_ways:
+                seconds_per_byte = 1.0 / link.bandwidth_bytes_per_s
+                for key, capacity in resources:
+                    senders, receivers = ends[key][way]
+                    streams = min(len(senders), len(receivers))
+                    rho = (busy[key] - way_busy[key][way]) / horizon_s if horizon_s else 0.0
+                    stretch = 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
+                    seconds_per_byte = max(seconds_per_byte, streams * stretch / capacity)
+                    boundary_s = max(boundary_s, busy[key])
                 there_and_back += link.latency_s + pair_bytes * seconds_per_byte
-                boundary_s = max(boundary_s, max(busy[key] for key, _ in resources))
             hop_s = max(hop_s, there_and_back)
         out.append((boundary_s, hop_s))
     return out
@@ -229,6 +231,7 @@ def _stage_estimate(
                 num_in_flight=in_flight,
                 recompute=stage.recompute,
                 num_neighbor_stages=neighbors,
+                curve=curve,
             )
         memory[rank] = memory_of[key]
     sync_s = comm.sync_s
@@ -245,20 +248,31 @@ def _stage_estimate(
     )
 
 
-def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> PlanEstimate:
-    """Predicted step time, tokens/s and per-rank memory of ``plan``."""
-    alone = [
-        _stage_estimate(plan, index, boundary=(0.0, 0.0), curve=curve)
-        for index in range(plan.num_stages)
-    ]
-    rank_pass_s = {  # one micro-batch's forward and backward on each working rank
-        rank: busy_s / count
-        for stage, estimate in zip(plan.stages, alone, strict=True)
-        for rank, count in zip(stage.ranks, stage.num_micro_batches, strict=True)
-        if count
-        for busy_s in (estimate.compute_s[rank],)
-    }
-    boundaries = [*_boundaries(plan, pass_s=rank_pass_s), (0.0, 0.0)]  # the last sends nothing
+def _waits(stages: tuple[StageEstimate, ...], *, horizon_s: float | None) -> list[float]:
+    """Per stage: how long a micro-batch passing through waits there for the rank to finish
+    what it is running. A rank busy a share rho of the pipeline is found mid-operation with
+    probability rho, with on average the mean residual of an operation left: E[S^2] / 2E[S]
+    over forwards and backwards, RESIDUAL_OF_PASS of a pass when the backward takes twice
+    the forward. A micro-batch visits a stage twice (forward, backward), the last stage
+    once (its backward follows its forward). Not in a chain of one rank per stage, where
+    each micro-batch arrives as its predecessor leaves (``_pipeline``)."""
+    if horizon_s is None:
+        return [0.0] * len(stages)
+    waits = []
+    for index, stage in enumerate(stages):
+        busy_s = max(stage.compute_s.values())
+        rho = min(1.0, busy_s / horizon_s)
+        visits = 1 if index == len(stages) - 1 else 2
+        waits.append(visits * rho * RESIDUAL_OF_PASS * (stage.micro_batch_s - stage.hop_s))
+    return waits
+
+
+def _pipeline(
+    plan: Plan, alone: list[StageEstimate], *, horizon_s: float | None
+) -> tuple[tuple[StageEstimate, ...], str, float]:
+    """The stages with their boundaries priced, the bottleneck, and the pipeline time: the
+    bottleneck's busy time plus the fill and drain, at least what Little's law allows."""
+    boundaries = [*_boundaries(plan, horizon_s=horizon_s), (0.0, 0.0)]  # the last sends nothing
     stages = tuple(
         dataclasses.replace(
             estimate,
@@ -287,11 +301,35 @@ def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Plan
     pipeline_s = bottleneck_s + fill_s
     # Little's law: a rank holding at most w micro-batches in flight finishes at most w per
     # round trip of a micro-batch through its stage and the later ones (1F1B).
+    waits = _waits(stages, horizon_s=horizon_s)
+    widths = [sum(1 for n in stage.num_micro_batches if n) for stage in plan.stages]
     for index, stage in enumerate(stages):
-        later_s = stage.hop_s + sum(s.micro_batch_s for s in stages[index + 1 :])
+        # In a chain of one rank per stage each micro-batch arrives as the last one leaves.
+        met = any(width > 1 for width in widths[index:])
+        later_s = stage.hop_s + sum(
+            s.micro_batch_s + (wait_s if met else 0.0)
+            for s, wait_s in zip(stages[index + 1 :], waits[index + 1 :], strict=True)
+        )
         before_s = sum(s.micro_batch_s for s in stages[:index])
         for rounds, pass_s in stage.round_trips:
             pipeline_s = max(pipeline_s, rounds * (pass_s + later_s) + before_s)
+    return stages, bottleneck, pipeline_s
+
+
+def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> PlanEstimate:
+    """Predicted step time, tokens/s and per-rank memory of ``plan``."""
+    alone = [
+        _stage_estimate(plan, index, boundary=(0.0, 0.0), curve=curve)
+        for index in range(plan.num_stages)
+    ]
+    # The hops' background traffic is spread over the pipeline, which the hops lengthen:
+    # iterate to the fixed point (a longer pipeline lowers the load, so it settles fast).
+    stages, bottleneck, pipeline_s = _pipeline(plan, alone, horizon_s=None)
+    for _ in range(HORIZON_ITERATIONS):
+        horizon_s = pipeline_s
+        stages, bottleneck, pipeline_s = _pipeline(plan, alone, horizon_s=horizon_s)
+        if abs(pipeline_s - horizon_s) <= 1e-4 * horizon_s:
+            break
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.
     exposed_sync_s = max(
         max(0.0, stage.sync_s - sum(s.micro_batch_s for s in stages[:index]))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from piebald.cost.plan_estimate import HORIZON_ITERATIONS, MAX_BACKGROUND, RESIDUAL_OF_PASS
 from piebald.planner.stage_costs import StageCost
 
 __all__ = ["Hop", "Way", "pipeline_proxy", "polish_bounds", "uniform_bounds"]
@@ -20,38 +21,34 @@ __all__ = ["Hop", "Way", "pipeline_proxy", "polish_bounds", "uniform_bounds"]
 @dataclass(frozen=True, slots=True)
 class Way:
     """A resource (a node's NIC or a GPU's port, one direction) that one way of a hop
-    crosses: the streams running this way over it, those running the other way (a stage's
-    activations out and its gradients out share its NIC), and the stage where the two
-    meet, whose pass separates them."""
+    crosses: the streams running this way over it at once, and the seconds the rest of its
+    traffic (a stage's activations out and its gradients out share its NIC) keeps it busy
+    over the step."""
 
     streams: int
-    other_streams: int
-    stage: int
+    other_busy_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class Hop:
     """One micro-batch's activation there and gradient back over a stage boundary, priced
     as the plan estimate does (``cost.plan_estimate._boundaries``): each way takes its
-    latency plus its bytes at capacity / streams on its busiest resource, where the n
-    streams of the busier way run at once and the m of the other way overlap them by
-    (T - pass / 2) / T, T = n x one transfer alone."""
+    latency plus its bytes at capacity / streams on its busiest resource, stretched by
+    1 / (1 - rho) where the resource's other traffic keeps it busy a share rho of the
+    pipeline (``horizon_s``; not counted without one)."""
 
     latency_s: float
     alone_s: float  # one activation's bytes over the path's bandwidth
     there: tuple[Way, ...]
     back: tuple[Way, ...]
 
-    def seconds(self, passes: Sequence[float]) -> float:
+    def seconds(self, horizon_s: float | None) -> float:
         total = 0.0
         for resources in (self.there, self.back):
             streams = 1.0
             for way in resources:
-                most = max(way.streams, way.other_streams)
-                least = min(way.streams, way.other_streams)
-                together_s = most * self.alone_s
-                overlap = (together_s - 0.5 * passes[way.stage]) / together_s
-                streams = max(streams, most + min(1.0, max(0.0, overlap)) * least)
+                rho = way.other_busy_s / horizon_s if horizon_s else 0.0
+                streams = max(streams, way.streams / (1.0 - min(rho, MAX_BACKGROUND)))
             total += self.latency_s + streams * self.alone_s
         return total
 
@@ -61,34 +58,63 @@ def pipeline_proxy(
     bounds: tuple[int, ...],
     boundaries: list[Hop],
     link_busy: list[float],
-    round_trips: list[tuple[int, float]],
+    round_trips: list[tuple[int, float, bool]],
 ) -> float:
     """The plan estimate's form on DP prices: the busiest stage or link, plus one
     micro-batch through every stage and hop except the bottleneck stage, at least the round
-    trips each stage's in-flight budget forces, plus the sync the drain does not hide, plus
-    the slowest optimizer step."""
+    trips each stage's in-flight budget forces (with the waits at the later stages), plus
+    the sync the drain does not hide, plus the slowest optimizer step. Hops and waits
+    depend on the pipeline's length; like the estimate, it iterates to the fixed point."""
     ranges = list(itertools.pairwise(bounds))
     sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     busy = [float(c.busy_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
     passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    hops = [hop.seconds(passes) for hop in boundaries]
+    rounds = [
+        max(trips, int(c.rounds[a, b]))
+        for c, (a, b), (trips, _, _) in zip(costs, ranges, round_trips, strict=True)
+    ]
     optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
+    pipeline = _pipeline(busy, passes, boundaries, link_busy, round_trips, rounds, None)
+    for _ in range(HORIZON_ITERATIONS):
+        horizon = pipeline
+        pipeline = _pipeline(busy, passes, boundaries, link_busy, round_trips, rounds, horizon)
+        if abs(pipeline - horizon) <= 1e-4 * horizon:
+            break
+    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
+    return pipeline + exposed + optimizer
+
+
+def _pipeline(
+    busy: list[float],
+    passes: list[float],
+    boundaries: list[Hop],
+    link_busy: list[float],
+    round_trips: list[tuple[int, float, bool]],
+    rounds: list[int],
+    horizon: float | None,
+) -> float:
+    hops = [hop.seconds(horizon) for hop in boundaries]
     slowest_stage = int(np.argmax(busy))
     if max(link_busy, default=0.0) > busy[slowest_stage]:
         pipeline = max(link_busy) + sum(passes) + sum(hops)
     else:
         pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
     # Little's law (cost.plan_estimate): the stage's rounds of one micro-batch of an equal
-    # share plus the trip through the later stages; more rounds where the stage's in-flight
-    # budget had to shrink to fit memory.
-    for i, (a, b) in enumerate(ranges[:-1]):
-        rounds, share = round_trips[i]
-        rounds = max(rounds, int(costs[i].rounds[a, b]))
-        later = sum(hops[i:]) + sum(passes[i + 1 :])
+    # share plus the trip through the later stages, with the waits there; more rounds
+    # where the stage's in-flight budget had to shrink to fit memory.
+    last = len(busy) - 1
+    waits = [
+        (1 if k == last else 2) * min(1.0, busy[k] / horizon) * RESIDUAL_OF_PASS * passes[k]
+        if horizon
+        else 0.0
+        for k in range(len(busy))
+    ]
+    for i in range(last):
+        met = round_trips[i][2]  # not a chain of one rank per stage from here on
+        later = sum(hops[i:]) + sum(passes[i + 1 :]) + (sum(waits[i + 1 :]) if met else 0.0)
         before = sum(passes[:i]) + sum(hops[:i])
-        pipeline = max(pipeline, rounds * (busy[i] * share + later) + before)
-    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
-    return pipeline + exposed + optimizer
+        pipeline = max(pipeline, rounds[i] * (busy[i] * round_trips[i][1] + later) + before)
+    return pipeline
 
 
 def polish_bounds(
@@ -96,7 +122,7 @@ def polish_bounds(
     bounds: tuple[int, ...],
     hops: list[Hop],
     link_busy: list[float],
-    round_trips: list[tuple[int, float]],
+    round_trips: list[tuple[int, float, bool]],
     proxy: float,
 ) -> tuple[tuple[int, ...], float]:
     """The DP minimises the slowest stage only; when a link is the bottleneck, or stages

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import stage_memory_bytes
+from piebald.cost.memory import slack_of, stage_memory_bytes
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
 from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
@@ -220,39 +220,34 @@ class _Search:
                 return 1
             return min(len(stages[sender]), self.most_per_node(stages[receiver]))
 
-        hops, seconds = [], []
+        parts = [
+            self.hop_parts(stages[i], stages[i + 1], size, inter=inter[i]) for i in range(p - 1)
+        ]
+
+        def load(i: int, s: int, kind: bool) -> float:
+            """Seconds boundary i's activations (or gradients) keep one direction of a NIC
+            of stage s (or a GPU's port) busy over the step, if it crosses that way."""
+            if not crossing(i, kind):
+                return 0.0
+            per = num_nodes[s] if kind else len(stages[s])
+            return parts[i][1] * num_micro_batches / per
+
+        hops: list[Hop] = []
         for i in range(p - 1):
             k = inter[i]
-            latency_s, alone_s = self.hop_parts(stages[i], stages[i + 1], size, inter=k)
+            latency_s, alone_s = parts[i]
             there = (  # activations: stage i's way out, stage i+1's way in
-                Way(
-                    out_streams(i, k, i + 1),
-                    out_streams(i, k, i - 1) if crossing(i - 1, k) else 0,
-                    i,
-                ),
-                Way(
-                    in_streams(i, i + 1, k),
-                    in_streams(i + 2, i + 1, k) if crossing(i + 1, k) else 0,
-                    i + 1,
-                ),
+                Way(out_streams(i, k, i + 1), load(i - 1, i, k)),
+                Way(in_streams(i, i + 1, k), load(i + 1, i + 1, k)),
             )
             back = (  # gradients: stage i+1's way out, stage i's way in
-                Way(
-                    out_streams(i + 1, k, i),
-                    out_streams(i + 1, k, i + 2) if crossing(i + 1, k) else 0,
-                    i + 1,
-                ),
-                Way(
-                    in_streams(i + 1, i, k),
-                    in_streams(i - 1, i, k) if crossing(i - 1, k) else 0,
-                    i,
-                ),
+                Way(out_streams(i + 1, k, i), load(i + 1, i + 1, k)),
+                Way(in_streams(i + 1, i, k), load(i - 1, i, k)),
             )
             hops.append(Hop(latency_s, alone_s, there, back))
-            seconds.append(alone_s)
         nic = [0.0] * p  # per stage: one direction of each of its nodes' NICs
         port = [0.0] * p  # ... of each of its GPUs' ports
-        for i, alone_s in enumerate(seconds):
+        for i, (_, alone_s) in enumerate(parts):
             for s in (i, i + 1):
                 if inter[i]:
                     nic[s] += alone_s * num_micro_batches / num_nodes[s]
@@ -268,19 +263,25 @@ class _Search:
 
     def round_trips(
         self, stages: tuple[tuple[int, ...], ...], size: int
-    ) -> list[tuple[int, float]]:
-        """Per stage, the 1F1B round trips its in-flight budget forces (cost.memory: about
-        the step's micro-batches over the ranks from the stage to the end), and the share of
-        the stage's busy time one micro-batch of an equal share takes (its ranks over the
-        micro-batches)."""
+    ) -> list[tuple[int, float, bool]]:
+        """Per stage, the 1F1B round trips its in-flight budget forces (cost.memory: the
+        micro-batches of an equal share over Little's budget with its slack, about the
+        share's ranks from the stage to the end), and the share of the stage's busy time
+        one micro-batch of an equal share takes (its ranks over the micro-batches), and
+        whether the stages from there on are more than a chain of one rank each (the plan
+        estimate's waits)."""
         num_micro_batches = self.job.global_batch_size // size
-        return [
-            (
-                math.ceil(num_micro_batches / sum(len(r) for r in stages[i:])),
-                len(stages[i]) / num_micro_batches,
+        trips = []
+        for i, ranks in enumerate(stages):
+            share = num_micro_batches / len(ranks)
+            downstream = sum(len(r) for r in stages[i:])
+            widths = [len(r) for r in stages[i:]]
+            slack = slack_of(schedule=Schedule.ONE_F_ONE_B, widths=widths)
+            budget = min(share, math.ceil(downstream * share / num_micro_batches) + slack)
+            trips.append(
+                (math.ceil(share / budget), len(ranks) / num_micro_batches, max(widths) > 1)
             )
-            for i in range(len(stages))
-        ]
+        return trips
 
     def hop_parts(
         self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int, *, inter: bool
@@ -316,7 +317,7 @@ class _Search:
                 micro_batch_sizes=sizes,
                 stage_index=index,
                 num_stages=depth,
-                ranks_to_end=sum(len(r) for r in candidate.stages[index:]),
+                widths=tuple(len(r) for r in candidate.stages[index:]),
                 rules=self.strategy.stage_rules,
                 curve=self.curve,
             )

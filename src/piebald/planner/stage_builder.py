@@ -6,8 +6,9 @@ the training state is water-filled against each rank's free memory (the most eve
 that fits, since uneven collectives are padded to the largest shard), and the fastest
 setting whose every rank fits its memory wins.
 
-Each rank holds the 1F1B in-flight budget of Little's law
-(``cost.memory.in_flight_micro_batches``). Where no setting fits with it, the budget
+Each rank holds the 1F1B in-flight budget of Little's law and its slack
+(``cost.memory.in_flight_micro_batches``), or without the slack where that does not fit
+(the stage records it). Where no setting fits even so, the budget
 shrinks to the fewest round trips rho that fit, w_r = ceil(n_r / rho)
 (``in_flight_for_rounds``; memory falls as rho grows, so a binary search finds the
 smallest), and the stage records it; the settings then compete with their busy time
@@ -24,7 +25,12 @@ from dataclasses import dataclass
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import in_flight_for_rounds, in_flight_micro_batches, rank_memory
+from piebald.cost.memory import (
+    in_flight_for_rounds,
+    in_flight_micro_batches,
+    rank_memory,
+    slack_of,
+)
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
@@ -113,13 +119,13 @@ def build_stage(
     micro_batch_sizes: tuple[int, ...],
     stage_index: int,
     num_stages: int,
-    ranks_to_end: int,
+    widths: tuple[int, ...],
     rules: StageRules = StageRules(),
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> StageChoice | None:
     """The fastest memory-feasible setting of this stage, or None if nothing fits.
-    ``ranks_to_end`` counts the ranks of this stage and the later ones: the 1F1B in-flight
-    budget (``cost.memory.in_flight_micro_batches``)."""
+    ``widths`` counts the ranks of this stage and of each later one: the 1F1B in-flight
+    budget and its slack (``cost.memory.in_flight_micro_batches``, ``slack_of``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
     wire_bytes = params * job.precision.num_bytes
@@ -174,8 +180,9 @@ def build_stage(
                     counts=counts,
                     zero=zero,
                     recompute=recompute,
-                    downstream=ranks_to_end,
+                    downstream=sum(widths),
                     neighbors=neighbors,
+                    widths=widths,
                     even_shards=rules.even_shards or zero is ZeroMode.NONE,
                     shrink=shrink,
                     curve=curve,
@@ -240,6 +247,7 @@ def _fit_in_flight(
     recompute: bool,
     downstream: int,
     neighbors: int,
+    widths: Sequence[int],
     even_shards: bool,
     shrink: bool,
     curve: EfficiencyCurve,
@@ -286,18 +294,27 @@ def _fit_in_flight(
             even_shards=even_shards,
         )
 
-    little = [
-        in_flight_micro_batches(
-            schedule=Schedule.ONE_F_ONE_B,
-            ranks_to_end=downstream,
-            rank_micro_batches=count,
-            stage_micro_batches=sum(counts),
+    def little_budgets(slack: int) -> tuple[int, ...]:
+        return tuple(
+            in_flight_micro_batches(
+                schedule=Schedule.ONE_F_ONE_B,
+                ranks_to_end=downstream,
+                rank_micro_batches=count,
+                stage_micro_batches=sum(counts),
+                slack=slack,
+            )
+            for count in counts
         )
-        for count in counts
-    ]
+
+    # Little's budget with its slack where it fits (the plan's default), else without.
+    little = little_budgets(0)
+    roomy = little_budgets(slack_of(schedule=Schedule.ONE_F_ONE_B, widths=widths))
+    for held in dict.fromkeys((roomy, little)):
+        fractions = fit(held)
+        if fractions is not None:
+            return fractions, None if held == roomy else held, 1.0
     if not shrink:
-        fractions = fit(little)
-        return None if fractions is None else (fractions, None, 1.0)
+        return None
 
     def budgets_for(rounds: int) -> tuple[int, ...]:
         return tuple(

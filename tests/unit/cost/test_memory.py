@@ -208,6 +208,7 @@ def test_gpipe_keeps_every_micro_batch() -> None:
                 ranks_to_end=4,
                 rank_micro_batches=count,
                 stage_micro_batches=32,
+                slack=0,
             )
             == count
         )
@@ -236,6 +237,7 @@ def test_one_f_one_b_in_flight(
             ranks_to_end=downstream,
             rank_micro_batches=rank_count,
             stage_micro_batches=stage_count,
+            slack=0,
         )
         == expected
     )
@@ -248,6 +250,7 @@ def test_gpipe_rank_without_micro_batches_holds_none() -> None:
             ranks_to_end=2,
             rank_micro_batches=0,
             stage_micro_batches=4,
+            slack=0,
         )
         == 0
     )
@@ -263,6 +266,7 @@ def test_first_stage_of_one_rank_holds_p_micro_batches(num_stages: int) -> None:
                 ranks_to_end=num_stages,  # one rank per stage
                 rank_micro_batches=count,
                 stage_micro_batches=count,
+                slack=0,
             )
             == num_stages
         )
@@ -278,6 +282,7 @@ def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> N
         ranks_to_end=num_stages - stage_index,  # one rank per stage
         rank_micro_batches=rank_count,
         stage_micro_batches=stage_count,
+        slack=0,
     )
     depth = num_stages - stage_index
     assert 1 <= held <= rank_count

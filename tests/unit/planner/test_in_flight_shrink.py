@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from cluster_builders import hand_model
-from piebald.cost.memory import in_flight_for_rounds, in_flight_micro_batches, rank_memory
+from piebald.cost.memory import (
+    IN_FLIGHT_SLACK,
+    in_flight_for_rounds,
+    in_flight_micro_batches,
+    rank_memory,
+    slack_of,
+)
 from piebald.planner.stage_builder import StageRules, build_stage
 from piebald.planner.stage_costs import _Kind, _Memory
 from piebald.specs.cluster import ClusterSpec
@@ -30,7 +36,8 @@ MODEL = hand_model(4)
 JOB = JobSpec(global_batch_size=24, seq_len=32)
 RULES = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(False,))
 LAYERS = (0, 3)  # embedding and two blocks: the first stage of a deep pipeline
-RANKS_TO_END = 12  # ranks of this and the later stages
+WIDTHS = (2, 2, 4, 4)  # ranks of this stage and of each later one
+RANKS_TO_END = sum(WIDTHS)
 
 
 def _tight_cluster(memory_bytes: float) -> ClusterSpec:
@@ -92,7 +99,7 @@ def _build(cluster: ClusterSpec) -> Any:
         micro_batch_sizes=(1, 1),
         stage_index=0,
         num_stages=4,
-        ranks_to_end=RANKS_TO_END,
+        widths=WIDTHS,
         rules=RULES,
     )
 
@@ -109,6 +116,7 @@ def test_a_stage_takes_the_fewest_round_trips_that_fit(room: int) -> None:
             ranks_to_end=RANKS_TO_END,
             rank_micro_batches=n,
             stage_micro_batches=sum(counts),
+            slack=0,
         )
         for n in counts
     ]
@@ -147,10 +155,40 @@ def test_nothing_fits_with_even_one_micro_batch_in_flight() -> None:
     assert _build(cluster) is None
 
 
-def test_littles_budget_when_it_fits() -> None:
+def _littles(counts: tuple[int, ...], slack: int) -> tuple[int, ...]:
+    return tuple(
+        in_flight_micro_batches(
+            schedule=Schedule.ONE_F_ONE_B,
+            ranks_to_end=RANKS_TO_END,
+            rank_micro_batches=n,
+            stage_micro_batches=sum(counts),
+            slack=slack,
+        )
+        for n in counts
+    )
+
+
+def test_littles_budget_and_its_slack_when_they_fit() -> None:
     choice = _build(_tight_cluster(_capacity_for(12)))
     assert choice is not None
-    assert choice.stage.max_in_flight is None
+    assert choice.stage.max_in_flight is None  # the default: stage_in_flight's
+    assert choice.round_trip_factor == 1.0
+    slack = slack_of(schedule=Schedule.ONE_F_ONE_B, widths=WIDTHS)
+    assert slack == IN_FLIGHT_SLACK > 0
+    roomy = _littles(choice.stage.num_micro_batches, slack)
+    assert max(roomy) <= 12
+
+
+def test_littles_budget_without_its_slack_where_only_that_fits() -> None:
+    probe = _build(_tight_cluster(_capacity_for(12)))
+    assert probe is not None
+    counts = probe.stage.num_micro_batches
+    little, roomy = _littles(counts, 0), _littles(counts, IN_FLIGHT_SLACK)
+    assert max(roomy) > max(little)
+    choice = _build(_tight_cluster(_capacity_for(max(little))))
+    assert choice is not None
+    assert choice.stage.num_micro_batches == counts
+    assert choice.stage.max_in_flight == little  # recorded: not the default
     assert choice.round_trip_factor == 1.0
 
 

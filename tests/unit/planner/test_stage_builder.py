@@ -144,7 +144,7 @@ def _build(
         micro_batch_sizes=(size,) * len(ranks),
         stage_index=0,
         num_stages=1,
-        ranks_to_end=len(ranks),
+        widths=(len(ranks),),
         rules=rules,
     )
 

@@ -516,14 +516,9 @@ def test_plan_exits_3_when_the_measured_activations_fit_no_gpu(tmp_path: Path) -
     assert code == 0, output
 
 
-# -- what waits on plan_estimate --------------------------------------------------------
+# -- the plan's predicted memory ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="piebald.cost.plan_estimate calls rank_memory without curve=curve, so the "
-    "plan's predicted memory is still the formula's; pass it and drop this mark",
-)
 def test_predicted_peak_memory_uses_the_measured_activations(tmp_path: Path) -> None:
     db = _write_db(tmp_path / "db", block_factor=3.0)
     measured = _curve(db)

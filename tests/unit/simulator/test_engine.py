@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
+from piebald.cost.memory import IN_FLIGHT_SLACK, stage_in_flight
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.simulator.engine import simulate
 from piebald.simulator.ops import (
@@ -120,19 +123,28 @@ def test_one_stage_zero1_is_passes_then_reduce_scatter_optimizer_all_gather() ->
 
 def test_fast_gpu_feeding_two_slow_ones_matches_the_hand_timeline() -> None:
     """Rank 0 (F 1, B 2) feeds ranks 1 and 2 (F 2, B 4) micro-batches 0..3 alternately.
-    In-flight budgets (Little's law, cost.memory): rank 0 ceil(3 ranks to the end x 4/4)
-    = 3, ranks 1 and 2 ceil(2 x 2/4) = 1.
+    In-flight budgets (Little's law, cost.memory, recorded without the slack a fan-out
+    stage gets by default): rank 0 ceil(3 ranks to the end x 4/4) = 3, ranks 1 and 2
+    ceil(2 x 2/4) = 1.
 
     t=0 r0 F0; t=1 r0 F1, r1 F0 (act 0 arrived); t=2 r0 F2, r2 F1; t=3 r0 full (3 in
     flight), r1 B0; t=4 r2 B1; t=7 r0 B0 (grad 0), r1 F2; t=9 r0 F3 (after a backward, a
     forward when it can: 2 in flight), r1 B2; t=10 r0 B1 (grad 1 came at 8), r2 F3; t=12
     r2 B3; t=13 r0 B2 (grad 2); t=16 r0 B3, done at 18.
     """
-    plan = pipeline(
+    default = pipeline(
         cluster(("round", 1), ("half", 2)),
         stage_ranks=[[0], [1, 2]],
         counts=[[4], [2, 2]],
         routes=[[0, 1], [0, 2], [0, 1], [0, 2]],
+    )
+    assert [stage_in_flight(default, i) for i in (0, 1)] == [(3 + IN_FLIGHT_SLACK,), (1, 1)]
+    plan = dataclasses.replace(
+        default,
+        stages=(
+            dataclasses.replace(default.stages[0], max_in_flight=(3,)),
+            dataclasses.replace(default.stages[1], max_in_flight=(1, 1)),
+        ),
     )
     prices = FixedPrices(
         plan, forward_s={0: 1.0, 1: 2.0, 2: 2.0}, backward_s={0: 2.0, 1: 4.0, 2: 4.0}

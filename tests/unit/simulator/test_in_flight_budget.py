@@ -70,6 +70,7 @@ def test_without_a_recorded_budget_every_rank_holds_littles() -> None:
             ranks_to_end=ranks_to_end(counts, index),
             rank_micro_batches=6,
             stage_micro_batches=6,
+            slack=0,
         )
         assert stage_in_flight(plan, index) == (expected,) == (3 - index,)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 from sim_plans import cluster, pipeline
 
-from piebald.cost.plan_estimate import estimate_plan
+from piebald.cost.plan_estimate import MAX_BACKGROUND, estimate_plan
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
+from piebald.specs.plan import Plan
 
 
 def test_four_senders_on_one_nic_each_get_a_quarter_of_it() -> None:
@@ -42,22 +43,56 @@ def test_four_senders_on_one_nic_each_get_a_quarter_of_it() -> None:
     assert first_wave == pytest.approx([link.latency_s + 4 * one_s] * 4)
 
 
-def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate() -> None:
+def _three_nodes(per_rank: int) -> Plan:
+    """Three stages of four GPUs on three nodes, micro-batch j along ranks j mod 4."""
+    return pipeline(
+        cluster(("round", 4), ("round", 4), ("round", 4), nic="10Gb/s"),
+        stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]],
+        counts=[[per_rank] * 4] * 3,
+        routes=[[j % 4, 4 + j % 4, 8 + j % 4] for j in range(4 * per_rank)],
+    )
+
+
+def test_a_nics_other_traffic_stretches_a_hop_by_one_over_one_minus_its_load() -> None:
+    """The middle node's NIC takes stage 0's activations in and stage 2's gradients in.
+    Each way's four streams run at once (4 S / B), and the other way keeps the NIC busy
+    N S / B of the pipeline T: processor sharing stretches the way by 1 / (1 - rho),
+    rho = N S / B / T, with T the estimate's own pipeline (its fixed point)."""
+    per_rank = 3
+    plan = _three_nodes(per_rank)
+    link = plan.cluster.link_between(0, 4)
+    num_bytes = plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
+    one_s = num_bytes / link.bandwidth_bytes_per_s
+    estimate = estimate_plan(plan)
+    rho = 4 * per_rank * one_s / estimate.pipeline_s
+    assert 0 < rho < MAX_BACKGROUND
+    way_s = link.latency_s + 4 * one_s / (1 - rho)
+    assert estimate.stages[0].hop_s == pytest.approx(2 * way_s)
+    assert estimate.stages[1].hop_s == pytest.approx(2 * way_s)
+
+
+@pytest.mark.parametrize("num_nodes", [2, 3])
+def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate(num_nodes: int) -> None:
     from piebald.cost.compute import DEFAULT_CURVE
     from piebald.planner.search import _Search
     from piebald.planner.strategies import PIEBALD
 
     per_rank = 3
-    spec = cluster(("round", 4), ("round", 4), nic="10Gb/s")
-    plan = pipeline(
-        spec,
-        stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7]],
-        counts=[[per_rank] * 4] * 2,
-        routes=[[j % 4, 4 + j % 4] for j in range(4 * per_rank)],
+    if num_nodes == 2:
+        spec = cluster(("round", 4), ("round", 4), nic="10Gb/s")
+        plan = pipeline(
+            spec,
+            stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7]],
+            counts=[[per_rank] * 4] * 2,
+            routes=[[j % 4, 4 + j % 4] for j in range(4 * per_rank)],
+        )
+    else:
+        plan = _three_nodes(per_rank)
+    state = _Search(
+        plan.cluster, model=plan.model, job=plan.job, strategy=PIEBALD, curve=DEFAULT_CURVE
     )
-    state = _Search(spec, model=plan.model, job=plan.job, strategy=PIEBALD, curve=DEFAULT_CURVE)
-    hops, busy = state.links(((0, 1, 2, 3), (4, 5, 6, 7)), 1)
+    hops, busy = state.links(tuple(stage.ranks for stage in plan.stages), 1)
     estimate = estimate_plan(plan)
-    passes = [stage.micro_batch_s - stage.hop_s for stage in estimate.stages]
-    assert hops[0].seconds(passes) == pytest.approx(estimate.stages[0].hop_s)
-    assert busy[0] == pytest.approx(estimate.stages[0].boundary_s)
+    for index, hop in enumerate(hops):
+        assert hop.seconds(estimate.pipeline_s) == pytest.approx(estimate.stages[index].hop_s)
+        assert busy[index] == pytest.approx(estimate.stages[index].boundary_s)
