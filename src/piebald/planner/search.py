@@ -520,6 +520,7 @@ def _fastest_size(state: _Search, device: DeviceType, num_ranks: int) -> int:
             num_in_flight=1,
             recompute=state.strategy.stage_rules.recompute[-1],
             num_neighbor_stages=0,
+            curve=state.curve,
         )
         if float(fixed) + float(sharded) / num_ranks > device.memory_bytes:
             break
