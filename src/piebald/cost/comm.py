@@ -122,17 +122,25 @@ def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
     if len(ordered) <= 1:
         single = _Ring(num_ranks=len(ordered), bandwidth_bytes_per_s=1.0, latency_s=0.0)
         return RingProfile(num_ranks=len(ordered), flat=single, intra=None, inter=None)
-    flat = _ring_over(
-        [
-            cluster.link_between(ordered[i], ordered[(i + 1) % len(ordered)])
-            for i in range(len(ordered))
-        ],
-        len(ordered),
-    )
     by_node: dict[int, int] = {}
     for rank in ordered:
         node = cluster.gpus[rank].node_index
         by_node[node] = by_node.get(node, 0) + 1
+    # A node's ranks are consecutive in rank order, so the flat ring's links are those
+    # inside each node and one from each node to the next (the last back to the first):
+    # taking each once gives the same slowest link as walking every rank.
+    nodes = list(by_node)
+    if len(nodes) == 1:
+        links = [cluster.link_between(ordered[0], ordered[1])]
+    else:  # (link_between remembers links by node pair; node_link would build them anew)
+        firsts = [cluster.nodes[node].first_rank for node in nodes]
+        links = [cluster.link_between(firsts[i - 1], firsts[i]) for i in range(len(nodes))]
+        links += [
+            cluster.link_between(first, first + 1)
+            for first, count in zip(firsts, by_node.values(), strict=True)
+            if count > 1
+        ]
+    flat = _ring_over(links, len(ordered))
     sizes = set(by_node.values())
     if len(by_node) < 2 or len(sizes) != 1 or sizes == {1}:
         return RingProfile(num_ranks=len(ordered), flat=flat, intra=None, inter=None)
@@ -143,11 +151,7 @@ def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
         bandwidth_bytes_per_s=min(g.intra_link_bytes_per_s for g in groups),
         latency_s=max(g.intra_latency_s for g in groups),
     )
-    nodes = list(by_node)
-    inter = _ring_over(
-        [cluster.node_link(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))],
-        len(nodes),
-    )
+    inter = _ring_over(links[: len(nodes)], len(nodes))  # the node-to-node links above
     return RingProfile(num_ranks=len(ordered), flat=flat, intra=intra, inter=inter)
 
 

@@ -123,6 +123,11 @@ class ClusterSpec:
     custom_types: tuple[DeviceType, ...] = ()
     nodes: tuple[Node, ...] = field(init=False)
     gpus: tuple[Gpu, ...] = field(init=False)
+    # link_between's answers by (node, node): the planner and the estimate ask for the same
+    # few links over and over.
+    _links: dict[tuple[int, int], Link] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         nodes: list[Node] = []
@@ -209,14 +214,20 @@ class ClusterSpec:
         if rank_a == rank_b:
             raise ValueError(f"rank {rank_a} has no link to itself")
         gpu_a, gpu_b = self.gpus[rank_a], self.gpus[rank_b]
-        if gpu_a.node_index == gpu_b.node_index:
-            group = self.node_groups[gpu_a.group_index]
-            return Link(
-                kind=LinkKind.INTRA_NODE,
-                bandwidth_bytes_per_s=group.intra_link_bytes_per_s,
-                latency_s=group.intra_latency_s,
-            )
-        return self.node_link(gpu_a.node_index, gpu_b.node_index)
+        key = (gpu_a.node_index, gpu_b.node_index)
+        link = self._links.get(key)
+        if link is None:
+            if gpu_a.node_index == gpu_b.node_index:
+                group = self.node_groups[gpu_a.group_index]
+                link = Link(
+                    kind=LinkKind.INTRA_NODE,
+                    bandwidth_bytes_per_s=group.intra_link_bytes_per_s,
+                    latency_s=group.intra_latency_s,
+                )
+            else:
+                link = self.node_link(gpu_a.node_index, gpu_b.node_index)
+            self._links[key] = link
+        return link
 
     def total_peak_flops(self, requested: Dtype = Dtype.BF16) -> float:
         """Sum of dense peaks, each GPU in the dtype it trains in for a ``requested`` job."""

@@ -6,11 +6,18 @@ the ring formula (n-1)(alpha + S/(nB)) evaluated by hand on the link that should
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from piebald.cost.comm import Collective, collective_time_s, p2p_time_s, ring_time_s
+from piebald.cost.comm import (
+    Collective,
+    collective_time_s,
+    p2p_time_s,
+    ring_profile,
+    ring_time_s,
+)
 from piebald.specs.cluster import ClusterSpec, Link, LinkKind
 from piebald.specs.cluster_yaml import parse_cluster
 
@@ -278,3 +285,42 @@ def test_two_sites_of_two_gpus_take_the_better_of_flat_and_hierarchical() -> Non
     )
     assert time_s == pytest.approx(min(flat_s, hierarchical_s), rel=1e-12)
     assert time_s == pytest.approx(0.83101, rel=1e-12)
+
+
+# --- the ring profile against walking every rank ------------------------------------------
+
+
+def test_flat_ring_is_paced_by_the_slowest_link_between_consecutive_ranks() -> None:
+    """ring_profile takes each node's own link and the links between consecutive nodes
+    once; brute force walks every pair of consecutive ranks (the last back to the first)
+    and asks the cluster afresh, on random groups of a cluster with two sites, three NIC
+    kinds and nodes of 1, 2 and 4 GPUs."""
+    ib = {"kind": "infiniband", "bandwidth": "200Gb/s", "latency": "10us"}
+    roce = {"kind": "roce", "bandwidth": "100Gb/s", "latency": "12us"}
+    eth = {"kind": "ethernet", "bandwidth": "50Gb/s", "latency": "40us"}
+    cluster = _cluster(
+        [
+            _group("a", count=2, gpus=4, intra_link="300GB/s", nic=ib, site="dc1"),
+            _group("b", count=2, gpus=2, intra_link="64GB/s", nic=roce, site="dc1"),
+            _group("c", count=3, gpus=1, intra_link="32GB/s", nic=ib, site="dc1"),
+            _group("d", count=2, gpus=4, intra_link="600GB/s", nic=eth, site="dc2"),
+        ],
+        sites=[{"between": ["dc1", "dc2"], "bandwidth": "10Gb/s", "latency": "5ms"}],
+    )
+    rng = random.Random(7)
+    for _ in range(300):
+        ranks = sorted(rng.sample(range(cluster.num_gpus), rng.randint(2, cluster.num_gpus)))
+        pairs = list(zip(ranks, ranks[1:] + ranks[:1], strict=True))
+        links = []
+        for a, b in pairs:
+            node_a, node_b = cluster.gpus[a].node_index, cluster.gpus[b].node_index
+            if node_a == node_b:
+                group = cluster.group_of(a)
+                links.append((group.intra_link_bytes_per_s, group.intra_latency_s))
+            else:
+                link = cluster.node_link(node_a, node_b)
+                links.append((link.bandwidth_bytes_per_s, link.latency_s))
+        flat = ring_profile(cluster, rng.sample(ranks, len(ranks))).flat
+        assert flat.num_ranks == len(ranks)
+        assert flat.bandwidth_bytes_per_s == min(bandwidth for bandwidth, _ in links)
+        assert flat.latency_s == max(latency for _, latency in links)
