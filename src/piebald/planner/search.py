@@ -199,7 +199,9 @@ class _Search:
         gradients out to the previous one; in, the other way round)."""
         num_micro_batches = self.job.global_batch_size / size
         p = len(stages)
-        num_nodes = [len(self.signature(ranks)) for ranks in stages]
+        signatures = [self.signature(ranks) for ranks in stages]
+        num_nodes = [len(signature) for signature in signatures]
+        most_per_node = [max(count for _, count in signature) for signature in signatures]
         node_of = [self.cluster.gpus[ranks[0]].node_index for ranks in stages]
         inter = [  # not both stages on one and the same node
             not (num_nodes[i] == num_nodes[i + 1] == 1 and node_of[i] == node_of[i + 1])
@@ -213,12 +215,12 @@ class _Search:
         # Streams one way over a resource: its senders, each sending at once, but no more
         # than its receivers, each receiving one at a time (cost.plan_estimate).
         def out_streams(s: int, kind: bool, to: int) -> int:  # a NIC out, or a GPU's port
-            return min(self.most_per_node(stages[s]), len(stages[to])) if kind else 1
+            return min(most_per_node[s], len(stages[to])) if kind else 1
 
         def in_streams(sender: int, receiver: int, kind: bool) -> int:  # into a NIC or GPU
             if not kind:
                 return 1
-            return min(len(stages[sender]), self.most_per_node(stages[receiver]))
+            return min(len(stages[sender]), most_per_node[receiver])
 
         parts = [
             self.hop_parts(stages[i], stages[i + 1], size, inter=inter[i]) for i in range(p - 1)
@@ -257,9 +259,6 @@ class _Search:
             max(nic[i], nic[i + 1]) if inter[i] else max(port[i], port[i + 1]) for i in range(p - 1)
         ]
         return hops, busy
-
-    def most_per_node(self, ranks: tuple[int, ...]) -> int:
-        return max(count for _, count in self.signature(ranks))
 
     def round_trips(
         self, stages: tuple[tuple[int, ...], ...], size: int

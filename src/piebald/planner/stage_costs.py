@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,10 @@ from piebald.specs.plan import ZeroMode
 
 __all__ = ["StageCost", "stage_cost"]
 
-Matrix = npt.NDArray[np.float64]
+Matrix = npt.NDArray[np.float64]  # [a, b]: layers [a, b)
+# One entry per layer range [a, b) with a < b, in row-major order of Matrix: the ranges
+# that exist, about half of the matrix, which is all the pricing below works on.
+Ranges = npt.NDArray[np.float64]
 _MAKESPAN_STEPS = 8
 _PROBE_BYTES = (1e6, 1e9)  # collective time is affine in bytes: two probes give the line
 
@@ -55,6 +58,7 @@ class StageCost:
     rounds: Matrix
 
 
+@functools.lru_cache(maxsize=4096)
 def _affine_comm(
     profile: RingProfile, num_ranks: int, zero: ZeroMode
 ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
@@ -78,7 +82,7 @@ def _affine_comm(
     )
 
 
-# inf and 0 entries (invalid ranges) divide freely; they are masked at the end.
+# inf and 0 entries (ranges that fit nowhere) divide freely; they are masked at the end.
 @np.errstate(divide="ignore", invalid="ignore")
 def stage_cost(
     cluster: ClusterSpec,
@@ -93,17 +97,15 @@ def stage_cost(
     curve: EfficiencyCurve,
     ranks_to_end: int,
 ) -> StageCost:
-    size = model.num_layers + 1
-    start = np.arange(size)[:, None]
-    end = np.arange(size)[None, :]
-    valid = start < end
+    valid = _valid_ranges(model.num_layers + 1)
     classes = Counter(cluster.device_of(rank) for rank in ranks)
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     wire = float(job.precision.num_bytes)  # weights and gradients travel in this width
-    params = stage_params_matrix(model)
+    params = _params(model)
+    on_wire = params * wire
+    has_params = params > 0
     profile = ring_profile(cluster, ranks)
-    comm_of = {zero: _affine_comm(profile, len(ranks), zero) for zero in rules.zero_modes}
     # The optimizer step is memory-bound and linear in the parameters a rank owns.
     optimizer_per_param_s = max(
         optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
@@ -111,10 +113,10 @@ def stage_cost(
     )
     settings: list[_Setting] = []
     for recompute in rules.recompute:
-        forward: dict[DeviceType, Matrix] = {}
-        backward: dict[DeviceType, Matrix] = {}
+        forward: dict[DeviceType, Ranges] = {}
+        backward: dict[DeviceType, Ranges] = {}
         for device in classes:
-            forward[device], backward[device] = _pass_matrices(
+            forward[device], backward[device] = _pass_ranges(
                 model,
                 device=device,
                 dtype=device.training_dtype(job.precision),
@@ -123,26 +125,30 @@ def stage_cost(
                 recompute=recompute,
                 curve=curve,
             )
+        # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
+        # step) time their passes alike: the passes and what follows from them once each.
+        passes: dict[tuple[float, float, float, float], _Passes] = {}
         for zero in rules.zero_modes:
-            (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = comm_of[zero]
-            on_wire = params * wire
-            # Per-pass traffic overlaps the pass, as in the exact stage and plan estimate.
-            pass_of = {
-                d: np.maximum(forward[d], np.where(params > 0, pre_a + pre_b * on_wire, 0.0))
-                + np.maximum(backward[d], np.where(params > 0, during_a + during_b * on_wire, 0.0))
-                for d in classes
-            }
-            rate = np.zeros((size, size))
-            for device, count in classes.items():
-                rate += count / pass_of[device]
-            busy = _makespan(
-                pass_of, classes, num_micro_batches, continuous=num_micro_batches / rate
+            (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = _affine_comm(
+                profile, len(ranks), zero
             )
+            key = (pre_a, pre_b, during_a, during_b)
+            if key not in passes:
+                passes[key] = _passes(
+                    forward,
+                    backward,
+                    classes,
+                    # Per-pass traffic overlaps the pass, as in the exact stage and plan
+                    # estimate.
+                    before_forward_s=np.where(has_params, pre_a + pre_b * on_wire, 0.0),
+                    during_backward_s=np.where(has_params, during_a + during_b * on_wire, 0.0),
+                    num_micro_batches=num_micro_batches,
+                    ranks_to_end=ranks_to_end,
+                )
+            timed = passes[key]
             kinds = []
             for device, count in classes.items():
-                share = 1.0 / pass_of[device] / rate  # a rank's share (nan: invalid)
-                micro_batches = np.maximum(1.0, np.ceil(num_micro_batches * share))
-                fixed, per_in_flight, sharded = _memory_matrices(
+                free, per_in_flight, sharded = _memory_ranges(
                     model,
                     job=job,
                     device=device,
@@ -155,13 +161,11 @@ def stage_cost(
                 kinds.append(
                     _Kind(
                         count=count,
-                        free_bytes=device.memory_bytes - fixed,
+                        free_bytes=free,
                         per_in_flight_bytes=per_in_flight,
                         sharded_bytes=sharded,
-                        micro_batches=micro_batches,
-                        little=np.maximum(
-                            1.0, np.minimum(micro_batches, np.ceil(ranks_to_end * share))
-                        ),
+                        micro_batches=timed.micro_batches[device],
+                        little=timed.little[device],
                     )
                 )
             memory = _Memory(
@@ -172,65 +176,132 @@ def stage_cost(
             owned = 1.0 if zero is ZeroMode.NONE else 1.0 / len(ranks)
             settings.append(
                 _Setting(
-                    busy=busy,
-                    sync=np.where(params > 0, sync_a + sync_b * on_wire, 0.0),
-                    slowest=np.maximum.reduce([pass_of[d] for d in classes]),
+                    busy=timed.busy,
+                    sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0),
+                    slowest=timed.slowest,
                     # The optimizer step stays out of the DP's cost: the step pays the
                     # slowest stage's once, a max of its own, which the pipeline proxy adds.
                     optimizer=params * owned * optimizer_per_param_s,
                     memory=memory,
-                    fits_little=valid & memory.fits(None),
+                    fits_little=memory.fits(None),
                 )
             )
-    best = np.full((size, size), np.inf)
-    best_busy = np.full((size, size), np.inf)
-    best_pass = np.full((size, size), np.inf)
-    best_sync = np.zeros((size, size))
-    best_optimizer = np.zeros((size, size))
-    best_rounds = np.zeros((size, size))
-
-    def keep(setting: _Setting, cost: Matrix, rounds: Matrix | float) -> None:
-        nonlocal best, best_busy, best_pass, best_sync, best_optimizer, best_rounds
+    # The cheapest setting for each range, the first of equals (``chosen``: its index,
+    # -1 for none); Little's in-flight budget wherever some setting fits with it ...
+    num_ranges = len(params)
+    best = np.full(num_ranges, np.inf)
+    chosen = np.full(num_ranges, -1)
+    for index, setting in enumerate(settings):
+        cost = np.where(setting.fits_little, setting.busy + setting.sync, np.inf)
         better = cost < best
         best = np.where(better, cost, best)
-        best_busy = np.where(better, setting.busy, best_busy)
-        best_pass = np.where(better, setting.slowest, best_pass)
-        best_sync = np.where(better, setting.sync, best_sync)
-        best_optimizer = np.where(better, setting.optimizer, best_optimizer)
-        best_rounds = np.where(better, rounds, best_rounds)
-
-    # Little's in-flight budget wherever some setting fits with it ...
-    for setting in settings:
-        keep(setting, np.where(setting.fits_little, setting.busy + setting.sync, np.inf), 0.0)
+        chosen = np.where(better, index, chosen)
+    best_rounds = np.zeros(num_ranges)
     # ... and a shrunk budget (more round trips) only where none does.
-    none_fit = valid & np.isinf(best)
+    none_fit = np.isinf(best)
     if np.any(none_fit):
-        for setting in settings:
+        for index, setting in enumerate(settings):
             stretch, rounds = setting.memory.shrunk(
                 none_fit, busy=setting.busy, sync=setting.sync, beat=best
             )
-            keep(setting, setting.busy * stretch + setting.sync, rounds)
+            cost = setting.busy * stretch + setting.sync
+            better = cost < best
+            best = np.where(better, cost, best)
+            chosen = np.where(better, index, chosen)
+            best_rounds = np.where(better, rounds, best_rounds)
+    busy_s, pass_s = np.full(num_ranges, np.inf), np.full(num_ranges, np.inf)
+    sync_s, optimizer_s = np.zeros(num_ranges), np.zeros(num_ranges)
+    for index, setting in enumerate(settings):
+        won = chosen == index
+        if np.any(won):
+            np.copyto(busy_s, setting.busy, where=won)
+            np.copyto(pass_s, setting.slowest, where=won)
+            np.copyto(sync_s, setting.sync, where=won)
+            np.copyto(optimizer_s, setting.optimizer, where=won)
+
+    def matrix(ranges: Ranges, otherwise: float) -> Matrix:
+        """``ranges`` in place in a matrix, ``otherwise`` where b <= a."""
+        result = np.full(valid.shape, otherwise)
+        result[valid] = ranges
+        return result
+
     return StageCost(
-        cost_s=best,
-        busy_s=best_busy,
-        pass_s=best_pass,
-        sync_s=best_sync,
-        optimizer_s=best_optimizer,
-        rounds=best_rounds,
+        cost_s=matrix(best, np.inf),
+        busy_s=matrix(busy_s, np.inf),
+        pass_s=matrix(pass_s, np.inf),
+        sync_s=matrix(sync_s, 0.0),
+        optimizer_s=matrix(optimizer_s, 0.0),
+        rounds=matrix(best_rounds, 0.0),
     )
 
 
-def _range_matrix(prefix: npt.NDArray[np.float64]) -> Matrix:
-    """[a, b] -> prefix[b] - prefix[a] where a < b, inf elsewhere (read-only)."""
-    size = len(prefix)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Passes:
+    """A stage's passes under one recompute setting and one per-pass traffic, for every
+    range, and what follows from them: the busiest rank's time, each GPU type's share."""
+
+    busy: Ranges
+    slowest: Ranges  # one micro-batch through the stage on its slowest rank
+    micro_batches: dict[DeviceType, Ranges]  # each rank's, from its speed share
+    little: dict[DeviceType, Ranges]  # each rank's Little's in-flight budget
+
+
+def _passes(
+    forward: dict[DeviceType, Ranges],
+    backward: dict[DeviceType, Ranges],
+    classes: Counter[DeviceType],
+    *,
+    before_forward_s: Ranges,
+    during_backward_s: Ranges,
+    num_micro_batches: float,
+    ranks_to_end: int,
+) -> _Passes:
+    pass_of = {
+        d: np.maximum(forward[d], before_forward_s) + np.maximum(backward[d], during_backward_s)
+        for d in classes
+    }
+    rate = np.zeros(before_forward_s.shape)
+    for device, count in classes.items():
+        rate += count / pass_of[device]
+    busy = _makespan(pass_of, classes, num_micro_batches, continuous=num_micro_batches / rate)
+    micro_batches, little = {}, {}
+    for device in classes:
+        share = 1.0 / pass_of[device] / rate  # a rank's share (nan: invalid)
+        micro_batches[device] = np.maximum(1.0, np.ceil(num_micro_batches * share))
+        little[device] = np.maximum(
+            1.0, np.minimum(micro_batches[device], np.ceil(ranks_to_end * share))
+        )
+    return _Passes(
+        busy=busy,
+        slowest=np.maximum.reduce([pass_of[d] for d in classes]),
+        micro_batches=micro_batches,
+        little=little,
+    )
+
+
+@functools.cache
+def _valid_ranges(size: int) -> npt.NDArray[np.bool_]:
+    """[a, b] -> a < b: where the ranges lie in a matrix (read-only)."""
     valid = np.arange(size)[:, None] < np.arange(size)[None, :]
-    result: Matrix = np.where(valid, prefix[None, :] - prefix[:, None], np.inf)
-    result.setflags(write=False)
-    return result
+    valid.setflags(write=False)
+    return valid
+
+
+def _read_only_ranges(matrix: Matrix) -> Ranges:
+    """The entries of ``matrix`` over the ranges that exist."""
+    ranges: Ranges = matrix[_valid_ranges(len(matrix))]
+    ranges.setflags(write=False)
+    return ranges
+
+
+@functools.lru_cache(maxsize=64)
+def _params(model: ModelSpec) -> Ranges:
+    """Parameters a stage of each layer range stores (``stage_params_matrix``)."""
+    return _read_only_ranges(stage_params_matrix(model))
 
 
 @functools.lru_cache(maxsize=1024)
-def _pass_matrices(
+def _pass_ranges(
     model: ModelSpec,
     *,
     device: DeviceType,
@@ -239,9 +310,9 @@ def _pass_matrices(
     seq_len: int,
     recompute: bool,
     curve: EfficiencyCurve,
-) -> tuple[Matrix, Matrix]:
-    """Forward and backward time of every layer range on ``device`` (the same for every
-    stage of these GPUs, so computed once)."""
+) -> tuple[Ranges, Ranges]:
+    """Forward and backward time of every layer range on ``device``, prefix[b] - prefix[a]
+    (the same for every stage of these GPUs, so computed once)."""
     times = pass_times(
         model,
         device=device,
@@ -251,16 +322,20 @@ def _pass_matrices(
         recompute=recompute,
         curve=curve,
     )
-    return _range_matrix(times.forward_prefix_s), _range_matrix(times.backward_prefix_s)
+    forward, backward = (
+        _read_only_ranges(prefix[None, :] - prefix[:, None])
+        for prefix in (times.forward_prefix_s, times.backward_prefix_s)
+    )
+    return forward, backward
 
 
 def _makespan(
-    times: dict[DeviceType, Matrix],
+    times: dict[DeviceType, Ranges],
     classes: Counter[DeviceType],
     num_micro_batches: float,
     *,
-    continuous: Matrix,
-) -> Matrix:
+    continuous: Ranges,
+) -> Ranges:
     """The integer min-makespan of the micro-batches over the stage's ranks, for every range.
 
     It is the smallest T with sum_k n_k floor(T / t_k) >= M, and such a T is a multiple of
@@ -269,24 +344,27 @@ def _makespan(
     leave the estimate at the continuous bound's side, never above the exact value)."""
     if len(classes) == 1:  # one GPU type: ceil(M / n) micro-batches each, exactly
         ((device, count),) = classes.items()
-        exact: Matrix = np.ceil(num_micro_batches / count - 1e-9) * times[device]
+        exact: Ranges = np.ceil(num_micro_batches / count - 1e-9) * times[device]
         return exact
-    makespan = continuous
+    # Each range steps on its own: after the first step, only those still short.
+    result: Ranges = continuous.copy()
+    makespan, at = continuous, None
     for _ in range(_MAKESPAN_STEPS):
-        fitted = sum(n * np.floor(makespan / times[d] + 1e-9) for d, n in classes.items())
+        part = {d: t if at is None else t[at] for d, t in times.items()}
+        done = {d: np.floor(makespan / part[d] + 1e-9) for d in classes}  # by each rank
+        fitted = sum(n * done[d] for d, n in classes.items())
         short = fitted < num_micro_batches - 1e-9
         if not np.any(short):
             break
-        following = np.minimum.reduce(
-            [(np.floor(makespan / times[d] + 1e-9) + 1.0) * times[d] for d in classes]
-        )
-        makespan = np.where(short, following, makespan)
-    result: Matrix = makespan
+        following = np.minimum.reduce([(done[d] + 1.0) * part[d] for d in classes])
+        at = np.flatnonzero(short) if at is None else at[short]
+        makespan = following[short]
+        result[at] = makespan
     return result
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_matrices(
+def _memory_ranges(
     model: ModelSpec,
     *,
     job: JobSpec,
@@ -296,12 +374,12 @@ def _memory_matrices(
     micro_batch_size: int,
     neighbors: int,
     curve: EfficiencyCurve,
-) -> tuple[Matrix, Matrix, Matrix]:
-    """(bytes with no micro-batch in flight, bytes per micro-batch in flight, bytes per unit
-    of shard fraction) of a rank for every layer range: ``stage_memory_bytes`` (activations
-    measured where ``curve`` has them, as in the exact check), which is affine in the
-    micro-batches in flight. The same for every stage of these GPUs, so computed once
-    (read-only)."""
+) -> tuple[Ranges, Ranges, Ranges]:
+    """(memory left with no micro-batch in flight, bytes per micro-batch in flight, bytes
+    per unit of shard fraction) of a rank for every layer range: ``stage_memory_bytes``
+    (activations measured where ``curve`` has them, as in the exact check), which is affine
+    in the micro-batches in flight. The same for every stage of these GPUs, so computed
+    once (read-only)."""
     empty, one = (
         stage_memory_bytes(
             model,
@@ -321,21 +399,27 @@ def _memory_matrices(
     )
     fixed, sharded = (np.asarray(x, dtype=np.float64) for x in empty)
     per_in_flight = np.asarray(one[0], dtype=np.float64) - fixed
-    for matrix in (fixed, per_in_flight, sharded):
-        matrix.setflags(write=False)
-    return fixed, per_in_flight, sharded
+    free = device.memory_bytes - fixed
+    return _read_only_ranges(free), _read_only_ranges(per_in_flight), _read_only_ranges(sharded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Kind:
-    """The ranks of one GPU type in a stage, over every layer range (or a subset of them)."""
+class _Room:
+    """The memory of the ranks of one GPU type in a stage, over every layer range (or a
+    subset of them)."""
 
     count: int
-    free_bytes: Matrix  # memory less everything but activations
-    per_in_flight_bytes: Matrix
-    sharded_bytes: Matrix  # per unit of shard fraction
-    micro_batches: Matrix  # each rank's, from its speed share
-    little: Matrix  # Little's in-flight budget
+    free_bytes: Ranges  # memory less everything but activations
+    per_in_flight_bytes: Ranges
+    sharded_bytes: Ranges  # per unit of shard fraction
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Kind(_Room):
+    """The ranks of one GPU type in a stage, with their micro-batches and in-flight budget."""
+
+    micro_batches: Ranges  # each rank's, from its speed share
+    little: Ranges  # Little's in-flight budget
 
     def at(self, where: npt.NDArray[np.bool_]) -> _Kind:
         return _Kind(
@@ -347,24 +431,51 @@ class _Kind:
             little=self.little[where],
         )
 
-    def budget(self, rounds: Matrix | None) -> Matrix:
+    def budget(self, rounds: Ranges | None) -> Ranges:
         """In flight under Little's budget (None) or the fewest for ``rounds`` round trips
         (``cost.memory.in_flight_for_rounds``)."""
         if rounds is None:
             return self.little
         return np.maximum(1.0, np.minimum(self.little, np.ceil(self.micro_batches / rounds)))
 
-    def most_in_flight(self, reserved_bytes: Matrix | float) -> Matrix:
+    def most_in_flight(self, reserved_bytes: Ranges | float) -> Ranges:
         """The most micro-batches in flight that leave ``reserved_bytes`` free."""
         room = (self.free_bytes - reserved_bytes) / self.per_in_flight_bytes
         return np.where(self.per_in_flight_bytes > 0, np.floor(room), np.inf)
 
 
+def _fits(
+    rooms: Sequence[_Room],
+    budgets: Sequence[Ranges | float],
+    *,
+    even_shards: bool,
+    num_ranks: int,
+) -> npt.NDArray[np.bool_]:
+    """Where every rank fits holding its budget in flight: with even shards each on its
+    own, otherwise each on its own and the free memory of all ranks together holds the
+    sharded state (water-filling succeeds)."""
+    all_fit: npt.NDArray[np.bool_] | None = None
+    shard_capacity: Ranges | None = None  # sum of free / sharded bytes
+    for room, budget in zip(rooms, budgets, strict=True):
+        free = room.free_bytes - budget * room.per_in_flight_bytes
+        if even_shards:
+            fit = free >= room.sharded_bytes / num_ranks
+        else:
+            fit = free >= 0
+            capacity = room.count * np.where(
+                room.sharded_bytes > 0, free / room.sharded_bytes, np.inf
+            )
+            shard_capacity = capacity if shard_capacity is None else shard_capacity + capacity
+        all_fit = fit if all_fit is None else all_fit & fit
+    assert all_fit is not None, "a stage has ranks"
+    if shard_capacity is not None:
+        all_fit &= shard_capacity >= 1.0
+    return all_fit
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Memory:
-    """Whether a stage's ranks fit: with even shards each on its own, otherwise each on its
-    own and the free memory of all ranks together holds the sharded state (water-filling
-    succeeds)."""
+    """Whether a stage's ranks fit (``_fits``), over every layer range or a subset."""
 
     kinds: list[_Kind]
     even_shards: bool
@@ -377,38 +488,32 @@ class _Memory:
             num_ranks=self.num_ranks,
         )
 
-    def fits(self, rounds: Matrix | None) -> npt.NDArray[np.bool_]:
+    def fits(self, rounds: Ranges | None) -> npt.NDArray[np.bool_]:
         """Where every rank fits holding Little's budget (None) or that of ``rounds``."""
-        return self._fits(lambda kind: kind.budget(rounds))
+        return _fits(
+            self.kinds,
+            [kind.budget(rounds) for kind in self.kinds],
+            even_shards=self.even_shards,
+            num_ranks=self.num_ranks,
+        )
 
     def fits_one(self) -> npt.NDArray[np.bool_]:
         """Where every rank fits holding one micro-batch in flight (the most round trips)."""
-        return self._fits(lambda kind: 1.0)
+        return _fits(
+            self.kinds,
+            [1.0] * len(self.kinds),
+            even_shards=self.even_shards,
+            num_ranks=self.num_ranks,
+        )
 
-    def _fits(self, budget: Callable[[_Kind], Matrix | float]) -> npt.NDArray[np.bool_]:
-        all_fit = np.ones(self.kinds[0].free_bytes.shape, dtype=bool)
-        shard_capacity = np.zeros(all_fit.shape)  # sum of free / sharded bytes
-        for kind in self.kinds:
-            free = kind.free_bytes - budget(kind) * kind.per_in_flight_bytes
-            if self.even_shards:
-                all_fit &= free >= kind.sharded_bytes / self.num_ranks
-            else:
-                all_fit &= free >= 0
-                shard_capacity += kind.count * np.where(
-                    kind.sharded_bytes > 0, free / kind.sharded_bytes, np.inf
-                )
-        if not self.even_shards:
-            all_fit &= shard_capacity >= 1.0
-        return all_fit
-
-    def little_rounds(self) -> Matrix:
+    def little_rounds(self) -> Ranges:
         """Round trips Little's budget needs: 1F1B finishes w micro-batches per trip."""
-        rounds: Matrix = np.maximum.reduce(
+        rounds: Ranges = np.maximum.reduce(
             [np.ceil(k.micro_batches / k.little) for k in self.kinds]
         )
         return rounds
 
-    def round_bounds(self) -> tuple[Matrix, Matrix]:
+    def round_bounds(self) -> tuple[Ranges, Ranges]:
         """(rho_low, rho_high): no fewer round trips fit than rho_low, and rho_high fit
         where anything does. Each rank on its own needs w <= W (the most in flight its
         memory holds), exactly rho >= ceil(n / W); with uneven shards the ranks together
@@ -440,8 +545,13 @@ class _Memory:
         return low, np.maximum(low, high)
 
     def shrunk(
-        self, where: npt.NDArray[np.bool_], *, busy: Matrix, sync: Matrix, beat: Matrix
-    ) -> tuple[Matrix, Matrix]:
+        self,
+        where: npt.NDArray[np.bool_],
+        *,
+        busy: Ranges,
+        sync: Ranges,
+        beat: Ranges,
+    ) -> tuple[Ranges, Ranges]:
         """(rho over Little's round trips, rho) for the ranges ``where`` Little's budget
         does not fit, at the fewest round trips rho that fit; (inf, 0) where none fit or
         where even the lower bound's stretch cannot ``beat`` the given cost."""
@@ -449,12 +559,16 @@ class _Memory:
         rounds = np.zeros(busy.shape)
         # A stretch is at least 1, and one micro-batch in flight per rank must fit.
         where = where & (busy + sync < beat)
-        if np.any(where):
-            where &= self.fits_one()
         if not np.any(where):
             return stretch, rounds
         # From here on only those ranges, as flat arrays.
         part = self.at(where)
+        one_fits = part.fits_one()
+        if not np.all(one_fits):
+            where[where] = one_fits
+            if not np.any(one_fits):
+                return stretch, rounds
+            part = part.at(one_fits)
         most = np.maximum.reduce([k.micro_batches for k in part.kinds])
         little = part.little_rounds()
         low, high = part.round_bounds()
@@ -480,9 +594,9 @@ class _Memory:
 class _Setting:
     """One (recompute, ZeRO mode) of a stage, priced for every layer range."""
 
-    busy: Matrix
-    sync: Matrix
-    slowest: Matrix
-    optimizer: Matrix
+    busy: Ranges
+    sync: Ranges
+    slowest: Ranges
+    optimizer: Ranges
     memory: _Memory
     fits_little: npt.NDArray[np.bool_]
