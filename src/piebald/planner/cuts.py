@@ -51,7 +51,7 @@ def quantile_cuts(
 def stages_of(units: tuple[Unit, ...], cuts: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     edges = (0, *cuts, len(units))
     return tuple(
-        tuple(rank for unit in units[a:b] for rank in unit.ranks)
+        tuple(itertools.chain.from_iterable(unit.ranks for unit in units[a:b]))
         for a, b in itertools.pairwise(edges)
     )
 

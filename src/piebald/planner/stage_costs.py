@@ -201,14 +201,15 @@ def stage_cost(
     none_fit = np.isinf(best)
     if np.any(none_fit):
         for index, setting in enumerate(settings):
-            stretch, rounds = setting.memory.shrunk(
+            at, stretch, rounds = setting.memory.shrunk_at(
                 none_fit, busy=setting.busy, sync=setting.sync, beat=best
             )
-            cost = setting.busy * stretch + setting.sync
-            better = cost < best
-            best = np.where(better, cost, best)
-            chosen = np.where(better, index, chosen)
-            best_rounds = np.where(better, rounds, best_rounds)
+            cost = setting.busy[at] * stretch + setting.sync[at]
+            better = cost < best[at]
+            won = at[better]
+            best[won] = cost[better]
+            chosen[won] = index
+            best_rounds[won] = rounds[better]
     busy_s, pass_s = np.full(num_ranges, np.inf), np.full(num_ranges, np.inf)
     sync_s, optimizer_s = np.zeros(num_ranges), np.zeros(num_ranges)
     for index, setting in enumerate(settings):
@@ -421,7 +422,7 @@ class _Kind(_Room):
     micro_batches: Ranges  # each rank's, from its speed share
     little: Ranges  # Little's in-flight budget
 
-    def at(self, where: npt.NDArray[np.bool_]) -> _Kind:
+    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> _Kind:
         return _Kind(
             count=self.count,
             free_bytes=self.free_bytes[where],
@@ -481,7 +482,7 @@ class _Memory:
     even_shards: bool
     num_ranks: int
 
-    def at(self, where: npt.NDArray[np.bool_]) -> _Memory:
+    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> _Memory:
         return _Memory(
             kinds=[k.at(where) for k in self.kinds],
             even_shards=self.even_shards,
@@ -557,23 +558,38 @@ class _Memory:
         where even the lower bound's stretch cannot ``beat`` the given cost."""
         stretch = np.full(busy.shape, np.inf)
         rounds = np.zeros(busy.shape)
+        positions, stretch_at, rounds_at = self.shrunk_at(where, busy=busy, sync=sync, beat=beat)
+        stretch[positions] = stretch_at
+        rounds[positions] = rounds_at
+        return stretch, rounds
+
+    def shrunk_at(
+        self,
+        where: npt.NDArray[np.bool_],
+        *,
+        busy: Ranges,
+        sync: Ranges,
+        beat: Ranges,
+    ) -> tuple[npt.NDArray[np.intp], Ranges, Ranges]:
+        """``shrunk`` at the ranges where it is finite only: (their positions, rho over
+        Little's round trips, rho)."""
         # A stretch is at least 1, and one micro-batch in flight per rank must fit.
-        where = where & (busy + sync < beat)
-        if not np.any(where):
-            return stretch, rounds
-        # From here on only those ranges, as flat arrays.
-        part = self.at(where)
+        positions = np.flatnonzero(where & (busy + sync < beat))
+        nothing = (positions[:0], np.zeros(0), np.zeros(0))
+        if not len(positions):
+            return nothing
+        # From here on only those ranges.
+        part = self.at(positions)
         one_fits = part.fits_one()
         if not np.all(one_fits):
-            where[where] = one_fits
             if not np.any(one_fits):
-                return stretch, rounds
-            part = part.at(one_fits)
+                return nothing
+            positions, part = positions[one_fits], part.at(one_fits)
         most = np.maximum.reduce([k.micro_batches for k in part.kinds])
         little = part.little_rounds()
         low, high = part.round_bounds()
         # Where even the fewest round trips that might fit cannot win, look no closer.
-        hopeless = busy[where] * low / little + sync[where] >= beat[where]
+        hopeless = busy[positions] * low / little + sync[positions] >= beat[positions]
         high = np.minimum(high, most)
         fits_low = part.fits(low)
         high = np.where(hopeless | fits_low, low, np.where(part.fits(high), high, most))
@@ -585,9 +601,8 @@ class _Memory:
             open_ = low < high
             high = np.where(open_ & fits, middle, high)
             low = np.where(open_ & ~fits, middle + 1, low)
-        stretch[where] = np.where(hopeless, np.inf, high / little)
-        rounds[where] = np.where(hopeless, 0.0, high)
-        return stretch, rounds
+        hope = ~hopeless
+        return positions[hope], high[hope] / little[hope], high[hope]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
