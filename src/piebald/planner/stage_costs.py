@@ -365,7 +365,7 @@ def _makespan(
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_ranges(
+def _memory_matrices(
     model: ModelSpec,
     *,
     job: JobSpec,
@@ -375,12 +375,12 @@ def _memory_ranges(
     micro_batch_size: int,
     neighbors: int,
     curve: EfficiencyCurve,
-) -> tuple[Ranges, Ranges, Ranges]:
-    """(memory left with no micro-batch in flight, bytes per micro-batch in flight, bytes
-    per unit of shard fraction) of a rank for every layer range: ``stage_memory_bytes``
-    (activations measured where ``curve`` has them, as in the exact check), which is affine
-    in the micro-batches in flight. The same for every stage of these GPUs, so computed
-    once (read-only)."""
+) -> tuple[Matrix, Matrix, Matrix]:
+    """(bytes with no micro-batch in flight, bytes per micro-batch in flight, bytes per unit
+    of shard fraction) of a rank for every layer range: ``stage_memory_bytes`` (activations
+    measured where ``curve`` has them, as in the exact check), which is affine in the
+    micro-batches in flight. The same for every stage of these GPUs, so computed once
+    (read-only)."""
     empty, one = (
         stage_memory_bytes(
             model,
@@ -400,6 +400,35 @@ def _memory_ranges(
     )
     fixed, sharded = (np.asarray(x, dtype=np.float64) for x in empty)
     per_in_flight = np.asarray(one[0], dtype=np.float64) - fixed
+    for matrix in (fixed, per_in_flight, sharded):
+        matrix.setflags(write=False)
+    return fixed, per_in_flight, sharded
+
+
+@functools.lru_cache(maxsize=1024)
+def _memory_ranges(
+    model: ModelSpec,
+    *,
+    job: JobSpec,
+    device: DeviceType,
+    zero: ZeroMode,
+    recompute: bool,
+    micro_batch_size: int,
+    neighbors: int,
+    curve: EfficiencyCurve,
+) -> tuple[Ranges, Ranges, Ranges]:
+    """``_memory_matrices`` over the ranges, with the memory left (the device's less the
+    bytes with no micro-batch in flight) in place of the latter (read-only)."""
+    fixed, per_in_flight, sharded = _memory_matrices(
+        model,
+        job=job,
+        device=device,
+        zero=zero,
+        recompute=recompute,
+        micro_batch_size=micro_batch_size,
+        neighbors=neighbors,
+        curve=curve,
+    )
     free = device.memory_bytes - fixed
     return _read_only_ranges(free), _read_only_ranges(per_in_flight), _read_only_ranges(sharded)
 
