@@ -8,7 +8,7 @@ micro-batch and m micro-batches this is (m + p - 1) * t, bubble (p-1)/(m+p-1)
 micro-batches in flight (``cost.memory.stage_in_flight``) finishes at most w per round
 trip through the later stages, which bounds the pipeline too (Little's law). A stage
 boundary is as busy as its busiest NIC or port, and a hop is priced at the share of each
-resource it gets among the transfers running at once (``_boundaries``). Data-parallel
+resource it gets among the transfers running at once (``_traffic``). Data-parallel
 traffic is priced per stage by its ZeRO mode; the part of the gradient sync not hidden
 behind the drain of later stages is exposed, then the optimizer step and the parameter
 all-gather.
@@ -80,12 +80,56 @@ _Ways = tuple[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]],
 # 1 / (1 - rho) of processor sharing has no steady state at rho = 1.
 MAX_BACKGROUND = 0.8
 HORIZON_ITERATIONS = 8
-RESIDUAL_OF_PASS = 5 / 18  # (1 + 4) / (2 x 3) x 1/3 ... see _waits
+RESIDUAL_OF_PASS = 5 / 18  # a pass's mean residual when B = 2F (``_waits``)
 
 
-def _boundaries(plan: Plan, *, horizon_s: float | None) -> list[tuple[float, float]]:
-    """Per stage boundary: (busy time of its busiest resource over the step, one
-    micro-batch's activation there and gradient back).
+@dataclass(frozen=True, slots=True)
+class _Crossing:
+    """One way of a transfer over one resource it crosses."""
+
+    streams: int  # transfers of this way that run over the resource at once
+    capacity_bytes_per_s: float
+    background_s: float  # how long the resource's other traffic keeps it busy in a step
+
+
+# One way of a (sender, receiver) pair: the link's latency and bandwidth, and its crossings.
+_Way = tuple[float, float, tuple[_Crossing, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Traffic:
+    # Per boundary: the distinct (bytes, (way there, way back)) of its pairs, and the busy
+    # time of its busiest resource over the step.
+    pairs: tuple[tuple[tuple[float, tuple[_Way, _Way]], ...], ...]
+    busiest_s: tuple[float, ...]
+
+    def boundaries(self, *, horizon_s: float | None) -> list[tuple[float, float]]:
+        """Per stage boundary: (busy time of its busiest resource over the step, one
+        micro-batch's activation there and gradient back), the other traffic spread over
+        ``horizon_s`` (not counted without one)."""
+        out = []
+        for pairs, boundary_s in zip(self.pairs, self.busiest_s, strict=True):
+            hop_s = 0.0
+            for pair_bytes, pair_ways in pairs:
+                there_and_back = 0.0
+                for latency_s, bandwidth, crossings in pair_ways:
+                    seconds_per_byte = 1.0 / bandwidth
+                    for crossing in crossings:
+                        rho = crossing.background_s / horizon_s if horizon_s else 0.0
+                        stretch = 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
+                        seconds_per_byte = max(
+                            seconds_per_byte,
+                            crossing.streams * stretch / crossing.capacity_bytes_per_s,
+                        )
+                    there_and_back += latency_s + pair_bytes * seconds_per_byte
+                hop_s = max(hop_s, there_and_back)
+            out.append((boundary_s, hop_s))
+        return out
+
+
+def _traffic(plan: Plan) -> _Traffic:
+    """The traffic over every stage boundary (what does not depend on the pipeline's
+    length, so built once per estimate; :meth:`_Traffic.boundaries` prices the hops).
 
     A resource (a GPU port, a node's NIC in one direction, a site link; ``transfers``) is
     busy for the bytes / capacity of every transfer that uses it, over all boundaries: a
@@ -140,24 +184,33 @@ def _boundaries(plan: Plan, *, horizon_s: float | None) -> list[tuple[float, flo
                     receivers.add(b)
             priced.append((num_bytes, tuple(ways)))
         pairs_of.append(priced)
-    out = []
+    shapes: list[tuple[tuple[float, tuple[_Way, _Way]], ...]] = []
+    busiest: list[float] = []
     for priced in pairs_of:
-        hop_s = boundary_s = 0.0
+        distinct: dict[tuple[float, tuple[_Way, _Way]], None] = {}
+        boundary_s = 0.0
         for pair_bytes, pair_ways in priced:
-            there_and_back = 0.0
-            for link, resources, way in pair_ways:
-                seconds_per_byte = 1.0 / link.bandwidth_bytes_per_s
-                for key, capacity in resources:
-                    senders, receivers = ends[key][way]
-                    streams = min(len(senders), len(receivers))
-                    rho = (busy[key] - way_busy[key][way]) / horizon_s if horizon_s else 0.0
-                    stretch = 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
-                    seconds_per_byte = max(seconds_per_byte, streams * stretch / capacity)
-                    boundary_s = max(boundary_s, busy[key])
-                there_and_back += link.latency_s + pair_bytes * seconds_per_byte
-            hop_s = max(hop_s, there_and_back)
-        out.append((boundary_s, hop_s))
-    return out
+            there, back = (
+                (
+                    link.latency_s,
+                    link.bandwidth_bytes_per_s,
+                    tuple(
+                        _Crossing(
+                            streams=min(len(ends[key][way][0]), len(ends[key][way][1])),
+                            capacity_bytes_per_s=capacity,
+                            background_s=busy[key] - way_busy[key][way],
+                        )
+                        for key, capacity in resources
+                    ),
+                )
+                for link, resources, way in pair_ways
+            )
+            distinct[pair_bytes, (there, back)] = None
+            for _, resources, _ in pair_ways:
+                boundary_s = max(boundary_s, max(busy[key] for key, _ in resources))
+        shapes.append(tuple(distinct))
+        busiest.append(boundary_s)
+    return _Traffic(pairs=tuple(shapes), busiest_s=tuple(busiest))
 
 
 def _stage_estimate(
@@ -268,11 +321,11 @@ def _waits(stages: tuple[StageEstimate, ...], *, horizon_s: float | None) -> lis
 
 
 def _pipeline(
-    plan: Plan, alone: list[StageEstimate], *, horizon_s: float | None
+    plan: Plan, alone: list[StageEstimate], traffic: _Traffic, *, horizon_s: float | None
 ) -> tuple[tuple[StageEstimate, ...], str, float]:
     """The stages with their boundaries priced, the bottleneck, and the pipeline time: the
     bottleneck's busy time plus the fill and drain, at least what Little's law allows."""
-    boundaries = [*_boundaries(plan, horizon_s=horizon_s), (0.0, 0.0)]  # the last sends nothing
+    boundaries = [*traffic.boundaries(horizon_s=horizon_s), (0.0, 0.0)]  # the last sends nothing
     stages = tuple(
         dataclasses.replace(
             estimate,
@@ -324,10 +377,11 @@ def estimate_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Plan
     ]
     # The hops' background traffic is spread over the pipeline, which the hops lengthen:
     # iterate to the fixed point (a longer pipeline lowers the load, so it settles fast).
-    stages, bottleneck, pipeline_s = _pipeline(plan, alone, horizon_s=None)
+    traffic = _traffic(plan)
+    stages, bottleneck, pipeline_s = _pipeline(plan, alone, traffic, horizon_s=None)
     for _ in range(HORIZON_ITERATIONS):
         horizon_s = pipeline_s
-        stages, bottleneck, pipeline_s = _pipeline(plan, alone, horizon_s=horizon_s)
+        stages, bottleneck, pipeline_s = _pipeline(plan, alone, traffic, horizon_s=horizon_s)
         if abs(pipeline_s - horizon_s) <= 1e-4 * horizon_s:
             break
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.

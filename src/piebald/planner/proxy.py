@@ -32,7 +32,7 @@ class Way:
 @dataclass(frozen=True, slots=True)
 class Hop:
     """One micro-batch's activation there and gradient back over a stage boundary, priced
-    as the plan estimate does (``cost.plan_estimate._boundaries``): each way takes its
+    as the plan estimate does (``cost.plan_estimate._traffic``): each way takes its
     latency plus its bytes at capacity / streams on its busiest resource, stretched by
     1 / (1 - rho) where the resource's other traffic keeps it busy a share rho of the
     pipeline (``horizon_s``; not counted without one)."""

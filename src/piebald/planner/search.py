@@ -193,7 +193,7 @@ class _Search:
     ) -> tuple[list[Hop], list[float]]:
         """Per boundary: one micro-batch's hop there and back, and the busy time of its
         busiest NIC or GPU port over the step, as the plan estimate prices them
-        (``cost.plan_estimate._boundaries``): the GPUs of a stage run in step, so those
+        (``cost.plan_estimate._traffic``): the GPUs of a stage run in step, so those
         sharing a node's NIC (or a receiver's port) send at once and split it; and a node's
         NIC carries both of its stage's boundaries (activations out to the next stage,
         gradients out to the previous one; in, the other way round)."""
