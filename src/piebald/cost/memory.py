@@ -51,6 +51,7 @@ __all__ = [
     "in_flight_for_rounds",
     "in_flight_micro_batches",
     "layer_activation_bytes",
+    "plan_rank_memory",
     "rank_memory",
     "ranks_to_end",
     "slack_of",
@@ -247,6 +248,28 @@ def layer_activation_bytes(
 ) -> float:
     """Bytes one micro-batch keeps through ``layer`` until its backward: measured where
     ``curve`` has it, else tokens x per-token bytes, scaled from 16-bit to ``dtype``."""
+    return _activation_bytes(
+        layer,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        recompute=recompute,
+        curve=curve,
+    )[0]
+
+
+def _activation_bytes(
+    layer: LayerSpec,
+    *,
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: bool,
+    curve: EfficiencyCurve,
+) -> tuple[float, bool]:
+    """:func:`layer_activation_bytes` and whether it was measured."""
     measured = curve.measured_activation_bytes(
         layer,
         device=device,
@@ -256,13 +279,13 @@ def layer_activation_bytes(
         recompute=recompute,
     )
     if measured is not None:
-        return measured
+        return measured, True
     per_token = (
         layer.recompute_activation_bytes_per_token
         if recompute
         else layer.activation_bytes_per_token
     )
-    return micro_batch_size * seq_len * per_token * dtype.num_bytes / 2
+    return micro_batch_size * seq_len * per_token * dtype.num_bytes / 2, False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,56 +309,33 @@ def _measured_activations(
 ) -> _MeasuredActivations | None:
     """Per range, measured bytes for the measured layers and the formula's for the others;
     None where nothing of ``model`` was measured on ``device`` (the formula alone, exactly)."""
+
+    def bytes_of(layer: LayerSpec, recompute: bool) -> tuple[float, bool]:
+        return _activation_bytes(
+            layer,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=recompute,
+            curve=curve,
+        )
+
     per_layer: dict[tuple[object, ...], tuple[float, bool]] = {}
     kept: list[float] = []
     any_measured = False
     for layer in model.layers:
         key = (layer.kind, layer.num_params, layer.activation_bytes_per_token)
         if key not in per_layer:
-            measured = curve.measured_activation_bytes(
-                layer,
-                device=device,
-                dtype=dtype,
-                micro_batch_size=micro_batch_size,
-                seq_len=seq_len,
-                recompute=recompute,
-            )
-            per_layer[key] = (
-                layer_activation_bytes(
-                    layer,
-                    device=device,
-                    dtype=dtype,
-                    micro_batch_size=micro_batch_size,
-                    seq_len=seq_len,
-                    recompute=recompute,
-                    curve=curve,
-                ),
-                measured is not None,
-            )
+            per_layer[key] = bytes_of(layer, recompute)
         value, measured_here = per_layer[key]
         kept.append(value)
         any_measured |= measured_here
     block = next((layer for layer in model.layers if layer.kind is LayerKind.BLOCK), None)
     block_bytes = 0.0
     if block is not None:
-        measured_block = curve.measured_activation_bytes(
-            block,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=False,
-        )
-        any_measured |= measured_block is not None
-        block_bytes = layer_activation_bytes(
-            block,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=False,
-            curve=curve,
-        )
+        block_bytes, measured_block = bytes_of(block, False)
+        any_measured |= measured_block
     if not any_measured:
         return None
     prefix = _prefix(kept)
@@ -500,4 +500,35 @@ def rank_memory(
         activations_bytes=float(activations),
         working_bytes=float(working),
         reserve_bytes=framework_reserve_bytes(device),
+    )
+
+
+def plan_rank_memory(
+    plan: Plan,
+    *,
+    stage_index: int,
+    position: int,
+    num_in_flight: int,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+) -> MemoryBreakdown:
+    """:func:`rank_memory` of the rank at ``position`` of stage ``stage_index`` of
+    ``plan`` holding ``num_in_flight`` micro-batches: what the plan estimate, the
+    simulator's prices and the planner's final check all price a plan's rank with."""
+    stage = plan.stages[stage_index]
+    device = plan.cluster.device_of(stage.ranks[position])
+    return rank_memory(
+        plan.model,
+        layer_start=stage.layer_start,
+        layer_end=stage.layer_end,
+        device=device,
+        dtype=device.training_dtype(plan.job.precision),
+        optimizer=plan.job.optimizer,
+        zero=stage.zero,
+        shard_fraction=stage.shard_fraction[position],
+        micro_batch_size=stage.micro_batch_size[position],
+        seq_len=plan.job.seq_len,
+        num_in_flight=num_in_flight,
+        recompute=stage.recompute,
+        num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
+        curve=curve,
     )

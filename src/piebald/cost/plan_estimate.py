@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import MemoryBreakdown, rank_memory, stage_in_flight
+from piebald.cost.memory import MemoryBreakdown, plan_rank_memory, stage_in_flight
 from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
 from piebald.specs.cluster import Link
@@ -227,7 +227,6 @@ def _stage_estimate(
         state_bytes=params * wire,
     )
     before_forward_s, during_backward_s = comm.before_forward_s, comm.during_backward_s
-    neighbors = (stage_index > 0) + (stage_index < plan.num_stages - 1)
     budgets = stage_in_flight(plan, stage_index)
     compute: dict[int, float] = {}
     rounds: list[tuple[int, float]] = []  # (round trips its in-flight budget forces, pass)
@@ -270,21 +269,8 @@ def _stage_estimate(
             rounds.append((math.ceil(count / in_flight), pass_of[device, size]))
         key = (device, size, in_flight, fraction)
         if key not in memory_of:
-            memory_of[key] = rank_memory(
-                plan.model,
-                layer_start=stage.layer_start,
-                layer_end=stage.layer_end,
-                device=device,
-                dtype=device.training_dtype(precision),
-                optimizer=plan.job.optimizer,
-                zero=stage.zero,
-                shard_fraction=fraction,
-                micro_batch_size=size,
-                seq_len=plan.job.seq_len,
-                num_in_flight=in_flight,
-                recompute=stage.recompute,
-                num_neighbor_stages=neighbors,
-                curve=curve,
+            memory_of[key] = plan_rank_memory(
+                plan, stage_index=stage_index, position=index, num_in_flight=in_flight, curve=curve
             )
         memory[rank] = memory_of[key]
     sync_s = comm.sync_s

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import rank_memory, stage_in_flight
+from piebald.cost.memory import plan_rank_memory, stage_in_flight
 from piebald.cost.transfers import transfer_resources
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
@@ -140,32 +140,18 @@ class Prices:
         )
 
     def _rank_memory(self, index: int, position: int) -> tuple[float, float, int]:
-        """(bytes held all step, bytes per micro-batch in flight, in-flight limit), with the
-        arguments ``plan_estimate`` passes to ``rank_memory``."""
-        plan = self.plan
-        stage = plan.stages[index]
-        rank = stage.ranks[position]
-        device = plan.cluster.device_of(rank)
-        limit = stage_in_flight(plan, index)[position]
+        """(bytes held all step, bytes per micro-batch in flight, in-flight limit), as the
+        plan estimate prices the rank (``plan_rank_memory``)."""
+        limit = stage_in_flight(self.plan, index)[position]
 
         def memory(in_flight: int) -> float:
-            breakdown = rank_memory(
-                plan.model,
-                layer_start=stage.layer_start,
-                layer_end=stage.layer_end,
-                device=device,
-                dtype=device.training_dtype(plan.job.precision),
-                optimizer=plan.job.optimizer,
-                zero=stage.zero,
-                shard_fraction=stage.shard_fraction[position],
-                micro_batch_size=stage.micro_batch_size[position],
-                seq_len=plan.job.seq_len,
+            return plan_rank_memory(
+                self.plan,
+                stage_index=index,
+                position=position,
                 num_in_flight=in_flight,
-                recompute=stage.recompute,
-                num_neighbor_stages=(index > 0) + (index < plan.num_stages - 1),
                 curve=self.curve,
-            )
-            return breakdown.total_bytes
+            ).total_bytes
 
         static = memory(0)
         return static, memory(1) - static, limit

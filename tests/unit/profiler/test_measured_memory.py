@@ -19,6 +19,7 @@ import pytest
 from cli_runner import run_cli
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.memory import (
+    plan_rank_memory,
     rank_memory,
     stage_in_flight,
     stage_memory_bytes,
@@ -34,7 +35,7 @@ from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.prices import Prices
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec
 from piebald.specs.model import LayerKind
 from piebald.specs.plan import Plan, ZeroMode
@@ -459,24 +460,14 @@ def _fits(plan: Plan, curve: EfficiencyCurve) -> bool:
     for index, stage in enumerate(plan.stages):
         budgets = stage_in_flight(plan, index)
         for position, rank in enumerate(stage.ranks):
-            device: DeviceType = plan.cluster.device_of(rank)
-            total = rank_memory(
-                plan.model,
-                layer_start=stage.layer_start,
-                layer_end=stage.layer_end,
-                device=device,
-                dtype=device.training_dtype(plan.job.precision),
-                optimizer=plan.job.optimizer,
-                zero=stage.zero,
-                shard_fraction=stage.shard_fraction[position],
-                micro_batch_size=stage.micro_batch_size[position],
-                seq_len=plan.job.seq_len,
+            total = plan_rank_memory(
+                plan,
+                stage_index=index,
+                position=position,
                 num_in_flight=budgets[position],
-                recompute=stage.recompute,
-                num_neighbor_stages=(index > 0) + (index < plan.num_stages - 1),
                 curve=curve,
             ).total_bytes
-            if total > device.memory_bytes:
+            if total > plan.cluster.device_of(rank).memory_bytes:
                 return False
     return True
 
