@@ -19,16 +19,20 @@ from piebald.simulator.result import Lane
 from piebald.specs.plan import Plan
 
 
-def test_four_senders_on_one_nic_each_get_a_quarter_of_it() -> None:
-    per_rank = 3
-    spec = cluster(("round", 4), ("round", 4), nic="10Gb/s")
-    plan = pipeline(
-        spec,
+def _two_nodes(per_rank: int) -> Plan:
+    """Two stages of four GPUs on two nodes, micro-batch j from rank j mod 4 to 4 + j mod 4."""
+    return pipeline(
+        cluster(("round", 4), ("round", 4), nic="10Gb/s"),
         stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7]],
         counts=[[per_rank] * 4] * 2,
         routes=[[j % 4, 4 + j % 4] for j in range(4 * per_rank)],
     )
-    link = spec.link_between(0, 4)
+
+
+def test_four_senders_on_one_nic_each_get_a_quarter_of_it() -> None:
+    per_rank = 3
+    plan = _two_nodes(per_rank)
+    link = plan.cluster.link_between(0, 4)
     num_bytes = plan.job.seq_len * plan.model.arch.hidden_size * plan.job.precision.num_bytes
     one_s = num_bytes / link.bandwidth_bytes_per_s
     estimate = estimate_plan(plan)
@@ -77,17 +81,7 @@ def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate(num_nodes
     from piebald.planner.search import _Search
     from piebald.planner.strategies import PIEBALD
 
-    per_rank = 3
-    if num_nodes == 2:
-        spec = cluster(("round", 4), ("round", 4), nic="10Gb/s")
-        plan = pipeline(
-            spec,
-            stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7]],
-            counts=[[per_rank] * 4] * 2,
-            routes=[[j % 4, 4 + j % 4] for j in range(4 * per_rank)],
-        )
-    else:
-        plan = _three_nodes(per_rank)
+    plan = _two_nodes(3) if num_nodes == 2 else _three_nodes(3)
     state = _Search(
         plan.cluster, model=plan.model, job=plan.job, strategy=PIEBALD, curve=DEFAULT_CURVE
     )
