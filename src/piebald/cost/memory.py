@@ -46,6 +46,7 @@ from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
     "IN_FLIGHT_SLACK",
+    "RECEIVES_POSTED",
     "MemoryBreakdown",
     "framework_reserve_bytes",
     "in_flight_for_rounds",
@@ -64,6 +65,11 @@ GIB = 2.0**30
 # Micro-batches a 1F1B rank with later stages holds beyond Little's law
 # (in_flight_micro_batches).
 IN_FLIGHT_SLACK = 1
+# Receives a rank keeps posted from each neighbouring stage (``simulator.schedules``),
+# each holding a buffer. Two, not one: a receive is a rendezvous, so a transfer waits for
+# it, and where a hop outlasts a pass (eight ranks to a 10 GbE NIC) one pass of notice
+# leaves the next input late (benchmarks/simulate_scenarios.py, flashflex).
+RECEIVES_POSTED = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,8 +394,10 @@ def _activations_and_working(
         working = working + 2 * largest * weight_b  # the gathered layer and the prefetched one
     if recompute:  # one block's full activations while it is recomputed
         working = working + np.where(r.has_block[index], block_bytes, 0.0)
-    # Send and receive buffers of activations and their gradients at each stage boundary.
-    working = working + num_neighbor_stages * 2 * tokens * r.hidden_size * dtype.num_bytes
+    # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
+    # per neighbouring stage, the receives posted from it and a send to it.
+    buffers = (RECEIVES_POSTED + 1) * num_neighbor_stages
+    working = working + buffers * tokens * r.hidden_size * dtype.num_bytes
     return activations, working
 
 

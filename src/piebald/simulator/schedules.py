@@ -18,37 +18,47 @@ backwards in ascending j (the order micro-batches visit it).
   backward of the oldest in-flight micro-batch once its gradient is there, a forward once
   fewer than w_r are in flight and its activation is there); cool-down: the remaining
   backwards. Which of B and F comes next depends on when inputs arrive, so the order is
-  found by a dry run of this greedy rule over the cost model's pass and hop times
-  (``_one_f_one_b_orders``): a rank starts whichever it can, and when it can start both,
-  the kind it did not run last. (Taking the backward whenever its gradient is there
-  empties the pipeline when gradients come back quickly: w_r backwards in a row, then
-  w_r forwards, then a whole round trip's wait.) The dry run never stalls: let j* be the
-  smallest micro-batch with an operation left and q the rank of its next one. If that is
-  F(j*, s), every micro-batch q ran before j* is complete, so q holds none in flight and
-  may start it (w_q >= 1); if it is B(j*, s), j* is q's oldest in flight and its gradient
-  has arrived. Either way q can start something once free, and the rule never leaves a
-  rank idle that can start something. The dry run's start order is then one global order
-  that is topological (an operation starts only after its inputs finished) and sorts
-  every rank's list, so executing the lists with asynchronous sends cannot deadlock,
-  whatever the real times.
+  found by a dry run of this greedy rule over the cost model's pass times and transfers
+  (``one_f_one_b_dry_run``), the transfers waiting for their receives and sharing links
+  and NICs as the engine's do (``Network``). (Priced alone, hops on FlashFlex's cluster,
+  eight ranks to a 10 GbE NIC, came back ten times later than the dry run expected, and
+  ranks waited for gradients with activations ready.) A rank starts whichever it can, and
+  when it can start both, the kind it did not run last. (Taking the backward whenever its
+  gradient is there empties the pipeline when gradients come back quickly: w_r backwards
+  in a row, then w_r forwards, then a whole round trip's wait.) The dry run never stalls:
+  let j* be the smallest micro-batch with an operation left and q the rank of its next
+  one. If that is F(j*, s), every micro-batch q ran before j* is complete, so q holds none
+  in flight and may start it (w_q >= 1); if it is B(j*, s), j* is q's oldest in flight
+  and its gradient has arrived. (Either input arrives: q posted its receive when its pass
+  of that kind RECEIVES_POSTED earlier ended.) Either way q can start something once free, and the
+  rule never leaves a rank idle that can start something. The dry run's start order is
+  then one global order that is topological (an operation starts only after its inputs
+  finished, and its receive is posted at a point of its rank's list that an earlier
+  operation reaches) and sorts every rank's list, so executing the lists with
+  asynchronous sends cannot deadlock, whatever the real times.
 
-Around the compute. Before running compute operation k a rank posts the inputs of
-operation k+1: its receive, under ZeRO-3 its parameter gather, and before a backward under
-ZeRO-2/3 the reduce-scatter of its gradients (which runs alongside that backward, layer by
-layer). Transfers and gathers thus overlap the current pass (one pass of prefetch: the
-working buffers the memory estimate counts). After a forward a rank sends the activation,
-after a backward the gradient of its input. The step ends with the stage's collectives and
-the optimizer step (see ``ops``).
+Around the compute. A rank keeps RECEIVES_POSTED receives posted from each neighbouring
+stage (``cost.memory`` counts their buffers): the first ones at the step's start, and the
+next of a kind when a pass of that kind ends. A transfer moves only once its receive is
+posted, and where a hop takes as long as a pass one pass of notice left inputs late. Before
+running compute operation k a rank posts operation k+1's ZeRO traffic: under ZeRO-3 its
+parameter gather, and before a backward under ZeRO-2/3 the reduce-scatter of its gradients
+(both stream layer by layer alongside their pass, so one pass ahead, no more). After a
+forward a rank sends the activation, after a backward the gradient of its input. The
+step ends with the stage's collectives and the optimizer step (see ``ops``).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from piebald.cost.memory import RECEIVES_POSTED
 from piebald.errors import SpecError
+from piebald.simulator.network import Network
 from piebald.simulator.ops import (
     AllGatherParams,
     AllReduceGrads,
@@ -69,10 +79,12 @@ from piebald.simulator.prices import Prices
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
+    "DryRun",
     "StepSchedule",
     "build_schedule",
     "check_schedule",
     "compute_orders",
+    "one_f_one_b_dry_run",
     "pass_durations_s",
 ]
 
@@ -115,7 +127,15 @@ def pass_durations_s(prices: Prices, rank: int, stage: int) -> tuple[float, floa
     return forward_s, backward_s
 
 
-def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DryRun:
+    """The 1F1B dry run's outcome: every rank's passes in order, and when each started."""
+
+    orders: Mapping[int, tuple[ComputeOp, ...]]
+    start_s: Mapping[int, tuple[float, ...]]
+
+
+def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
     """The greedy 1F1B dry run described in the module docstring."""
     last = plan.num_stages - 1
     routes = plan.routes
@@ -126,13 +146,29 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
     free_at = dict.fromkeys(queue, 0.0)
     after_backward = dict.fromkeys(queue, False)  # the last pass the rank ran
     times = {rank: pass_durations_s(prices, rank, plan.stage_of_rank[rank]) for rank in queue}
-    # When the input of F(j, s) / B(j, s) reaches its rank; absent until its producer ran.
+    # When the input of F(j, s) / B(j, s) reaches its rank; absent until it has arrived.
     forward_ready: dict[tuple[int, int], float] = {(j, 0): 0.0 for j in range(len(routes))}
     backward_ready: dict[tuple[int, int], float] = {}
     orders: dict[int, list[ComputeOp]] = {rank: [] for rank in queue}
+    starts: dict[int, list[float]] = {rank: [] for rank in queue}
+    backwards_run = dict.fromkeys(queue, 0)
+    transfers = _Transfers(prices)
+    for rank, micro_batches in queue.items():  # the receives posted at the step's start
+        s = plan.stage_of_rank[rank]
+        for j in micro_batches[:RECEIVES_POSTED] if s > 0 else ():
+            transfers.post((True, j, s), at_s=0.0)
+        for j in micro_batches[:RECEIVES_POSTED] if s < last else ():
+            transfers.post((False, j, s), at_s=0.0)
     wakeups: list[tuple[float, int]] = [(0.0, rank) for rank in queue]
     heapq.heapify(wakeups)
-    while wakeups:
+    while wakeups or transfers:
+        if transfers and (not wakeups or transfers.next_s() <= wakeups[0][0]):
+            arrived = transfers.advance()
+            if arrived is not None:
+                (forward, j, s), receiver, now = arrived
+                (forward_ready if forward else backward_ready)[j, s] = now
+                heapq.heappush(wakeups, (now, receiver))
+            continue
         now, rank = heapq.heappop(wakeups)
         if free_at[rank] > now:
             continue
@@ -140,24 +176,25 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
         forward_s, backward_s = times[rank]
         held = in_flight[rank]
         oldest = held[0] if held else -1
-        backward = bool(held) and backward_ready.get((oldest, s), now + 1.0) <= now
+        backward = bool(held) and (oldest, s) in backward_ready
         if backward and after_backward[rank]:  # 1F1B alternates: a forward first, if any
             j = queue[rank][next_forward[rank]] if next_forward[rank] < len(queue[rank]) else -1
             forward = j >= 0 and len(held) < limit[rank]
-            backward = not (forward and forward_ready.get((j, s), now + 1.0) <= now)
+            backward = not (forward and (j, s) in forward_ready)
         if backward:
             after_backward[rank] = True
             held.popleft()
             orders[rank].append(Backward(micro_batch=oldest, stage=s))
             end = now + backward_s
             if s > 0:
-                upstream = routes[oldest][s - 1]
-                arrival = end + prices.transfer(rank, upstream).alone_s
-                backward_ready[oldest, s - 1] = arrival
-                heapq.heappush(wakeups, (arrival, upstream))
+                transfers.send((False, oldest, s - 1), rank, routes[oldest][s - 1], at_s=end)
+            later = backwards_run[rank] + RECEIVES_POSTED
+            backwards_run[rank] += 1
+            if s < last and later < len(queue[rank]):
+                transfers.post((False, queue[rank][later], s), at_s=end)
         elif next_forward[rank] < len(queue[rank]) and len(held) < limit[rank]:
             j = queue[rank][next_forward[rank]]
-            if forward_ready.get((j, s), now + 1.0) > now:
+            if (j, s) not in forward_ready:
                 continue  # woken again when the activation arrives
             next_forward[rank] += 1
             after_backward[rank] = False
@@ -165,45 +202,124 @@ def _one_f_one_b_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]
             orders[rank].append(Forward(micro_batch=j, stage=s))
             end = now + forward_s
             if s < last:
-                downstream = routes[j][s + 1]
-                arrival = end + prices.transfer(rank, downstream).alone_s
-                forward_ready[j, s + 1] = arrival
-                heapq.heappush(wakeups, (arrival, downstream))
+                transfers.send((True, j, s + 1), rank, routes[j][s + 1], at_s=end)
             else:
                 backward_ready[j, s] = end
+            later = next_forward[rank] - 1 + RECEIVES_POSTED
+            if s > 0 and later < len(queue[rank]):
+                transfers.post((True, queue[rank][later], s), at_s=end)
         else:
             continue
+        starts[rank].append(now)
         free_at[rank] = end
         heapq.heappush(wakeups, (end, rank))
     for rank, order in orders.items():
         assert len(order) == 2 * len(queue[rank]), f"1F1B dry run stalled on rank {rank}"
-    return orders
+    return DryRun(
+        orders={rank: tuple(order) for rank, order in orders.items()},
+        start_s={rank: tuple(times) for rank, times in starts.items()},
+    )
+
+
+class _Transfers:
+    """The dry run's transfers, sharing links as the engine's do (``Network``)."""
+
+    def __init__(self, prices: Prices) -> None:
+        self.prices = prices
+        self.network = Network()
+        self.events: list[tuple[float, int, int]] = []  # (time, flow, version; -1: posted)
+        self.flows: dict[int, tuple[tuple[bool, int, int], int, int]] = {}
+        # Sends or receives posted whose other end is not: (when, (sender, receiver) of a send).
+        self.unmatched: dict[tuple[bool, int, int], tuple[float, tuple[int, int] | None]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def next_s(self) -> float:
+        return self.events[0][0]
+
+    def send(self, what: tuple[bool, int, int], sender: int, receiver: int, *, at_s: float) -> None:
+        """``sender`` posts the send of ``what`` (kind, micro-batch, receiving stage)."""
+        self._meet(what, at_s=at_s, ends=(sender, receiver))
+
+    def post(self, what: tuple[bool, int, int], *, at_s: float) -> None:
+        """The receiver posts the receive of ``what``."""
+        self._meet(what, at_s=at_s, ends=None)
+
+    def _meet(
+        self, what: tuple[bool, int, int], *, at_s: float, ends: tuple[int, int] | None
+    ) -> None:
+        """A transfer starts once both its send and its receive are posted (as the engine's)."""
+        other = self.unmatched.pop(what, None)
+        if other is None:
+            self.unmatched[what] = (at_s, ends)
+            return
+        other_s, other_ends = other
+        sender, receiver = ends or other_ends or (-1, -1)
+        flow = len(self.flows)
+        self.flows[flow] = (what, sender, receiver)
+        latency_s = self.prices.transfer(sender, receiver).link.latency_s
+        heapq.heappush(self.events, (max(at_s, other_s) + latency_s, flow, -1))
+
+    def advance(self) -> tuple[tuple[bool, int, int], int, float] | None:
+        """Process the next event: (what, receiver, time) if a transfer arrived."""
+        now, flow, version = heapq.heappop(self.events)
+        what, sender, receiver = self.flows[flow]
+        if version < 0:
+            transfer = self.prices.transfer(sender, receiver)
+            bandwidth = transfer.link.bandwidth_bytes_per_s
+            if transfer.num_bytes <= 0 or math.isinf(bandwidth):
+                return what, receiver, now
+            self._retime(
+                self.network.start(
+                    flow,
+                    now_s=now,
+                    num_bytes=transfer.num_bytes,
+                    path_bytes_per_s=bandwidth,
+                    resources=transfer.resources,
+                )
+            )
+            return None
+        if not self.network.is_current(flow, version):
+            return None  # re-timed since this completion was scheduled
+        self._retime(self.network.finish(flow, now_s=now))
+        return what, receiver, now
+
+    def _retime(self, completions: list[tuple[int, float, int]]) -> None:
+        for flow, time_s, version in completions:
+            heapq.heappush(self.events, (time_s, flow, version))
 
 
 def compute_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
     """Forward and backward passes of every used rank, in the order it runs them."""
     if plan.schedule is Schedule.GPIPE:
         return _gpipe_orders(plan)
-    return _one_f_one_b_orders(plan, prices)
+    return {rank: list(order) for rank, order in one_f_one_b_dry_run(plan, prices).orders.items()}
 
 
-def _inputs(plan: Plan, rank: int, op: ComputeOp) -> list[Op]:
+def _receive(plan: Plan, op: ComputeOp) -> list[Op]:
+    """The transfer a pass needs from a neighbouring stage, if any."""
     j, s = op.micro_batch, op.stage
-    stage = plan.stages[s]
-    ops: list[Op] = []
     if isinstance(op, Forward):
-        if s > 0:
-            ops.append(RecvActivation(micro_batch=j, peer=plan.routes[j][s - 1]))
-        for_pass = Pass.FORWARD
-    else:
-        if s < plan.num_stages - 1:
-            ops.append(RecvGradient(micro_batch=j, peer=plan.routes[j][s + 1]))
-        for_pass = Pass.BACKWARD
-    if stage.zero is ZeroMode.FULL and len(stage.ranks) > 1:
-        ops.append(GatherPassParams(micro_batch=j, for_pass=for_pass))
+        return [RecvActivation(micro_batch=j, peer=plan.routes[j][s - 1])] if s > 0 else []
+    if s < plan.num_stages - 1:
+        return [RecvGradient(micro_batch=j, peer=plan.routes[j][s + 1])]
+    return []
+
+
+def _channel_inputs(plan: Plan, op: ComputeOp) -> list[Op]:
+    """A pass's per-pass ZeRO traffic: the parameter gather it streams (ZeRO-3) and the
+    reduce-scatter that runs alongside a backward (ZeRO-2/3)."""
+    stage = plan.stages[op.stage]
+    if len(stage.ranks) == 1:
+        return []
+    ops: list[Op] = []
+    if stage.zero is ZeroMode.FULL:
+        for_pass = Pass.FORWARD if isinstance(op, Forward) else Pass.BACKWARD
+        ops.append(GatherPassParams(micro_batch=op.micro_batch, for_pass=for_pass))
     per_pass = stage.zero in (ZeroMode.GRADIENTS, ZeroMode.FULL)
-    if isinstance(op, Backward) and per_pass and len(stage.ranks) > 1:
-        ops.append(ScatterPassGrads(micro_batch=j))  # runs alongside the backward
+    if isinstance(op, Backward) and per_pass:
+        ops.append(ScatterPassGrads(micro_batch=op.micro_batch))
     return ops
 
 
@@ -237,12 +353,26 @@ def build_schedule(plan: Plan, *, prices: Prices | None = None) -> StepSchedule:
     prices = prices or Prices(plan)
     rank_ops: dict[int, tuple[Op, ...]] = {}
     for rank, order in compute_orders(plan, prices).items():
-        ops: list[Op] = list(_inputs(plan, rank, order[0])) if order else []
+        # Passes by kind, in order: the k-th forward reads the receive posted when
+        # forward k - RECEIVES_POSTED ended (at the step's start for the first ones).
+        by_kind = {
+            kind: [op for op in order if isinstance(op, kind)] for kind in (Forward, Backward)
+        }
+        ops: list[Op] = []
+        for passes in by_kind.values():
+            for later in passes[:RECEIVES_POSTED]:
+                ops += _receive(plan, later)
+        ops += _channel_inputs(plan, order[0]) if order else []
+        run = dict.fromkeys(by_kind, 0)
         for k, op in enumerate(order):
-            if k + 1 < len(order):  # prefetch: post the next pass's inputs first
-                ops += _inputs(plan, rank, order[k + 1])
+            if k + 1 < len(order):  # ZeRO traffic streams alongside its pass: one ahead
+                ops += _channel_inputs(plan, order[k + 1])
             ops.append(op)
             ops += _outputs(plan, rank, op)
+            passes = by_kind[type(op)]
+            run[type(op)] += 1
+            if run[type(op)] - 1 + RECEIVES_POSTED < len(passes):
+                ops += _receive(plan, passes[run[type(op)] - 1 + RECEIVES_POSTED])
         ops += _step_end(plan, plan.stage_of_rank[rank])
         rank_ops[rank] = tuple(ops)
     schedule = StepSchedule(kind=plan.schedule, rank_ops=rank_ops)

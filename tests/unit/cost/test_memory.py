@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from piebald.cost.memory import (
     GIB,
+    RECEIVES_POSTED,
     MemoryBreakdown,
     bytes_per_param,
     framework_reserve_bytes,
@@ -187,10 +188,13 @@ def test_recompute_does_not_shrink_the_head() -> None:
         assert memory.working_bytes == 0.0
 
 
-def test_stage_boundary_buffers() -> None:
-    memory = _blocks_memory(num_neighbor_stages=2)
-    # Each neighbour: send and receive of a micro-batch's activations, 64 tokens x h x 2 B.
-    assert memory.working_bytes == pytest.approx(2 * 2 * 64 * 64 * 2, rel=1e-12)
+@pytest.mark.parametrize("neighbors", [0, 1, 2])
+def test_stage_boundary_buffers(neighbors: int) -> None:
+    memory = _blocks_memory(num_neighbor_stages=neighbors)
+    # A buffer holds a micro-batch's activations, 64 tokens x h x 2 B: per neighbouring
+    # stage, the RECEIVES_POSTED receives posted from it and one send to it.
+    buffers = neighbors * (RECEIVES_POSTED + 1)
+    assert memory.working_bytes == pytest.approx(buffers * 64 * 64 * 2, rel=1e-12)
 
 
 def test_no_micro_batches_in_flight_no_activations() -> None:

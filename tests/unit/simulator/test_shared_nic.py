@@ -15,14 +15,16 @@ from sim_plans import cluster, pipeline
 
 from piebald.cost.plan_estimate import MAX_BACKGROUND, estimate_plan
 from piebald.simulator.engine import simulate
+from piebald.simulator.prices import Prices
 from piebald.simulator.result import Lane
+from piebald.simulator.schedules import one_f_one_b_dry_run
 from piebald.specs.plan import Plan
 
 
-def _two_nodes(per_rank: int) -> Plan:
+def _two_nodes(per_rank: int, *, nic: str = "10Gb/s") -> Plan:
     """Two stages of four GPUs on two nodes, micro-batch j from rank j mod 4 to 4 + j mod 4."""
     return pipeline(
-        cluster(("round", 4), ("round", 4), nic="10Gb/s"),
+        cluster(("round", 4), ("round", 4), nic=nic),
         stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7]],
         counts=[[per_rank] * 4] * 2,
         routes=[[j % 4, 4 + j % 4] for j in range(4 * per_rank)],
@@ -47,10 +49,10 @@ def test_four_senders_on_one_nic_each_get_a_quarter_of_it() -> None:
     assert first_wave == pytest.approx([link.latency_s + 4 * one_s] * 4)
 
 
-def _three_nodes(per_rank: int) -> Plan:
+def _three_nodes(per_rank: int, *, nic: str = "10Gb/s") -> Plan:
     """Three stages of four GPUs on three nodes, micro-batch j along ranks j mod 4."""
     return pipeline(
-        cluster(("round", 4), ("round", 4), ("round", 4), nic="10Gb/s"),
+        cluster(("round", 4), ("round", 4), ("round", 4), nic=nic),
         stage_ranks=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]],
         counts=[[per_rank] * 4] * 3,
         routes=[[j % 4, 4 + j % 4, 8 + j % 4] for j in range(4 * per_rank)],
@@ -90,3 +92,25 @@ def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate(num_nodes
     for index, hop in enumerate(hops):
         assert hop.seconds(estimate.pipeline_s) == pytest.approx(estimate.stages[index].hop_s)
         assert busy[index] == pytest.approx(estimate.stages[index].boundary_s)
+
+
+@pytest.mark.parametrize("num_nodes", [2, 3])
+def test_the_1f1b_dry_run_foresees_the_engines_timeline_on_a_shared_nic(
+    num_nodes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order of each rank's passes comes from a dry run whose transfers share NICs
+    as the engine's do. Where hops, four to a NIC, are long against the passes, the engine
+    runs every pass exactly when the dry run started it: no rank waits for an input the
+    dry run expected sooner (with hops priced alone, it did, holding ready activations)."""
+    plan = (_two_nodes if num_nodes == 2 else _three_nodes)(per_rank=4, nic="1Gb/s")
+    prices = Prices(plan)
+    hop_s = prices.transfer(0, 4).alone_s
+    assert 4 * hop_s > prices.forward_s(0) + prices.backward_s(0)  # the NIC is what waits
+    dry_run = one_f_one_b_dry_run(plan, prices)
+    result = simulate(plan, prices=prices)
+    started: dict[int, list[float]] = {rank: [] for rank in plan.used_ranks}
+    for interval in result.intervals:
+        if interval.lane is Lane.COMPUTE and interval.kind in ("forward", "backward"):
+            started[interval.rank].append(interval.start_s)
+    for rank in plan.used_ranks:
+        assert sorted(started[rank]) == pytest.approx(list(dry_run.start_s[rank]), abs=1e-9)
