@@ -499,3 +499,35 @@ def resume_resharded(rank: int, world_size: int, directory: str, results: str) -
         for name, value in saved.items():
             if name in final:
                 torch.testing.assert_close(final[name], value, rtol=1e-4, atol=1e-5)
+
+
+# --- point-to-point mailbox -------------------------------------------------------------------
+
+
+def mailbox_releases_sends(rank: int, world_size: int) -> None:
+    """Rank 0 sends four activations to rank 1, which answers each with its gradient; an
+    activation's payload is released once its gradient is taken, before the step ends."""
+    from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
+
+    mailbox = Mailbox(device=torch.device("cpu"), stamped=False)
+    shape = (2, 3)
+    act, grad = MessageKind.ACTIVATION, MessageKind.GRADIENT
+    peer = 1 - rank
+    for j in range(4):
+        kind = grad if rank == 0 else act
+        mailbox.post_receive(kind, micro_batch=j, peer=peer, shape=shape, dtype=torch.float32)
+    if rank == 0:
+        for j in range(4):
+            mailbox.send(act, micro_batch=j, peer=peer, tensor=torch.full(shape, float(j)))
+        assert 1 <= mailbox.sends_in_flight <= 4
+        for j in range(4):
+            tensor, _ = mailbox.take(grad, micro_batch=j)
+            assert torch.equal(tensor, torch.full(shape, -float(j)))
+            assert mailbox.sends_in_flight <= 3 - j  # activations j and before: released
+    else:
+        for j in range(4):
+            tensor, _ = mailbox.take(act, micro_batch=j)
+            assert torch.equal(tensor, torch.full(shape, float(j)))
+            mailbox.send(grad, micro_batch=j, peer=peer, tensor=-tensor)
+    mailbox.finish()
+    assert mailbox.sends_in_flight == 0

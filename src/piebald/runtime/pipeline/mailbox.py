@@ -1,10 +1,15 @@
 """Asynchronous point-to-point messages between stages: activations forward, their gradients
 backward, each matched by a tag unique to (kind, micro-batch) within the step.
 
-Receives are posted early (the schedule posts the next operation's input before running the
-current one) and waited on only by the operation that needs them; sends are posted after
-the pass that makes them and completed at the end of the step, so no rank ever blocks on a
-peer except for an input it is about to use. That is the execution model under which the
+Receives are posted early (the schedule keeps two posted from each neighbouring stage) and
+waited on only by the operation that needs them; sends are posted after the pass that makes
+them and waited on at the end of the step, so no rank ever blocks on a peer except for an
+input it is about to use. A send's payload is released before the step ends where the
+rank can tell that the send has completed: an activation's once its gradient comes back
+(the next stage ran the forward, so it had received it), and any send that reports
+itself completed (NCCL does, from its CUDA event; gloo's sends report completion only once
+waited on) whenever the rank sends or takes a message. Held all step, sends would add two
+activations' worth of memory per micro-batch. That is the execution model under which the
 schedule generator proves its lists deadlock-free.
 
 Gloo matches messages by tag. NCCL ignores tags and matches the messages of one (sender,
@@ -57,7 +62,7 @@ class Mailbox:
         self.device = device
         self.stamped = stamped
         self._receives: dict[tuple[MessageKind, int], _Posted] = {}
-        self._sends: list[_Posted] = []
+        self._sends: dict[tuple[MessageKind, int], _Posted] = {}
 
     def post_receive(
         self,
@@ -82,8 +87,11 @@ class Mailbox:
 
     def take(self, kind: MessageKind, *, micro_batch: int) -> tuple[torch.Tensor, float | None]:
         """Wait for a posted receive: (the tensor, its emulated arrival time or None)."""
+        self._release_sent()
         posted = self._receives.pop((kind, micro_batch))
         posted.work.wait()
+        if kind is MessageKind.GRADIENT:  # the activation it answers has been received
+            self._complete(self._sends.pop((MessageKind.ACTIVATION, micro_batch), None))
         arrival: float | None = None
         if posted.stamp_work is not None and posted.stamp is not None:
             posted.stamp_work.wait()
@@ -109,15 +117,35 @@ class Mailbox:
             stamp = torch.tensor([arrival], dtype=torch.float64)
             stamp_work = dist.isend(stamp, dst=peer, tag=message_tag(kind, micro_batch, stamp=True))
         # Keep the payload alive until the send completes.
-        self._sends.append(_Posted(work=work, tensor=payload, stamp_work=stamp_work, stamp=stamp))
+        self._release_sent()
+        posted = _Posted(work=work, tensor=payload, stamp_work=stamp_work, stamp=stamp)
+        self._sends[kind, micro_batch] = posted
+
+    def _release_sent(self) -> None:
+        """Drop the payloads of the sends that report themselves completed."""
+        for key, posted in list(self._sends.items()):
+            stamp_done = posted.stamp_work is None or posted.stamp_work.is_completed()
+            if posted.work.is_completed() and stamp_done:
+                self._complete(self._sends.pop(key))
+
+    @staticmethod
+    def _complete(posted: _Posted | None) -> None:
+        """Wait for a send known to be complete (so an error surfaces here)."""
+        if posted is not None:
+            posted.work.wait()
+            if posted.stamp_work is not None:
+                posted.stamp_work.wait()
+
+    @property
+    def sends_in_flight(self) -> int:
+        """Sends posted whose payload is still held."""
+        return len(self._sends)
 
     def finish(self) -> None:
         """Complete every send of the step; every receive must have been taken."""
         if self._receives:
             left = sorted((kind.name.lower(), j) for kind, j in self._receives)
             raise RuntimeError(f"receives posted but never used this step: {left[:4]}")
-        for posted in self._sends:
-            posted.work.wait()
-            if posted.stamp_work is not None:
-                posted.stamp_work.wait()
+        for posted in self._sends.values():
+            self._complete(posted)
         self._sends.clear()
