@@ -30,12 +30,12 @@ backwards in ascending j (the order micro-batches visit it).
   one. If that is F(j*, s), every micro-batch q ran before j* is complete, so q holds none
   in flight and may start it (w_q >= 1); if it is B(j*, s), j* is q's oldest in flight
   and its gradient has arrived. (Either input arrives: q posted its receive when its pass
-  of that kind RECEIVES_POSTED earlier ended.) Either way q can start something once free, and the
-  rule never leaves a rank idle that can start something. The dry run's start order is
-  then one global order that is topological (an operation starts only after its inputs
-  finished, and its receive is posted at a point of its rank's list that an earlier
-  operation reaches) and sorts every rank's list, so executing the lists with
-  asynchronous sends cannot deadlock, whatever the real times.
+  of that kind RECEIVES_POSTED earlier ended.) Either way q can start something once
+  free, and the rule never leaves a rank idle that can start something. The dry run's
+  start order is then one global order that is topological (an operation starts only
+  after its inputs finished, and its receive is posted at a point of its rank's list
+  that an earlier operation reaches) and sorts every rank's list, so executing the lists
+  with asynchronous sends cannot deadlock, whatever the real times.
 
 Around the compute. A rank keeps RECEIVES_POSTED receives posted from each neighbouring
 stage (``cost.memory`` counts their buffers): the first ones at the step's start, and the
