@@ -1,8 +1,8 @@
 """The pipeline's mailbox on gloo: messages arrive intact, and an activation's payload is
-released once its gradient comes back, before the step ends (held all step, sends would
-add an activation of memory per micro-batch that the memory estimate does not count).
-Releasing sends that report completion works on NCCL only (gloo's report it only once
-waited on) and no GPU runs these tests."""
+released once its gradient comes back, before the step ends (held all step, a rank's sends
+would add up to two activations of memory per micro-batch, which the memory estimate
+does not count). Releasing sends that report completion works on NCCL only (gloo's report
+it only once waited on), and no GPU runs these tests."""
 
 from __future__ import annotations
 

@@ -95,13 +95,12 @@ def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate(num_nodes
 
 
 @pytest.mark.parametrize("num_nodes", [2, 3])
-def test_the_1f1b_dry_run_foresees_the_engines_timeline_on_a_shared_nic(
-    num_nodes: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The order of each rank's passes comes from a dry run whose transfers share NICs
-    as the engine's do. Where hops, four to a NIC, are long against the passes, the engine
-    runs every pass exactly when the dry run started it: no rank waits for an input the
-    dry run expected sooner (with hops priced alone, it did, holding ready activations)."""
+def test_the_1f1b_dry_run_foresees_the_engines_timeline_on_a_shared_nic(num_nodes: int) -> None:
+    """The order of each rank's passes comes from a dry run whose transfers share NICs and
+    wait for their receives as the engine's do. Where hops, four to a NIC, are long against
+    the passes, the engine runs every pass exactly when the dry run started it: no rank
+    waits for an input the dry run expected sooner (with hops priced alone, ranks did,
+    holding activations they could have run)."""
     plan = (_two_nodes if num_nodes == 2 else _three_nodes)(per_rank=4, nic="1Gb/s")
     prices = Prices(plan)
     hop_s = prices.transfer(0, 4).alone_s
