@@ -37,7 +37,14 @@ from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction, ZeroMode
 
-__all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
+__all__ = [
+    "PlanEstimate",
+    "StageEstimate",
+    "background_stretch",
+    "estimate_plan",
+    "model_flops_utilization",
+    "residual_wait_s",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +87,26 @@ _Ways = tuple[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]],
 # 1 / (1 - rho) of processor sharing has no steady state at rho = 1.
 MAX_BACKGROUND = 0.8
 HORIZON_ITERATIONS = 8
-RESIDUAL_OF_PASS = 5 / 18  # a pass's mean residual when B = 2F (``_waits``)
+RESIDUAL_OF_PASS = 5 / 18  # a pass's mean residual when B = 2F (``residual_wait_s``)
+
+
+def background_stretch(background_s: float, *, horizon_s: float | None) -> float:
+    """How much slower a transfer moves over a resource that other traffic keeps busy
+    ``background_s`` of ``horizon_s``: 1 / (1 - rho) under processor sharing (M/G/1-PS),
+    rho capped at MAX_BACKGROUND; 1 without a horizon."""
+    rho = background_s / horizon_s if horizon_s else 0.0
+    return 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
+
+
+def residual_wait_s(*, busy_s: float, horizon_s: float, pass_s: float, last: bool) -> float:
+    """How long a micro-batch passing through a stage waits there for the rank to finish
+    what it is running. A rank busy ``busy_s`` of ``horizon_s`` (a share rho) is found
+    mid-operation with probability rho, with on average the mean residual of an operation
+    left: E[S^2] / 2E[S] over forwards and backwards, RESIDUAL_OF_PASS of a pass when the
+    backward takes twice the forward. A micro-batch visits a stage twice (forward,
+    backward), the last stage once (its backward follows its forward)."""
+    visits = 1 if last else 2
+    return visits * min(1.0, busy_s / horizon_s) * RESIDUAL_OF_PASS * pass_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +141,7 @@ class _Traffic:
                 for latency_s, bandwidth, crossings in pair_ways:
                     seconds_per_byte = 1.0 / bandwidth
                     for crossing in crossings:
-                        rho = crossing.background_s / horizon_s if horizon_s else 0.0
-                        stretch = 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
+                        stretch = background_stretch(crossing.background_s, horizon_s=horizon_s)
                         seconds_per_byte = max(
                             seconds_per_byte,
                             crossing.streams * stretch / crossing.capacity_bytes_per_s,
@@ -288,22 +313,20 @@ def _stage_estimate(
 
 
 def _waits(stages: tuple[StageEstimate, ...], *, horizon_s: float | None) -> list[float]:
-    """Per stage: how long a micro-batch passing through waits there for the rank to finish
-    what it is running. A rank busy a share rho of the pipeline is found mid-operation with
-    probability rho, with on average the mean residual of an operation left: E[S^2] / 2E[S]
-    over forwards and backwards, RESIDUAL_OF_PASS of a pass when the backward takes twice
-    the forward. A micro-batch visits a stage twice (forward, backward), the last stage
-    once (its backward follows its forward). Not in a chain of one rank per stage, where
-    each micro-batch arrives as its predecessor leaves (``_pipeline``)."""
+    """Per stage, :func:`residual_wait_s` over the pipeline. (``_pipeline`` leaves them
+    out in a chain of one rank per stage, where each micro-batch arrives as its
+    predecessor leaves.)"""
     if horizon_s is None:
         return [0.0] * len(stages)
-    waits = []
-    for index, stage in enumerate(stages):
-        busy_s = max(stage.compute_s.values())
-        rho = min(1.0, busy_s / horizon_s)
-        visits = 1 if index == len(stages) - 1 else 2
-        waits.append(visits * rho * RESIDUAL_OF_PASS * (stage.micro_batch_s - stage.hop_s))
-    return waits
+    return [
+        residual_wait_s(
+            busy_s=max(stage.compute_s.values()),
+            horizon_s=horizon_s,
+            pass_s=stage.micro_batch_s - stage.hop_s,
+            last=index == len(stages) - 1,
+        )
+        for index, stage in enumerate(stages)
+    ]
 
 
 def _pipeline(

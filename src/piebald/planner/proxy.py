@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from piebald.cost.plan_estimate import HORIZON_ITERATIONS, MAX_BACKGROUND, RESIDUAL_OF_PASS
+from piebald.cost.plan_estimate import HORIZON_ITERATIONS, background_stretch, residual_wait_s
 from piebald.planner.stage_costs import StageCost
 
 __all__ = ["Hop", "Way", "pipeline_proxy", "polish_bounds", "uniform_bounds"]
@@ -47,8 +47,8 @@ class Hop:
         for resources in (self.there, self.back):
             streams = 1.0
             for way in resources:
-                rho = way.other_busy_s / horizon_s if horizon_s else 0.0
-                streams = max(streams, way.streams / (1.0 - min(rho, MAX_BACKGROUND)))
+                stretch = background_stretch(way.other_busy_s, horizon_s=horizon_s)
+                streams = max(streams, way.streams * stretch)
             total += self.latency_s + streams * self.alone_s
         return total
 
@@ -104,7 +104,7 @@ def _pipeline(
     # where the stage's in-flight budget had to shrink to fit memory.
     last = len(busy) - 1
     waits = [
-        (1 if k == last else 2) * min(1.0, busy[k] / horizon) * RESIDUAL_OF_PASS * passes[k]
+        residual_wait_s(busy_s=busy[k], horizon_s=horizon, pass_s=passes[k], last=k == last)
         if horizon
         else 0.0
         for k in range(len(busy))

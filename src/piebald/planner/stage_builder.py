@@ -180,7 +180,6 @@ def build_stage(
                     counts=counts,
                     zero=zero,
                     recompute=recompute,
-                    downstream=sum(widths),
                     neighbors=neighbors,
                     widths=widths,
                     even_shards=rules.even_shards or zero is ZeroMode.NONE,
@@ -245,7 +244,6 @@ def _fit_in_flight(
     counts: Sequence[int],
     zero: ZeroMode,
     recompute: bool,
-    downstream: int,
     neighbors: int,
     widths: Sequence[int],
     even_shards: bool,
@@ -298,7 +296,7 @@ def _fit_in_flight(
         return tuple(
             in_flight_micro_batches(
                 schedule=Schedule.ONE_F_ONE_B,
-                ranks_to_end=downstream,
+                ranks_to_end=sum(widths),
                 rank_micro_batches=count,
                 stage_micro_batches=sum(counts),
                 slack=slack,

@@ -21,11 +21,10 @@ forward until the end of its backward.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Hashable
 
-from piebald.simulator.network import Network
+from piebald.simulator.network import MessageKey, Transfers
 from piebald.simulator.ops import (
     AllGatherParams,
     AllReduceGrads,
@@ -57,8 +56,8 @@ from piebald.specs.plan import Plan
 
 __all__ = ["simulate"]
 
-# Event kinds, in the heap as (time, sequence, kind, payload...).
-_COMPUTE_DONE, _CHANNEL_DONE, _FLOW_START, _FLOW_DONE = range(4)
+# Event kinds, in the heap as (time, sequence, kind, payload...); transfers keep their own.
+_COMPUTE_DONE, _CHANNEL_DONE = range(2)
 _IDLE, _BLOCKED = 0, 1  # what a compute operation last waited for: a peer, or its channel
 
 _KIND = {
@@ -148,11 +147,7 @@ class _Engine:
         self.events: list[tuple[float, int, int, object, object]] = []
         self.sequence = 0
         self.now = 0.0
-        self.network = Network()
-        self.next_flow = 0
-        self.sends: dict[tuple[bool, int, int, int], float] = {}
-        self.recvs: dict[tuple[bool, int, int, int], float] = {}
-        self.flows: dict[int, tuple[tuple[bool, int, int, int], float, float]] = {}
+        self.transfers = Transfers(prices)
         self.arrivals: dict[tuple[int, type], list[_RankState]] = {}
         self.intervals: list[Interval] = []
         self.last_backward_s = 0.0
@@ -165,22 +160,20 @@ class _Engine:
     def run(self) -> None:
         for state in self.ranks.values():
             self.walk(state)
-        while self.events:
+        transfers = self.transfers
+        while self.events or transfers:
+            if transfers and (not self.events or transfers.next_s() <= self.events[0][0]):
+                self.now = transfers.next_s()
+                arrived = transfers.advance()
+                if arrived is not None:
+                    self.transfer_done(*arrived)
+                continue
             self.now, _, kind, a, b = heapq.heappop(self.events)
+            assert isinstance(a, _RankState)
             if kind == _COMPUTE_DONE:
-                assert isinstance(a, _RankState)
                 self.compute_done(a, b)
-            elif kind == _CHANNEL_DONE:
-                assert isinstance(a, _RankState)
-                self.channel_done(a, b)
-            elif kind == _FLOW_START:
-                assert isinstance(a, int)
-                self.flow_start(a)
             else:
-                assert isinstance(a, int) and isinstance(b, int)
-                if self.network.is_current(a, b):
-                    self.retime(self.network.finish(a, now_s=self.now))
-                    self.transfer_done(a)
+                self.channel_done(a, b)
 
     # -- a rank's walk -------------------------------------------------------------------
     def walk(self, state: _RankState) -> None:
@@ -202,10 +195,10 @@ class _Engine:
             state.pc += 1
             if isinstance(op, SendActivation | SendGradient):
                 key = (isinstance(op, SendActivation), op.micro_batch, state.rank, op.peer)
-                self.post(key, self.sends, self.recvs)
+                self.transfers.post(key, sending=True, at_s=self.now)
             elif isinstance(op, RecvActivation | RecvGradient):
                 key = (isinstance(op, RecvActivation), op.micro_batch, op.peer, state.rank)
-                self.post(key, self.recvs, self.sends)
+                self.transfers.post(key, sending=False, at_s=self.now)
             else:
                 state.channel.append(op)
                 state.outstanding += 1
@@ -331,50 +324,11 @@ class _Engine:
         self.wake(state, _BLOCKED)
 
     # -- point to point ------------------------------------------------------------------
-    def post(
-        self,
-        key: tuple[bool, int, int, int],
-        mine: dict[tuple[bool, int, int, int], float],
-        theirs: dict[tuple[bool, int, int, int], float],
-    ) -> None:
-        if key not in theirs:
-            mine[key] = self.now
-            return
-        del theirs[key]
-        _, _, sender, receiver = key
-        transfer = self.prices.transfer(sender, receiver)
-        self.next_flow += 1
-        flow_id = self.next_flow
-        self.flows[flow_id] = (key, self.now, transfer.num_bytes)
-        self.push(self.now + transfer.link.latency_s, _FLOW_START, flow_id)
-
-    def flow_start(self, flow_id: int) -> None:
-        key, _, num_bytes = self.flows[flow_id]
-        _, _, sender, receiver = key
-        transfer = self.prices.transfer(sender, receiver)
-        if num_bytes <= 0 or math.isinf(transfer.link.bandwidth_bytes_per_s):
-            self.transfer_done(flow_id)
-            return
-        self.retime(
-            self.network.start(
-                flow_id,
-                now_s=self.now,
-                num_bytes=num_bytes,
-                path_bytes_per_s=transfer.link.bandwidth_bytes_per_s,
-                resources=transfer.resources,
-            )
-        )
-
-    def retime(self, completions: list[tuple[int, float, int]]) -> None:
-        for flow_id, time_s, version in completions:
-            self.push(time_s, _FLOW_DONE, flow_id, version)
-
-    def transfer_done(self, flow_id: int) -> None:
-        key, started_s, _ = self.flows.pop(flow_id)
+    def transfer_done(self, key: MessageKey, started_s: float, arrived_s: float) -> None:
         activation, j, sender, receiver = key
         state = self.ranks[receiver]
         state.have.add(("act" if activation else "grad", j))
-        self.ranks[sender].end_s = max(self.ranks[sender].end_s, self.now)
+        self.ranks[sender].end_s = max(self.ranks[sender].end_s, arrived_s)
         if self.record:
             what = "act" if activation else "grad"
             self.intervals.append(
@@ -384,7 +338,7 @@ class _Engine:
                     kind=f"send {'activation' if activation else 'gradient'}",
                     label=f"{what} {j} -> {receiver}",
                     start_s=started_s,
-                    end_s=self.now,
+                    end_s=arrived_s,
                 )
             )
         self.wake(state, _IDLE)

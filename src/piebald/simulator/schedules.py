@@ -51,14 +51,13 @@ step ends with the stage's collectives and the optimizer step (see ``ops``).
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from piebald.cost.memory import RECEIVES_POSTED
 from piebald.errors import SpecError
-from piebald.simulator.network import Network
+from piebald.simulator.network import Transfers
 from piebald.simulator.ops import (
     AllGatherParams,
     AllReduceGrads,
@@ -152,21 +151,28 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
     orders: dict[int, list[ComputeOp]] = {rank: [] for rank in queue}
     starts: dict[int, list[float]] = {rank: [] for rank in queue}
     backwards_run = dict.fromkeys(queue, 0)
-    transfers = _Transfers(prices)
+    transfers = Transfers(prices)
+
+    def receive(rank: int, j: int, *, activation: bool, at_s: float) -> None:
+        s = plan.stage_of_rank[rank]
+        sender = routes[j][s - 1 if activation else s + 1]
+        transfers.post((activation, j, sender, rank), sending=False, at_s=at_s)
+
     for rank, micro_batches in queue.items():  # the receives posted at the step's start
         s = plan.stage_of_rank[rank]
         for j in micro_batches[:RECEIVES_POSTED] if s > 0 else ():
-            transfers.post((True, j, s), at_s=0.0)
+            receive(rank, j, activation=True, at_s=0.0)
         for j in micro_batches[:RECEIVES_POSTED] if s < last else ():
-            transfers.post((False, j, s), at_s=0.0)
+            receive(rank, j, activation=False, at_s=0.0)
     wakeups: list[tuple[float, int]] = [(0.0, rank) for rank in queue]
     heapq.heapify(wakeups)
     while wakeups or transfers:
         if transfers and (not wakeups or transfers.next_s() <= wakeups[0][0]):
             arrived = transfers.advance()
             if arrived is not None:
-                (forward, j, s), receiver, now = arrived
-                (forward_ready if forward else backward_ready)[j, s] = now
+                (activation, j, _, receiver), _, now = arrived
+                ready = forward_ready if activation else backward_ready
+                ready[j, plan.stage_of_rank[receiver]] = now
                 heapq.heappush(wakeups, (now, receiver))
             continue
         now, rank = heapq.heappop(wakeups)
@@ -187,11 +193,12 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
             orders[rank].append(Backward(micro_batch=oldest, stage=s))
             end = now + backward_s
             if s > 0:
-                transfers.send((False, oldest, s - 1), rank, routes[oldest][s - 1], at_s=end)
+                key = (False, oldest, rank, routes[oldest][s - 1])
+                transfers.post(key, sending=True, at_s=end)
             later = backwards_run[rank] + RECEIVES_POSTED
             backwards_run[rank] += 1
             if s < last and later < len(queue[rank]):
-                transfers.post((False, queue[rank][later], s), at_s=end)
+                receive(rank, queue[rank][later], activation=False, at_s=end)
         elif next_forward[rank] < len(queue[rank]) and len(held) < limit[rank]:
             j = queue[rank][next_forward[rank]]
             if (j, s) not in forward_ready:
@@ -202,12 +209,12 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
             orders[rank].append(Forward(micro_batch=j, stage=s))
             end = now + forward_s
             if s < last:
-                transfers.send((True, j, s + 1), rank, routes[j][s + 1], at_s=end)
+                transfers.post((True, j, rank, routes[j][s + 1]), sending=True, at_s=end)
             else:
                 backward_ready[j, s] = end
             later = next_forward[rank] - 1 + RECEIVES_POSTED
             if s > 0 and later < len(queue[rank]):
-                transfers.post((True, queue[rank][later], s), at_s=end)
+                receive(rank, queue[rank][later], activation=True, at_s=end)
         else:
             continue
         starts[rank].append(now)
@@ -219,75 +226,6 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
         orders={rank: tuple(order) for rank, order in orders.items()},
         start_s={rank: tuple(times) for rank, times in starts.items()},
     )
-
-
-class _Transfers:
-    """The dry run's transfers, sharing links as the engine's do (``Network``)."""
-
-    def __init__(self, prices: Prices) -> None:
-        self.prices = prices
-        self.network = Network()
-        self.events: list[tuple[float, int, int]] = []  # (time, flow, version; -1: posted)
-        self.flows: dict[int, tuple[tuple[bool, int, int], int, int]] = {}
-        # Sends or receives posted whose other end is not: (when, (sender, receiver) of a send).
-        self.unmatched: dict[tuple[bool, int, int], tuple[float, tuple[int, int] | None]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.events)
-
-    def next_s(self) -> float:
-        return self.events[0][0]
-
-    def send(self, what: tuple[bool, int, int], sender: int, receiver: int, *, at_s: float) -> None:
-        """``sender`` posts the send of ``what`` (kind, micro-batch, receiving stage)."""
-        self._meet(what, at_s=at_s, ends=(sender, receiver))
-
-    def post(self, what: tuple[bool, int, int], *, at_s: float) -> None:
-        """The receiver posts the receive of ``what``."""
-        self._meet(what, at_s=at_s, ends=None)
-
-    def _meet(
-        self, what: tuple[bool, int, int], *, at_s: float, ends: tuple[int, int] | None
-    ) -> None:
-        """A transfer starts once both its send and its receive are posted (as the engine's)."""
-        other = self.unmatched.pop(what, None)
-        if other is None:
-            self.unmatched[what] = (at_s, ends)
-            return
-        other_s, other_ends = other
-        sender, receiver = ends or other_ends or (-1, -1)
-        flow = len(self.flows)
-        self.flows[flow] = (what, sender, receiver)
-        latency_s = self.prices.transfer(sender, receiver).link.latency_s
-        heapq.heappush(self.events, (max(at_s, other_s) + latency_s, flow, -1))
-
-    def advance(self) -> tuple[tuple[bool, int, int], int, float] | None:
-        """Process the next event: (what, receiver, time) if a transfer arrived."""
-        now, flow, version = heapq.heappop(self.events)
-        what, sender, receiver = self.flows[flow]
-        if version < 0:
-            transfer = self.prices.transfer(sender, receiver)
-            bandwidth = transfer.link.bandwidth_bytes_per_s
-            if transfer.num_bytes <= 0 or math.isinf(bandwidth):
-                return what, receiver, now
-            self._retime(
-                self.network.start(
-                    flow,
-                    now_s=now,
-                    num_bytes=transfer.num_bytes,
-                    path_bytes_per_s=bandwidth,
-                    resources=transfer.resources,
-                )
-            )
-            return None
-        if not self.network.is_current(flow, version):
-            return None  # re-timed since this completion was scheduled
-        self._retime(self.network.finish(flow, now_s=now))
-        return what, receiver, now
-
-    def _retime(self, completions: list[tuple[int, float, int]]) -> None:
-        for flow, time_s, version in completions:
-            heapq.heappush(self.events, (time_s, flow, version))
 
 
 def compute_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
