@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.data.corpus import corpus_tokens
-from piebald.runtime.dist.optimizer import OptimizerConfig, build_reference_optimizer
+from piebald.runtime.distributed.optimizer import OptimizerConfig, build_reference_optimizer
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import build_stage_part
 from piebald.runtime.training.config import TrainConfig

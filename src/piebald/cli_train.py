@@ -120,7 +120,7 @@ def train(
     ] = None,
 ) -> None:
     """Train under a plan (torchrun or --emulate), or in one process as the reference."""
-    from piebald.runtime.dist.optimizer import OptimizerConfig
+    from piebald.runtime.distributed.optimizer import OptimizerConfig
     from piebald.runtime.training.config import TrainConfig
 
     run_train(

@@ -31,27 +31,27 @@ from dist_harness import (
 from torch import nn
 
 from piebald.errors import SpecError
-from piebald.runtime.dist import checkpoint as checkpoint_module
-from piebald.runtime.dist.buckets import build_buckets
-from piebald.runtime.dist.checkpoint import (
+from piebald.runtime.distributed import checkpoint as checkpoint_module
+from piebald.runtime.distributed.buckets import build_buckets
+from piebald.runtime.distributed.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from piebald.runtime.dist.collectives import (
+from piebald.runtime.distributed.collectives import (
     CollectiveMethod,
     all_gather_uneven,
     all_reduce_sum,
     reduce_scatter_uneven,
 )
-from piebald.runtime.dist.groups import CommGroup, ProcessGroups, build_process_groups
-from piebald.runtime.dist.loss_scaler import DynamicLossScaler, LossScalerConfig
-from piebald.runtime.dist.optimizer import (
+from piebald.runtime.distributed.groups import CommGroup, ProcessGroups, build_process_groups
+from piebald.runtime.distributed.loss_scaler import DynamicLossScaler, LossScalerConfig
+from piebald.runtime.distributed.optimizer import (
     OptimizerConfig,
     ShardedOptimizer,
     build_reference_optimizer,
 )
-from piebald.runtime.dist.shard_layout import shard_ranges
+from piebald.runtime.distributed.shard_layout import shard_ranges
 from piebald.specs.plan import Plan, ZeroMode
 
 SEED = 3

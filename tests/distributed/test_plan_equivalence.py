@@ -19,7 +19,7 @@ import pytest
 import torch
 from dist_harness import StageSpec, make_plan
 
-from piebald.runtime.dist.optimizer import OptimizerConfig
+from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.reference import train_reference

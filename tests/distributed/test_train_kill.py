@@ -15,8 +15,8 @@ import pytest
 from test_train_resume import PLAN
 
 from cli_runner import last_json, run_cli
-from piebald.runtime.dist.checkpoint import find_latest_checkpoint
-from piebald.runtime.dist.optimizer import OptimizerConfig
+from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
+from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.plan_io import save_plan

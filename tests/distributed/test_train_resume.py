@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dist_harness import StageSpec, make_plan
 
-from piebald.runtime.dist.optimizer import OptimizerConfig
+from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.plan import ZeroMode

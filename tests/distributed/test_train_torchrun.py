@@ -13,7 +13,7 @@ import pytest
 from test_train_resume import PLAN as THREE_RANK_PLAN
 
 from cli_runner import last_json
-from piebald.runtime.dist.optimizer import OptimizerConfig
+from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.reference import train_reference
 from piebald.specs.plan_io import save_plan

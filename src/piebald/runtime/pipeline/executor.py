@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from piebald.runtime.dist.optimizer import ShardedOptimizer, StepResult
+from piebald.runtime.distributed.optimizer import ShardedOptimizer, StepResult
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import StagePart
 from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from piebald.runtime.dist.collectives import all_reduce
-from piebald.runtime.dist.groups import CommGroup
+from piebald.runtime.distributed.collectives import all_reduce
+from piebald.runtime.distributed.groups import CommGroup
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import pass_durations_s
 from piebald.specs.plan import Plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from piebald.runtime.dist.optimizer import OptimizerConfig
+from piebald.runtime.distributed.optimizer import OptimizerConfig
 
 __all__ = ["TrainConfig"]
 

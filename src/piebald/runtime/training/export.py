@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from piebald.runtime.dist.collectives import barrier
-from piebald.runtime.dist.groups import ProcessGroups
-from piebald.runtime.dist.optimizer import ShardedOptimizer
+from piebald.runtime.distributed.collectives import barrier
+from piebald.runtime.distributed.groups import ProcessGroups
+from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.models.stage_part import StagePart
 
 __all__ = ["export_part_weights", "part_weights", "save_weights"]

@@ -27,16 +27,16 @@ from piebald.cost.plan_estimate import model_flops_utilization
 from piebald.errors import SpecError
 from piebald.profiler.apply import recorded_curve
 from piebald.runtime.data.batches import batch_for_step
-from piebald.runtime.dist.buckets import build_buckets
-from piebald.runtime.dist.checkpoint import (
+from piebald.runtime.distributed.buckets import build_buckets
+from piebald.runtime.distributed.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from piebald.runtime.dist.collectives import all_reduce, barrier
-from piebald.runtime.dist.groups import build_process_groups
-from piebald.runtime.dist.loss_scaler import DynamicLossScaler
-from piebald.runtime.dist.optimizer import ShardedOptimizer
+from piebald.runtime.distributed.collectives import all_reduce, barrier
+from piebald.runtime.distributed.groups import build_process_groups
+from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
+from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer

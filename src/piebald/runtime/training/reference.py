@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from piebald.runtime.data.batches import batch_for_step
-from piebald.runtime.dist.optimizer import build_reference_optimizer
+from piebald.runtime.distributed.optimizer import build_reference_optimizer
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import build_stage_part
 from piebald.runtime.training.config import TrainConfig

@@ -6,7 +6,7 @@ Each step the unscaled gradients are checked for inf/nan: on overflow the step i
 and the scale multiplied by ``backoff_factor``; after ``growth_interval`` good steps in a
 row it is multiplied by ``growth_factor``. The overflow verdict must be the same on every
 rank (a rank that steps while another skips would fork the replicas), so the caller
-decides it from a world-wide all-reduce (:mod:`piebald.runtime.dist.optimizer`) and every
+decides it from a world-wide all-reduce (:mod:`piebald.runtime.distributed.optimizer`) and every
 rank applies :meth:`DynamicLossScaler.update` with the same verdict.
 
 Pure Python: the scale is a float, so its state checkpoints as two numbers.

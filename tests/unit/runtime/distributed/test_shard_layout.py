@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from piebald.runtime.dist.shard_layout import (
+from piebald.runtime.distributed.shard_layout import (
     ShardRange,
     padded_shard_size,
     shard_ranges,

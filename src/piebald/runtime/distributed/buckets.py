@@ -1,6 +1,6 @@
 """Split a rank's parameters into its flat buckets under a plan: the stage bucket, and the
 tied embedding/head weight's own bucket when that weight spans stages (why:
-:mod:`piebald.runtime.dist.group_layout`).
+:mod:`piebald.runtime.distributed.group_layout`).
 
 The executor hands over its stage part's trainable parameters with **global** names (the
 same name in every plan, e.g. ``layers.7.attention.wq.weight``) and, on the first and last
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from piebald.runtime.dist.collectives import CollectiveMethod
-from piebald.runtime.dist.flat_bucket import FlatBucket
-from piebald.runtime.dist.group_layout import BucketPlacement
-from piebald.runtime.dist.groups import CommGroup, ProcessGroups
+from piebald.runtime.distributed.collectives import CollectiveMethod
+from piebald.runtime.distributed.flat_bucket import FlatBucket
+from piebald.runtime.distributed.group_layout import BucketPlacement
+from piebald.runtime.distributed.groups import CommGroup, ProcessGroups
 
 __all__ = ["TIED_BUCKET", "build_buckets", "stage_bucket_name"]
 

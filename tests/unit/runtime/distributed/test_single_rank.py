@@ -12,17 +12,17 @@ import torch
 from dist_harness import SHAPES, StageSpec, build_params, make_plan, reference_loss
 
 from piebald.errors import SpecError
-from piebald.runtime.dist import checkpoint as checkpoint_module
-from piebald.runtime.dist.checkpoint import (
+from piebald.runtime.distributed import checkpoint as checkpoint_module
+from piebald.runtime.distributed.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from piebald.runtime.dist.flat_bucket import FlatBucket
-from piebald.runtime.dist.group_layout import BucketPlacement
-from piebald.runtime.dist.groups import single_rank_group
-from piebald.runtime.dist.loss_scaler import DynamicLossScaler, LossScalerConfig
-from piebald.runtime.dist.optimizer import (
+from piebald.runtime.distributed.flat_bucket import FlatBucket
+from piebald.runtime.distributed.group_layout import BucketPlacement
+from piebald.runtime.distributed.groups import single_rank_group
+from piebald.runtime.distributed.loss_scaler import DynamicLossScaler, LossScalerConfig
+from piebald.runtime.distributed.optimizer import (
     OptimizerConfig,
     ShardedOptimizer,
     build_reference_optimizer,

@@ -16,7 +16,7 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
 * ``master`` and ``grad_shard`` (s x 4 each): the fp32 weights this rank owns and the sum
   of every rank's gradient for them, filled by an uneven reduce-scatter.
 
-The optimizer (:mod:`piebald.runtime.dist.optimizer`) steps ``master`` and all-gathers the
+The optimizer (:mod:`piebald.runtime.distributed.optimizer`) steps ``master`` and all-gathers the
 result back into ``params_flat`` in the compute dtype.
 
 Every rank of the group must build the bucket with the same names and shapes (checked,
@@ -33,15 +33,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from piebald.runtime.dist.collectives import (
+from piebald.runtime.distributed.collectives import (
     CollectiveMethod,
     all_gather_uneven,
     reduce_scatter_uneven,
 )
-from piebald.runtime.dist.flat_layout import FlatLayout, Piece, build_flat_layout, pieces_in_range
-from piebald.runtime.dist.group_layout import BucketPlacement
-from piebald.runtime.dist.groups import CommGroup
-from piebald.runtime.dist.shard_layout import ShardRange, shard_ranges
+from piebald.runtime.distributed.flat_layout import (
+    FlatLayout,
+    Piece,
+    build_flat_layout,
+    pieces_in_range,
+)
+from piebald.runtime.distributed.group_layout import BucketPlacement
+from piebald.runtime.distributed.groups import CommGroup
+from piebald.runtime.distributed.shard_layout import ShardRange, shard_ranges
 from piebald.specs.plan import ZeroMode
 
 __all__ = ["FlatBucket"]

@@ -8,7 +8,7 @@ Layout of a checkpoint directory ``DIR/step-00000042/``:
 * ``manifest.json`` — written last, by one rank: the training step, Adam's update count,
   the loss-scaler state, caller extras, and per rank its file's size and SHA-256 and the
   **pieces** it holds: ``[global name, offset in the flattened parameter, offset in the
-  shard, element count]`` (:mod:`piebald.runtime.dist.flat_layout`), with every
+  shard, element count]`` (:mod:`piebald.runtime.distributed.flat_layout`), with every
   parameter's shape.
 
 A checkpoint is therefore just slices of named flat tensors: :func:`load_checkpoint`
@@ -47,9 +47,9 @@ import torch
 import torch.distributed as dist
 
 from piebald.errors import SpecError, error_fields
-from piebald.runtime.dist.collectives import barrier
-from piebald.runtime.dist.groups import CommGroup
-from piebald.runtime.dist.optimizer import ShardedOptimizer
+from piebald.runtime.distributed.collectives import barrier
+from piebald.runtime.distributed.groups import CommGroup
+from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.specs.job import Optimizer
 
 __all__ = [

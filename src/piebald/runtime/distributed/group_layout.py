@@ -1,6 +1,6 @@
 """Which process groups a plan needs, who owns what in each, and the order they are made in.
 
-Pure (no torch): :mod:`piebald.runtime.dist.groups` turns this into ``new_group`` calls.
+Pure (no torch): :mod:`piebald.runtime.distributed.groups` turns this into ``new_group`` calls.
 
 Groups, each one explicit rank tuple (stages may have any size; nothing assumes a grid):
 

@@ -1,7 +1,7 @@
 """Uneven reduce-scatter and all-gather of a flat buffer over a group (plain SUM only).
 
 Rank i of a group owns ``ranges[i]`` of the flat buffer (ranges tile it in group order,
-:mod:`piebald.runtime.dist.shard_layout`). Neither gloo nor NCCL has an uneven
+:mod:`piebald.runtime.distributed.shard_layout`). Neither gloo nor NCCL has an uneven
 reduce-scatter/all-gather primitive, so (measured in research/torch_distributed.md s.3 and
 again here, 16 MB fp32, 3 ranks at 50/30/20 on 2 cores):
 
@@ -29,8 +29,8 @@ from enum import StrEnum
 import torch
 import torch.distributed as dist
 
-from piebald.runtime.dist.groups import CommGroup
-from piebald.runtime.dist.shard_layout import ShardRange, padded_shard_size
+from piebald.runtime.distributed.groups import CommGroup
+from piebald.runtime.distributed.shard_layout import ShardRange, padded_shard_size
 
 __all__ = [
     "CollectiveMethod",

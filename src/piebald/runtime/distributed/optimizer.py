@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from piebald.runtime.dist.collectives import all_reduce_sum
-from piebald.runtime.dist.flat_bucket import FlatBucket
-from piebald.runtime.dist.groups import CommGroup
-from piebald.runtime.dist.loss_scaler import DynamicLossScaler
+from piebald.runtime.distributed.collectives import all_reduce_sum
+from piebald.runtime.distributed.flat_bucket import FlatBucket
+from piebald.runtime.distributed.groups import CommGroup
+from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.specs.job import Optimizer
 
 __all__ = ["OptimizerConfig", "ShardedOptimizer", "StepResult", "build_reference_optimizer"]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from piebald.runtime.dist.flat_layout import build_flat_layout, pieces_in_range
-from piebald.runtime.dist.shard_layout import ShardRange
+from piebald.runtime.distributed.flat_layout import build_flat_layout, pieces_in_range
+from piebald.runtime.distributed.shard_layout import ShardRange
 
 shapes = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=3), min_size=1, max_size=5)
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from piebald.runtime.dist.shard_layout import ShardRange
+from piebald.runtime.distributed.shard_layout import ShardRange
 
 __all__ = ["FlatLayout", "ParamSlot", "Piece", "build_flat_layout", "pieces_in_range"]
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from piebald.runtime.dist.loss_scaler import DynamicLossScaler, LossScalerConfig
+from piebald.runtime.distributed.loss_scaler import DynamicLossScaler, LossScalerConfig
 
 
 @pytest.mark.parametrize("seed", range(5))

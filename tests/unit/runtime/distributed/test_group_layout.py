@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dist_harness import StageSpec, make_plan, three_stage_plan
 
-from piebald.runtime.dist.group_layout import BucketPlacement, build_group_layout
+from piebald.runtime.distributed.group_layout import BucketPlacement, build_group_layout
 from piebald.specs.plan import ZeroMode
 
 

@@ -1,5 +1,5 @@
 """Build a plan's process groups on ``torch.distributed``, once each, in an order that cannot
-hang (what the groups are and why: :mod:`piebald.runtime.dist.group_layout`).
+hang (what the groups are and why: :mod:`piebald.runtime.distributed.group_layout`).
 
 ``torch.distributed.new_group`` is collective over the whole world: every rank, idle or
 not, must call it for every group in the same order. :func:`build_process_groups` walks
@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from piebald.runtime.dist.group_layout import GroupLayout, build_group_layout
+from piebald.runtime.distributed.group_layout import GroupLayout, build_group_layout
 from piebald.specs.plan import Plan
 
 __all__ = ["CommGroup", "ProcessGroups", "build_process_groups", "single_rank_group"]
