@@ -45,6 +45,9 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
             "emulated": summary.emulated,
             "model": summary.model_name,
             "overruns": summary.overruns,
+            "compute_dtype": summary.compute_dtype,
+            "skipped_steps": summary.skipped_steps,
+            "clamped_values": summary.clamped_values,
             "paced_operations": summary.paced_operations,
         }
         print(json.dumps(payload))
@@ -54,6 +57,13 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
         ratio = summary.tokens_per_s / summary.predicted_tokens_per_s
         line += f", planner predicted {summary.predicted_tokens_per_s:,.0f} ({ratio:.2f}x)"
     console.print(line, highlight=False)
+    if summary.skipped_steps or summary.clamped_values:
+        console.print(
+            f"precision ({summary.compute_dtype}): {summary.skipped_steps} steps skipped on "
+            f"fp16 overflow, {summary.clamped_values:,} activation values clamped to fp16's "
+            "range",
+            highlight=False,
+        )
     if summary.emulated and summary.paced_operations:
         share = summary.overruns / summary.paced_operations
         console.print(
@@ -106,6 +116,14 @@ def train(
     max_emulated_params: Annotated[
         int, typer.Option(min=1, help="Emulate larger models at reduced width.")
     ] = 50_000_000,
+    compute_dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="native: each GPU's own dtype (bf16, else fp16 with loss scaling, else "
+            "fp32), as the plan priced; fp32: everywhere, to compare exactly with the "
+            "reference. Default: native on GPUs, fp32 on CPU and under --emulate."
+        ),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Reference run (no --plan): preset or config.json.")
     ] = None,
@@ -132,6 +150,7 @@ def train(
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
         max_emulated_params=max_emulated_params,
+        compute_dtype=compute_dtype,
         as_json=as_json,
         config=TrainConfig(
             steps=steps,
@@ -163,13 +182,21 @@ def run_train(
     seq_len: int | None,
     micro_batch_size: int | None,
     max_emulated_params: int,
+    compute_dtype: str | None,
     as_json: bool,
     config: TrainConfig,
 ) -> None:
     from dataclasses import replace
 
+    from piebald.runtime.training.precision import ComputeDtype
+
     if device not in (None, "cpu", "cuda"):
         raise _fail("--device", device, "cpu or cuda")
+    choices = [c.value for c in ComputeDtype]
+    if compute_dtype is not None and compute_dtype not in choices:
+        raise _fail("--compute-dtype", compute_dtype, " or ".join(choices))
+    if compute_dtype is not None:
+        config = replace(config, compute_dtype=ComputeDtype(compute_dtype))
     if config.metrics_path is not None and config.metrics_path.exists() and not config.resume:
         raise FileExistsError(
             f"{config.metrics_path}: already exists; choose another --metrics file "
@@ -196,6 +223,12 @@ def run_train(
                 "--checkpoint-dir",
                 str(config.checkpoint_dir),
                 "a --plan: the single-process reference takes no checkpoints",
+            )
+        if compute_dtype not in (None, ComputeDtype.FP32.value):
+            raise _fail(
+                "--compute-dtype",
+                compute_dtype,
+                "fp32 or nothing without a --plan: the single-process reference is fp32",
             )
         from piebald.runtime.training.reference import train_reference
 
@@ -233,7 +266,13 @@ def run_train(
         )
         _print_summary(summary, as_json=as_json)
         return
-    _train_distributed(plan_file, config, device=device, as_json=as_json)
+    _train_distributed(
+        plan_file,
+        config,
+        device=device,
+        compute_dtype_given=compute_dtype is not None,
+        as_json=as_json,
+    )
 
 
 def _line_printer(as_json: bool) -> Callable[[str], None]:
@@ -246,7 +285,12 @@ def _line_printer(as_json: bool) -> Callable[[str], None]:
 
 
 def _train_distributed(
-    plan_file: Path, config: TrainConfig, *, device: str | None, as_json: bool
+    plan_file: Path,
+    config: TrainConfig,
+    *,
+    device: str | None,
+    compute_dtype_given: bool,
+    as_json: bool,
 ) -> None:
     """One rank of a real run: ``torchrun`` set RANK, WORLD_SIZE and the rendezvous."""
     from dataclasses import replace
@@ -255,6 +299,7 @@ def _train_distributed(
     import torch
     import torch.distributed as dist
 
+    from piebald.runtime.training.precision import ComputeDtype
     from piebald.runtime.training.rank_worker import run_rank
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -266,7 +311,10 @@ def _train_distributed(
         )
     plan = load_plan(plan_file)
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = replace(config, device=chosen, fp32=chosen == "cpu")
+    config = replace(config, device=chosen)
+    if not compute_dtype_given:  # GPUs run what the plan priced; a CPU run compares exactly
+        native = chosen == "cuda"
+        config = replace(config, compute_dtype=ComputeDtype.NATIVE if native else ComputeDtype.FP32)
     dist.init_process_group(
         "nccl" if chosen == "cuda" else "gloo", timeout=timedelta(seconds=config.timeout_s)
     )

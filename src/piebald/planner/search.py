@@ -289,12 +289,21 @@ class _Search:
         link between two neighbouring stages (one GPU per node group on each side)."""
         key = (self.signature(sender), self.signature(receiver), size, inter)
         if key not in self.hops:
-            wire = self.job.precision.num_bytes  # activations travel in the job's width
-            num_bytes = size * self.job.seq_len * self.model.arch.hidden_size * wire
+            tokens = size * self.job.seq_len * self.model.arch.hidden_size
             left = {self.cluster.gpus[r].group_index: r for r in sender}
             right = {self.cluster.gpus[r].group_index: r for r in receiver}
-            links = [self.cluster.link_between(a, b) for a in left.values() for b in right.values()]
-            slowest = max(links, key=lambda link: p2p_time_s(num_bytes=num_bytes, link=link))
+            # Activations travel in the sender's compute dtype (cost.precision).
+            hops = [
+                (
+                    tokens * self.cluster.device_of(a).training_dtype(self.job.precision).num_bytes,
+                    self.cluster.link_between(a, b),
+                )
+                for a in left.values()
+                for b in right.values()
+            ]
+            num_bytes, slowest = max(
+                hops, key=lambda hop: p2p_time_s(num_bytes=hop[0], link=hop[1])
+            )
             self.hops[key] = (slowest.latency_s, num_bytes / slowest.bandwidth_bytes_per_s)
         return self.hops[key]
 

@@ -31,6 +31,7 @@ from piebald.cost.memory import (
     rank_memory,
     slack_of,
 )
+from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
@@ -128,7 +129,7 @@ def build_stage(
     budget and its slack (``cost.memory.in_flight_micro_batches``, ``slack_of``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
-    wire_bytes = params * job.precision.num_bytes
+    wire_bytes = params * wire_dtype_of_devices(devices, precision=job.precision).num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(ranks) for _ in ranks)
     profile = ring_profile(cluster, ranks)

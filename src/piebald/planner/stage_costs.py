@@ -29,6 +29,7 @@ from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
+from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
@@ -101,7 +102,8 @@ def stage_cost(
     classes = Counter(cluster.device_of(rank) for rank in ranks)
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
-    wire = float(job.precision.num_bytes)  # weights and gradients travel in this width
+    # Weights and gradients travel in the group's common compute dtype (cost.precision).
+    wire = float(wire_dtype_of_devices(classes, precision=job.precision).num_bytes)
     params = _params(model)
     on_wire = params * wire
     has_params = params > 0

@@ -43,15 +43,15 @@ import torch
 from piebald.profiler.device_map import device_type_name
 from piebald.profiler.keys import ComputeKey, distinct_layers, layer_signature
 from piebald.profiler.records import ComputeProfile, DeviceInfo, LayerTiming, Provenance
+from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
 from piebald.specs.devices import Dtype
 from piebald.specs.model import LayerKind, ModelSpec
 
-__all__ = ["TORCH_DTYPES", "cpu_clock_name", "detect_device", "profile_compute"]
+__all__ = ["cpu_clock_name", "detect_device", "profile_compute"]
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP32: torch.float32}
 
 Progress = Callable[[float, str], None]
 

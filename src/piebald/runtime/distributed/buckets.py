@@ -11,14 +11,17 @@ come back in the order the optimizer must visit them: stage first, then tied.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from torch import nn
 
+from piebald.cost.precision import group_wire_dtype
 from piebald.runtime.distributed.collectives import CollectiveMethod
 from piebald.runtime.distributed.flat_bucket import FlatBucket
 from piebald.runtime.distributed.group_layout import BucketPlacement
 from piebald.runtime.distributed.groups import CommGroup, ProcessGroups
+from piebald.runtime.dtypes import TORCH_DTYPES
+from piebald.specs.devices import Dtype
 
 __all__ = ["TIED_BUCKET", "build_buckets", "stage_bucket_name"]
 
@@ -34,11 +37,14 @@ def build_buckets(
     *,
     named_params: Sequence[tuple[str, nn.Parameter]],
     tied_name: str | None = None,
+    dtypes: Mapping[int, Dtype] | None = None,
     reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
     all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
 ) -> tuple[FlatBucket, ...]:
     """This rank's buckets (none on an idle rank). Collective over the stage group and the
-    tied group; call it on every used rank."""
+    tied group; call it on every used rank. ``dtypes``: every used rank's compute dtype
+    (``runtime.training.precision.rank_dtypes``; None: fp32 everywhere), which sets this
+    rank's compute dtype and each bucket's wire dtype (``cost.precision``)."""
     stage_index = groups.stage_index
     if stage_index is None or groups.stage is None:
         return ()
@@ -55,6 +61,9 @@ def build_buckets(
         tied_params = [(n, p) for n, p in named_params if n == tied_name]
         rest = [(n, p) for n, p in named_params if n != tied_name]
 
+    def dtype_of(rank: int) -> Dtype:
+        return dtypes[rank] if dtypes is not None else Dtype.FP32
+
     def make(
         name: str,
         params: list[tuple[str, nn.Parameter]],
@@ -68,6 +77,8 @@ def build_buckets(
             placement=placement,
             group=group,
             rank=groups.rank,
+            compute_dtype=TORCH_DTYPES[dtype_of(groups.rank)],
+            wire_dtype=TORCH_DTYPES[group_wire_dtype(dtype_of(r) for r in group.ranks)],
             init_src_rank=init_src_rank,
             reduce_scatter_method=reduce_scatter_method,
             all_gather_method=all_gather_method,

@@ -1,6 +1,6 @@
-"""A group's parameters as one flat buffer: compute-dtype views, gradient accumulator, and
-this rank's fp32 master shard (uneven ZeRO after Zorse's pipeline-efficient ZeRO and
-Cephalo's uneven training-state shares).
+"""A group's parameters as one flat buffer: compute-dtype views, the fp32 gradient
+accumulator, and this rank's fp32 master shard (uneven ZeRO after Zorse's pipeline-efficient
+ZeRO and Cephalo's uneven training-state shares).
 
 Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
 
@@ -9,25 +9,33 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
   freed at rest (:meth:`FlatBucket.release_params`) and re-filled by an uneven all-gather
   before passes (:meth:`FlatBucket.gather_params`); the views stay valid because they
   share the storage object.
-* ``grads_flat`` (n x b): every ``param.grad`` is a view into it, so autograd sums the
-  micro-batches' gradients in place (DESIGN s.3: gradients are summed; the loss carries
-  the 1/num_tokens weight). If a caller replaced or cleared a ``.grad``, it is copied back
-  before reduction.
+* ``main_grad`` (n x 4): the fp32 gradient accumulator (Megatron-LM's ``main_grad``), so
+  summing many micro-batches loses nothing to a 16-bit accumulator. With fp32 compute
+  every ``param.grad`` is a view into it and autograd sums in place; with 16-bit compute
+  a post-accumulate hook adds each parameter's fresh 16-bit gradient into it and drops
+  it, so only one parameter's 16-bit gradient exists at a time. If a caller replaced or
+  cleared a ``.grad``, it is folded back before reduction.
 * ``master`` and ``grad_shard`` (s x 4 each): the fp32 weights this rank owns and the sum
   of every rank's gradient for them, filled by an uneven reduce-scatter.
 
-The optimizer (:mod:`piebald.runtime.distributed.optimizer`) steps ``master`` and all-gathers the
-result back into ``params_flat`` in the compute dtype.
+Collectives move the bucket's wire dtype (``piebald.cost.precision``): the group's common
+compute dtype, or fp32 where its ranks compute in different dtypes. Each rank casts its
+fp32 accumulator down to it for the reduce-scatter and adds the result into its fp32
+shard; the all-gather moves updated weights in it and each rank casts them to its own
+compute dtype. The initial values travel in fp32.
 
-Every rank of the group must build the bucket with the same names and shapes (checked,
-since gloo aborts the process on a message longer than its receive buffer); the initial
-values are broadcast from ``init_src_rank`` so the replicas start identical.
+The optimizer (:mod:`piebald.runtime.distributed.optimizer`) steps ``master`` and
+all-gathers the result back into ``params_flat``.
+
+Every rank of the group must build the bucket with the same names, shapes and wire dtype
+(checked, since gloo aborts the process on a message longer than its receive buffer); the
+initial values are broadcast from ``init_src_rank`` so the replicas start identical.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,6 +48,7 @@ from piebald.runtime.distributed.collectives import (
 )
 from piebald.runtime.distributed.flat_layout import (
     FlatLayout,
+    ParamSlot,
     Piece,
     build_flat_layout,
     pieces_in_range,
@@ -78,6 +87,8 @@ class FlatBucket:
         placement: BucketPlacement,
         group: CommGroup,
         rank: int,
+        compute_dtype: torch.dtype = torch.float32,
+        wire_dtype: torch.dtype | None = None,
         init_src_rank: int | None = None,
         reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
         all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
@@ -90,45 +101,51 @@ class FlatBucket:
                 f"bucket {name!r}: group ranks {list(group.ranks)} differ from the "
                 f"placement's {list(placement.ranks)}"
             )
-        dtypes = {p.dtype for _, p in params}
         devices = {p.device for _, p in params}
-        if len(dtypes) != 1 or len(devices) != 1:
+        if len(devices) != 1:
             raise ValueError(
-                f"bucket {name!r}: parameters in one dtype and on one device, got "
-                f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}"
+                f"bucket {name!r}: parameters on one device, got {sorted(map(str, devices))}"
             )
         self.name = name
         self.placement = placement
         self.group = group
         self.rank = rank
+        self.compute_dtype = compute_dtype
+        self.wire_dtype = wire_dtype or compute_dtype
         self.reduce_scatter_method = reduce_scatter_method
         self.all_gather_method = all_gather_method
         self.params = [p for _, p in params]
         self.layout: FlatLayout = build_flat_layout([(n, tuple(p.shape)) for n, p in params])
         self._check_same_layout_across_group()
 
-        dtype, device = dtypes.pop(), devices.pop()
+        device = devices.pop()
         numel = self.layout.numel
-        self.params_flat = torch.empty(numel, dtype=dtype, device=device)
-        self.grads_flat = torch.zeros(numel, dtype=dtype, device=device)
+        # The initial values in fp32 on every rank, whatever it computes in.
+        initial = torch.empty(numel, dtype=torch.float32, device=device)
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
-                self.params_flat[slot.offset : slot.end].copy_(param.detach().reshape(-1))
-                param.data = self._param_view(slot.offset, slot.end, slot.shape)
+                initial[slot.offset : slot.end].copy_(param.detach().reshape(-1))
         if group.size > 1:
             src = group.ranks[0] if init_src_rank is None else init_src_rank
-            dist.broadcast(self.params_flat, src=src, group=group.process_group)
-        self._adopt_grads()
-
+            dist.broadcast(initial, src=src, group=group.process_group)
         self.ranges: tuple[ShardRange, ...] = shard_ranges(placement.fractions, num_elements=numel)
         self.shard = self.ranges[group.index_of(rank)]
         self.pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.shard)
-        self.master = (
-            self.params_flat[self.shard.start : self.shard.end]
-            .detach()
-            .to(torch.float32, copy=True)
-        )
+        self.master = initial[self.shard.start : self.shard.end].clone()
+        self.params_flat = initial if compute_dtype == torch.float32 else initial.to(compute_dtype)
+        del initial
+        with torch.no_grad():
+            for slot, param in zip(self.layout.slots, self.params, strict=True):
+                param.data = self._param_view(slot.offset, slot.end, slot.shape)
+        self.main_grad = torch.zeros(numel, dtype=torch.float32, device=device)
         self.grad_shard = torch.zeros_like(self.master)
+        if self._grads_are_views:
+            self._adopt_grads()
+        else:
+            for slot, param in zip(self.layout.slots, self.params, strict=True):
+                param.grad = None
+                hook = self._accumulate_hook(slot)
+                param.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
         self._storage_bytes = self.params_flat.untyped_storage().nbytes()
         self._released = False
         if self.sharded_at_rest:
@@ -140,14 +157,36 @@ class FlatBucket:
         return self.params_flat[start:end].view(shape)
 
     def _grad_view(self, start: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.grads_flat[start:end].view(shape)
+        return self.main_grad[start:end].view(shape)
+
+    @property
+    def _grads_are_views(self) -> bool:
+        """fp32 compute: ``param.grad`` is the accumulator itself (no copy)."""
+        return self.compute_dtype == torch.float32
+
+    def _accumulate_hook(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
+        """16-bit compute: add a parameter's fresh gradient into the fp32 accumulator."""
+
+        def hook(param: torch.Tensor) -> None:
+            assert param.grad is not None
+            with torch.no_grad():
+                self._grad_view(slot.offset, slot.end, slot.shape).add_(param.grad)
+            param.grad = None
+
+        return hook
 
     def _adopt_grads(self) -> None:
-        """Make every ``param.grad`` the view into ``grads_flat`` again, keeping its value."""
+        """Fold every ``param.grad`` into the accumulator: with fp32 compute make it the
+        view again (keeping its value), with 16-bit compute add it and drop it."""
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
                 view = self._grad_view(slot.offset, slot.end, slot.shape)
                 grad = param.grad
+                if not self._grads_are_views:
+                    if grad is not None:
+                        view.add_(grad)
+                        param.grad = None
+                    continue
                 if grad is None:
                     # Cleared (set_to_none): no gradient since, so the accumulator is zero.
                     view.zero_()
@@ -161,15 +200,15 @@ class FlatBucket:
         if self.group.size == 1:
             return
         mine = [(slot.name, slot.shape) for slot in self.layout.slots]
-        mine_dtype = str(self.params[0].dtype)
+        wire = str(self.wire_dtype)
         everyone: list[object] = [None] * self.group.size
-        dist.all_gather_object(everyone, (mine, mine_dtype), group=self.group.process_group)
+        dist.all_gather_object(everyone, (mine, wire), group=self.group.process_group)
         for other_rank, other in zip(self.group.ranks, everyone, strict=True):
-            if other != (mine, mine_dtype):
+            if other != (mine, wire):
                 raise ValueError(
                     f"bucket {self.name!r}: rank {self.rank} holds {len(mine)} parameters "
-                    f"{mine[:3]}... ({mine_dtype}) but rank {other_rank} holds a different "
-                    "list; every rank of a group must build the same parameters"
+                    f"{mine[:3]}... (wire dtype {wire}) but rank {other_rank} holds a "
+                    "different list; every rank of a group must build the same parameters"
                 )
 
     # --- ZeRO -------------------------------------------------------------------------------
@@ -183,7 +222,7 @@ class FlatBucket:
         return self.layout.numel
 
     def zero_grad(self) -> None:
-        self.grads_flat.zero_()
+        self.main_grad.zero_()
         self.grad_shard.zero_()
         self._adopt_grads()
 
@@ -193,7 +232,7 @@ class FlatBucket:
         once per step, an executor may call it more often (ZeRO-2 style), as long as every
         rank of the group calls it the same number of times."""
         self._adopt_grads()
-        source = self.grads_flat.to(torch.float32)  # a no-op for fp32 compute
+        source = self.main_grad.to(self.wire_dtype)  # a no-op for an fp32 wire
         reduced = reduce_scatter_uneven(
             source,
             self.ranges,
@@ -202,23 +241,28 @@ class FlatBucket:
             method=self.reduce_scatter_method,
         )
         self.grad_shard.add_(reduced)
-        self.grads_flat.zero_()
+        self.main_grad.zero_()
 
     def publish_params(self) -> None:
-        """Copy the master shard into the compute-dtype buffer and all-gather every owner's
-        shard (collective over the group)."""
+        """All-gather every owner's master shard, in the wire dtype, into the compute-dtype
+        buffer (collective over the group)."""
         if self._released:
             self.params_flat.untyped_storage().resize_(self._storage_bytes)
             self._released = False
-        with torch.no_grad():
-            self.params_flat[self.shard.start : self.shard.end].copy_(self.master)
-        all_gather_uneven(
-            self.params_flat,
-            self.ranges,
-            group=self.group,
-            rank=self.rank,
-            method=self.all_gather_method,
+        # Gather in place where the wire is the compute dtype, else through a wire buffer.
+        same = self.wire_dtype == self.compute_dtype
+        target = (
+            self.params_flat
+            if same
+            else self.params_flat.new_empty(self.numel, dtype=self.wire_dtype)
         )
+        with torch.no_grad():
+            target[self.shard.start : self.shard.end].copy_(self.master)
+            all_gather_uneven(
+                target, self.ranges, group=self.group, rank=self.rank, method=self.all_gather_method
+            )
+            if not same:
+                self.params_flat.copy_(target)
 
     def gather_params(self) -> None:
         """ZeRO FULL: materialise the parameters before a pass (collective, always, so every

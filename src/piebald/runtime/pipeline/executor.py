@@ -4,7 +4,8 @@ in order (DESIGN section 3; the simulator executes the same lists).
 How each operation maps onto torch:
 
 - ``RecvActivation`` / ``RecvGradient``: post an ``irecv`` into a buffer of the micro-batch's
-  shape in the sender's compute dtype (``Mailbox``); the pass that needs it waits on it.
+  shape in the sender's compute dtype (``Mailbox``); the pass that needs it waits on it and
+  casts it to this rank's dtype (an fp16 rank clamps activations, ``boundary``).
 - ``Forward(j)``: stage 0 reads the rows of micro-batch j from the global batch; later
   stages take the received activation as a leaf that requires grad. The last stage turns
   logits into ``token_loss_sum / tokens_in_global_batch`` (so every reduction is a plain
@@ -35,6 +36,7 @@ import torch
 from piebald.runtime.distributed.optimizer import ShardedOptimizer, StepResult
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import StagePart
+from piebald.runtime.pipeline.boundary import to_compute_dtype
 from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.pipeline.rows import micro_batch_rows
@@ -62,6 +64,7 @@ __all__ = ["PipelineExecutor", "StepOutcome"]
 class StepOutcome:
     loss_sum: float  # this rank's share of the step's mean loss (0 off the last stage)
     optimizer: StepResult
+    clamped_values: int = 0  # received activation values clamped to fp16's range
 
 
 @dataclass(slots=True)
@@ -100,6 +103,7 @@ class PipelineExecutor:
         self.rows = micro_batch_rows(plan)
         self.tokens_in_batch = plan.job.global_batch_size * plan.job.seq_len
         self.compute_dtype = next(part.parameters()).dtype
+        self._clamped = 0
         self._last_backward = max(
             (k for k, op in enumerate(self.ops) if isinstance(op, Backward)), default=-1
         )
@@ -117,6 +121,7 @@ class PipelineExecutor:
         saved: dict[int, _Saved] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         result: StepResult | None = None
+        self._clamped = 0
         # ZeRO-3: gather once per step (a no-op for other modes); collective over the stage
         # group, called by every rank of it, micro-batches or not.
         self.optimizer.gather_params()
@@ -168,7 +173,9 @@ class PipelineExecutor:
                     pass  # once per step, see the module docstring
         if result is None:
             raise RuntimeError(f"rank {self.rank}: the schedule has no optimizer step")
-        return StepOutcome(loss_sum=float(loss_sum.item()), optimizer=result)
+        return StepOutcome(
+            loss_sum=float(loss_sum.item()), optimizer=result, clamped_values=self._clamped
+        )
 
     # --- passes ---------------------------------------------------------------------------
 
@@ -176,7 +183,12 @@ class PipelineExecutor:
         tensor, arrival = mailbox.take(kind, micro_batch=j)
         if self.pacer is not None and arrival is not None:
             self.pacer.wait_until(arrival)
-        return tensor.to(self.compute_dtype)
+        # From a rank of another dtype: activations clamped to fp16's range (boundary.py).
+        cast, clamped = to_compute_dtype(
+            tensor, self.compute_dtype, clamp=kind is MessageKind.ACTIVATION
+        )
+        self._clamped += clamped
+        return cast
 
     def _forward(
         self, j: int, inputs: torch.Tensor, labels: torch.Tensor, mailbox: Mailbox

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from piebald.runtime.distributed.optimizer import OptimizerConfig
+from piebald.runtime.training.precision import ComputeDtype
 
 __all__ = ["TrainConfig"]
 
@@ -24,7 +25,9 @@ class TrainConfig:
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
     save_model_path: Path | None = None  # the trained weights, one file, global names
     time_scale: float | None = None  # emulation: wall seconds per emulated second; None: real
-    fp32: bool = False  # compute in fp32 whatever the plan's precision (emulation default)
+    # native: each rank in its GPU's dtype (what the plan priced); fp32: everywhere, for an
+    # exact comparison with the reference (``runtime.training.precision``).
+    compute_dtype: ComputeDtype = ComputeDtype.FP32
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run
 
     def __post_init__(self) -> None:

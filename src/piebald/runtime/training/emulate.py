@@ -89,7 +89,8 @@ def emulate(
     max_params: int,
     lines_to_stderr: bool = False,
 ) -> RunSummary:
-    """Train under ``plan`` on ``plan.cluster.num_gpus`` local CPU processes, in fp32.
+    """Train under ``plan`` on ``plan.cluster.num_gpus`` local CPU processes, each in
+    the dtype ``config.compute_dtype`` says (CPU tensors compute bf16 and fp16 too).
 
     ``config.time_scale`` paces every operation to the emulated GPU's time (wall seconds per
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
@@ -103,7 +104,7 @@ def emulate(
             value=f"{plan.cluster.name} ({world_size} GPUs)",
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
-    config = replace(config, device="cpu", fp32=True)
+    config = replace(config, device="cpu")
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
     checkpoint_to_resume(config)

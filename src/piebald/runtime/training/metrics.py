@@ -28,6 +28,7 @@ class StepMetrics:
     mfu: float
     peak_memory_bytes: float
     skipped: bool  # fp16 overflow: no parameter changed
+    clamped_values: int = 0  # activation values clamped to fp16's range (pipeline.boundary)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +42,9 @@ class RunSummary:
     overruns: int = 0  # emulated operations whose real work outlasted their emulated time
     paced_operations: int = 0
     first_step: int = 0  # the step this run started from (after --resume)
+    skipped_steps: int = 0  # fp16 overflow: no parameter changed
+    clamped_values: int = 0  # activation values clamped to fp16's range, all steps
+    compute_dtype: str = "fp32"  # native (each GPU's dtype) or fp32
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -50,10 +54,15 @@ class RunSummary:
 
 def format_step(metrics: StepMetrics) -> str:
     skipped = "  (skipped: fp16 overflow)" if metrics.skipped else ""
+    clamped = (
+        f"  ({metrics.clamped_values:,} activations clamped to fp16's range)"
+        if metrics.clamped_values
+        else ""
+    )
     return (
         f"step {metrics.step:>5}  loss {metrics.loss:8.4f}  grad norm {metrics.grad_norm:8.4f}  "
         f"tokens/s {metrics.tokens_per_s:>12,.0f}  MFU {metrics.mfu:6.1%}  "
-        f"memory {metrics.peak_memory_bytes / 2**30:6.2f} GiB{skipped}"
+        f"memory {metrics.peak_memory_bytes / 2**30:6.2f} GiB{skipped}{clamped}"
     )
 
 
@@ -66,6 +75,7 @@ def summarise(
     model_name: str,
     overruns: int = 0,
     paced_operations: int = 0,
+    compute_dtype: str = "fp32",
 ) -> RunSummary:
     timed = history[1:] if len(history) > 1 else history
     return RunSummary(
@@ -78,6 +88,9 @@ def summarise(
         overruns=overruns,
         paced_operations=paced_operations,
         first_step=history[0].step - 1 if history else steps,
+        skipped_steps=sum(m.skipped for m in history),
+        clamped_values=sum(m.clamped_values for m in history),
+        compute_dtype=compute_dtype,
     )
 
 

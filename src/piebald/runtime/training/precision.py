@@ -1,29 +1,47 @@
-"""The dtype each rank computes in: the plan's precision where its GPU supports it (bf16,
-else fp16 with a loss scaler, else fp32, as ``DeviceType.training_dtype`` decides), or fp32
-everywhere for emulation and CPU runs, so they can be compared with the fp32 reference."""
+"""The dtype each rank computes in and the dtype each of its buckets communicates in, as
+``piebald.cost.precision`` prices them (the policy and why is written there).
+
+``--compute-dtype native`` (what a GPU run does) gives every rank its GPU's training dtype
+for the plan's precision: bf16, else fp16, else fp32. ``--compute-dtype fp32`` computes in
+fp32 everywhere, so a run can be compared exactly with the fp32 single-process reference.
+CPU tensors support bf16 and fp16, so emulation runs the native path for real.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+
 import torch
 
+from piebald.cost.precision import group_wire_dtype
+from piebald.runtime.dtypes import torch_dtype
 from piebald.specs.devices import Dtype
 from piebald.specs.plan import Plan
 
-__all__ = ["TORCH_DTYPES", "needs_loss_scaler", "rank_dtypes"]
-
-TORCH_DTYPES = {Dtype.BF16: torch.bfloat16, Dtype.FP16: torch.float16, Dtype.FP32: torch.float32}
+__all__ = ["ComputeDtype", "needs_loss_scaler", "rank_dtypes", "wire_dtype"]
 
 
-def rank_dtypes(plan: Plan, *, fp32: bool) -> dict[int, torch.dtype]:
+class ComputeDtype(StrEnum):
+    NATIVE = "native"  # each rank in its GPU's training dtype (what the plan priced)
+    FP32 = "fp32"  # every rank in fp32 (exact comparison with the reference)
+
+
+def rank_dtypes(plan: Plan, *, compute: ComputeDtype) -> dict[int, Dtype]:
     """Compute dtype of every used rank (also the dtype it sends its activations in)."""
-    if fp32:
-        return dict.fromkeys(plan.used_ranks, torch.float32)
+    if compute is ComputeDtype.FP32:
+        return dict.fromkeys(plan.used_ranks, Dtype.FP32)
     return {
-        rank: TORCH_DTYPES[plan.cluster.device_of(rank).training_dtype(plan.job.precision)]
+        rank: plan.cluster.device_of(rank).training_dtype(plan.job.precision)
         for rank in plan.used_ranks
     }
 
 
-def needs_loss_scaler(dtypes: dict[int, torch.dtype]) -> bool:
+def wire_dtype(dtypes: Mapping[int, Dtype], ranks: Iterable[int]) -> torch.dtype:
+    """The torch dtype a group of ``ranks`` communicates in (``cost.precision``)."""
+    return torch_dtype(group_wire_dtype(dtypes[rank] for rank in ranks))
+
+
+def needs_loss_scaler(dtypes: Mapping[int, Dtype]) -> bool:
     """fp16 anywhere: every used rank scales (the overflow verdict is global)."""
-    return torch.float16 in dtypes.values()
+    return Dtype.FP16 in dtypes.values()

@@ -37,6 +37,7 @@ from piebald.runtime.distributed.collectives import all_reduce, barrier
 from piebald.runtime.distributed.groups import build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
+from piebald.runtime.dtypes import torch_dtype
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer
@@ -135,18 +136,17 @@ def run_rank(
         return RankRun(rank=rank, summary=None)
     stage = plan.stages[stage_index]
     device = _device(config)
-    dtypes = rank_dtypes(plan, fp32=config.fp32)
+    dtypes = rank_dtypes(plan, compute=config.compute_dtype)
     part = build_stage_part(
         model,
         layer_start=stage.layer_start,
         layer_end=stage.layer_end,
         seed=config.seed,
-        dtype=dtypes[rank],
         device=device,
-    )
+    )  # in fp32: the buckets keep fp32 masters and cast the parameters to the compute dtype
     part.recompute = stage.recompute
     named, tied_name = global_named_parameters(part)
-    buckets = build_buckets(groups, named_params=named, tied_name=tied_name)
+    buckets = build_buckets(groups, named_params=named, tied_name=tied_name, dtypes=dtypes)
     scaler = DynamicLossScaler() if needs_loss_scaler(dtypes) else None
     optimizer = ShardedOptimizer(
         buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
@@ -165,7 +165,7 @@ def run_rank(
         part=part,
         optimizer=optimizer,
         device=device,
-        wire_dtypes=dtypes,
+        wire_dtypes={r: torch_dtype(d) for r, d in dtypes.items()},
         pacer=pacer,
     )
     tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
@@ -191,7 +191,9 @@ def run_rank(
         )
         outcome = executor.run_step(inputs=inputs, labels=labels)
         # On the rank's device: NCCL reduces GPU tensors only.
-        reduced = torch.tensor([outcome.loss_sum], dtype=torch.float64, device=device)
+        reduced = torch.tensor(
+            [outcome.loss_sum, outcome.clamped_values], dtype=torch.float64, device=device
+        )
         memory = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
         all_reduce(reduced, group=groups.used)
         all_reduce(memory, group=groups.used, op=dist.ReduceOp.MAX)
@@ -201,13 +203,14 @@ def run_rank(
         tokens_per_s = plan.job.tokens_per_step / step_s
         metrics = StepMetrics(
             step=step + 1,
-            loss=float(reduced.item()),
+            loss=float(reduced[0].item()),
             grad_norm=outcome.optimizer.grad_norm,
             step_time_s=step_s,
             tokens_per_s=tokens_per_s,
             mfu=model_flops_utilization(plan, tokens_per_s=tokens_per_s),
             peak_memory_bytes=float(memory.item()),
             skipped=outcome.optimizer.skipped,
+            clamped_values=int(reduced[1].item()),
         )
         history.append(metrics)
         if leader:
@@ -247,6 +250,7 @@ def run_rank(
         model_name=model.name,
         overruns=int(counts[0].item()),
         paced_operations=int(counts[1].item()),
+        compute_dtype=config.compute_dtype.value,
     )
     if not history:
         summary = replace(summary, first_step=first_step)

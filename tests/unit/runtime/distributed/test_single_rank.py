@@ -51,6 +51,7 @@ def _sharded(
         placement=BucketPlacement(ranks=(0,), fractions=(1.0,), zero=zero),
         group=GROUP,
         rank=0,
+        compute_dtype=dtype,
     )
     optimizer = ShardedOptimizer([bucket], config=config, used_group=GROUP, loss_scaler=scaler)
     return params, optimizer
@@ -295,3 +296,31 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match=r"parameter a\.weight.*shape \[3, 4\]"):
         load_checkpoint(path, optimizer=optimizer, group=GROUP, rank=0)
+
+
+def test_16_bit_gradients_accumulate_in_fp32() -> None:
+    """Megatron's main_grad: each micro-batch's bf16 gradient is added into an fp32
+    accumulator, so 64 small gradients on top of a large one are not rounded away."""
+    weight = torch.nn.Parameter(torch.ones(4))
+    bucket = FlatBucket(
+        "stage0",
+        named_params=[("w", weight)],
+        placement=BucketPlacement(ranks=(0,), fractions=(1.0,), zero=ZeroMode.OPTIMIZER),
+        group=GROUP,
+        rank=0,
+        compute_dtype=torch.bfloat16,
+    )
+    assert weight.dtype == torch.bfloat16 and bucket.master.dtype == torch.float32
+    scales = [256.0] + [1.0] * 64
+    expected = torch.zeros(4)
+    bf16_sum = torch.zeros(4, dtype=torch.bfloat16)
+    for scale in scales:
+        (weight * scale).sum().backward()
+        assert weight.grad is None  # folded into the accumulator by the hook
+        grad = torch.full((4,), scale, dtype=torch.bfloat16)
+        expected += grad.float()
+        bf16_sum += grad
+    assert torch.equal(bucket.main_grad, expected)  # 320
+    assert not torch.equal(bf16_sum.float(), expected)  # bf16 would have stopped at 256
+    bucket.reduce_gradients()
+    assert torch.equal(bucket.grad_shard, expected)
