@@ -32,7 +32,7 @@ from piebald.errors import SpecError
 from piebald.planner.compare import Comparison
 from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
-from piebald.planner.strategies import STRATEGIES
+from piebald.planner.strategies import STRATEGIES, Strategy
 from piebald.plots import plot_comparison
 from piebald.profiler.apply import recorded_curve
 from piebald.render import (
@@ -47,6 +47,7 @@ from piebald.render import (
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.fields import suggest
+from piebald.specs.plan import ZeroMode
 from piebald.specs.plan_io import load_plan, plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
 from piebald.specs.units import format_rate
@@ -119,6 +120,10 @@ def plan(
     seq_len: SeqOption,
     precision: PrecisionOption = Dtype.BF16,
     strategy: Annotated[str, typer.Option(help="piebald, or a baseline to plan as.")] = "piebald",
+    zero: Annotated[
+        str | None,
+        typer.Option(help="Every stage in this ZeRO mode: none, optimizer, gradients, full."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the plan JSON here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON.")] = False,
@@ -135,6 +140,7 @@ def plan(
             value=strategy,
             expected=f"one of {list(STRATEGIES)}{suggest(strategy, STRATEGIES)}",
         )
+    zero_mode = _zero_mode(zero, strategy=STRATEGIES[strategy])
     if out is not None and out.exists() and not force:
         raise FileExistsError(f"{out} exists; not overwriting it (pass --force to replace)")
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
@@ -147,6 +153,7 @@ def plan(
             strategy=STRATEGIES[strategy],
             progress=progress,
             curve=curve,
+            zero=zero_mode,
         )
     best = cli_simulate.verify_by_simulation(result, curve=curve) if simulate else result.best
     best = scored_with_cost_inputs(best, profiled)
@@ -162,6 +169,24 @@ def plan(
         console.print(line, highlight=False)
     if out is not None:
         console.print(f"plan written to {out}")
+
+
+def _zero_mode(value: str | None, *, strategy: Strategy) -> ZeroMode | None:
+    """``--zero``: a ZeRO mode the strategy can express, or None."""
+    if value is None:
+        return None
+    modes = [m.value for m in ZeroMode]
+    if value not in modes:
+        raise SpecError(source="--zero", field="", value=value, expected=f"one of {modes}")
+    allowed = strategy.stage_rules.zero_modes
+    if ZeroMode(value) not in allowed:
+        raise SpecError(
+            source="--zero",
+            field="",
+            value=value,
+            expected=f"a mode strategy {strategy.name} can use: {[m.value for m in allowed]}",
+        )
+    return ZeroMode(value)
 
 
 @app.command("explain")

@@ -531,3 +531,30 @@ def mailbox_releases_sends(rank: int, world_size: int) -> None:
             mailbox.send(grad, micro_batch=j, peer=peer, tensor=-tensor)
     mailbox.finish()
     assert mailbox.sends_in_flight == 0
+
+
+def mailbox_one_tag_matches_in_posting_order(rank: int, world_size: int) -> None:
+    """With every message on one tag, gloo matches a pair's messages in posting order, as
+    NCCL does: receives posted in the senders' order get the right payloads, and receives
+    posted in the other order get each other's (which is why the schedule's order matters,
+    and what the one-tag equivalence runs check)."""
+    from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
+
+    act = MessageKind.ACTIVATION
+    shape = (2, 3)
+    for reversed_receives in (False, True):
+        mailbox = Mailbox(device=torch.device("cpu"), stamped=False, one_tag=True)
+        if rank == 0:
+            for j in range(3):
+                mailbox.send(act, micro_batch=j, peer=1, tensor=torch.full(shape, float(j)))
+        else:
+            order = [2, 1, 0] if reversed_receives else [0, 1, 2]
+            for j in order:
+                mailbox.post_receive(act, micro_batch=j, peer=0, shape=shape, dtype=torch.float32)
+            got = {j: mailbox.take(act, micro_batch=j)[0][0, 0].item() for j in order}
+            if reversed_receives:
+                assert got == {2: 0.0, 1: 1.0, 0: 2.0}  # matched by order, not by micro-batch
+            else:
+                assert got == {0: 0.0, 1: 1.0, 2: 2.0}
+        mailbox.finish()
+        dist.barrier()

@@ -15,3 +15,7 @@ pytestmark = pytest.mark.distributed
 
 def test_completed_sends_release_their_payloads() -> None:
     run_ranks(dist_workers.mailbox_releases_sends, 2)
+
+
+def test_one_tag_matches_in_posting_order_like_nccl() -> None:
+    run_ranks(dist_workers.mailbox_one_tag_matches_in_posting_order, 2)

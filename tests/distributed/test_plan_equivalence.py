@@ -6,7 +6,8 @@ Plans cover 1, 2 and 3 stages on 2 to 6 gloo ranks of mixed emulated GPU types (
 left idle), stages of different sizes fanning micro-batches out and in, unequal
 micro-batch counts, per-GPU micro-batch sizes in a one-stage plan, uneven shard fractions
 under every ZeRO mode, a tied embedding/head across stages, recompute, and both schedules.
-Each run is 5 optimizer steps of AdamW with clipping.
+Each run is 5 optimizer steps of AdamW with clipping, once with a tag per message and once
+with every message on one tag (NCCL's matching: in posting order per pair).
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ PLANS = {
 }
 
 
+@pytest.mark.parametrize("one_tag", [False, True], ids=["tagged", "one tag (NCCL matching)"])
 @pytest.mark.parametrize("name", list(PLANS))
-def test_plan_trains_exactly_like_one_process(name: str, tmp_path: Path) -> None:
+def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path: Path) -> None:
     plan = PLANS[name]()
     assert len({plan.cluster.device_of(r).name for r in plan.used_ranks}) >= 2
     reference = train_reference(
@@ -123,7 +125,7 @@ def test_plan_trains_exactly_like_one_process(name: str, tmp_path: Path) -> None
     )
     run = emulate(
         plan,
-        dataclasses.replace(CONFIG, save_model_path=tmp_path / "plan.pt"),
+        dataclasses.replace(CONFIG, save_model_path=tmp_path / "plan.pt", one_tag=one_tag),
         max_params=10**9,
         lines_to_stderr=True,
     )

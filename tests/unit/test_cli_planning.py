@@ -109,3 +109,25 @@ def test_compare_json_shape_and_plot(tmp_path: Path) -> None:
     feasible = [row["tokens_per_s"] for row in data["results"] if row["feasible"]]
     assert data["results"][0]["tokens_per_s"] == pytest.approx(max(feasible))
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("zero", ["none", "optimizer", "gradients", "full"])
+def test_plan_zero_restricts_every_stage(zero: str, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--zero", zero, "--out", str(out)
+    )
+    assert code == 0, output
+    plan = load_plan(out)
+    assert {stage.zero.value for stage in plan.stages} == {zero}
+    code, output = run_cli("explain", str(out))
+    assert code == 0 and "bottleneck" in output
+
+
+def test_plan_zero_errors_are_one_line() -> None:
+    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--zero", "zero3")
+    assert code == 2 and "--zero" in output and "'gradients'" in output
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--zero", "full", "--strategy", "metis"
+    )
+    assert code == 2 and "strategy metis can use" in output and "Traceback" not in output

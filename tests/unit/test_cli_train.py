@@ -48,6 +48,10 @@ def test_train_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 2 and "takes no checkpoints" in output
     code, output = run_cli("train", "--model", "tiny", *JOB, "--resume")
     assert code == 2 and "--checkpoint-dir" in output and "Traceback" not in output
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--compute-dtype", "bf16")
+    assert code == 2 and "--compute-dtype" in output and "native or fp32" in output
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--compute-dtype", "native")
+    assert code == 2 and "reference is fp32" in output and "Traceback" not in output
     plan = tmp_path / "plan.json"
     code, output = run_cli(
         "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)

@@ -33,13 +33,13 @@ from piebald.planner.partition import split_layers
 from piebald.planner.proxy import Hop, Way, pipeline_proxy, polish_bounds, uniform_bounds
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
-from piebald.planner.strategies import BASELINES, PIEBALD, Strategy
+from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
 from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, unit_orders
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, RunnerUp, Schedule, weighted_round_robin
+from piebald.specs.plan import Plan, RunnerUp, Schedule, ZeroMode, weighted_round_robin
 
 __all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
 
@@ -560,6 +560,7 @@ def search(
     curve: EfficiencyCurve = DEFAULT_CURVE,
     progress: Progress | None = None,
     seeds: Sequence[ScoredPlan] | None = None,
+    zero: ZeroMode | None = None,
 ) -> SearchResult:
     """The plan with the highest predicted tokens/s that fits every GPU's memory.
 
@@ -567,11 +568,21 @@ def search(
     strategy's plan space: they compete with what the search finds, so the result is never
     worse than any of them. When none are given and the strategy asks for it (piebald, up
     to ``seed_with_baselines_up_to`` GPUs), the baseline searches run first.
+
+    ``zero`` restricts every stage to that ZeRO mode (``plan --zero``), the baselines that
+    seed the search too; a strategy that cannot express it is a ``ValueError``.
     """
     started = time.perf_counter()
     check_job_fits_model(job, model)
+    restricted = with_zero_mode(strategy, zero)
+    if restricted is None:
+        raise ValueError(
+            f"strategy {strategy.name} cannot use ZeRO mode {zero}; it allows "
+            f"{', '.join(m.value for m in strategy.stage_rules.zero_modes)}"
+        )
+    strategy = restricted
     if seeds is None and cluster.num_gpus <= strategy.seed_with_baselines_up_to:
-        seeds = _baseline_seeds(cluster, model=model, job=job, curve=curve)
+        seeds = _baseline_seeds(cluster, model=model, job=job, curve=curve, zero=zero)
     report = progress or (lambda fraction, message: None)
     state = _Search(cluster, model=model, job=job, strategy=strategy, curve=curve)
     if strategy.grid_drop:
@@ -606,13 +617,23 @@ def search(
 
 
 def _baseline_seeds(
-    cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec, curve: EfficiencyCurve
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    curve: EfficiencyCurve,
+    zero: ZeroMode | None,
 ) -> list[ScoredPlan]:
     seeds = []
     for baseline in BASELINES:
+        restricted = with_zero_mode(baseline, zero)
+        if restricted is None:
+            continue
         try:
             seeds.append(
-                search(cluster, model=model, job=job, strategy=baseline, curve=curve, seeds=()).best
+                search(
+                    cluster, model=model, job=job, strategy=restricted, curve=curve, seeds=()
+                ).best
             )
         except Infeasible:
             continue

@@ -7,12 +7,12 @@ and overheads are not modelled, only its choices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.plan import ZeroMode
 
-__all__ = ["BASELINES", "PIEBALD", "STRATEGIES", "Strategy"]
+__all__ = ["BASELINES", "PIEBALD", "STRATEGIES", "Strategy", "with_zero_mode"]
 
 _NOT_SHARDED = (ZeroMode.NONE,)
 _DISTRIBUTED_OPTIMIZER = (ZeroMode.NONE, ZeroMode.OPTIMIZER)
@@ -110,3 +110,13 @@ BASELINES: tuple[Strategy, ...] = (
 )
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (PIEBALD, *BASELINES)}
+
+
+def with_zero_mode(strategy: Strategy, zero: ZeroMode | None) -> Strategy | None:
+    """``strategy`` with every stage in ZeRO mode ``zero`` (``plan --zero``), unchanged for
+    None, and None where the strategy cannot express that mode (Metis has no ZeRO)."""
+    if zero is None:
+        return strategy
+    if zero not in strategy.stage_rules.zero_modes:
+        return None
+    return replace(strategy, stage_rules=replace(strategy.stage_rules, zero_modes=(zero,)))

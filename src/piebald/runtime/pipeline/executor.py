@@ -89,6 +89,7 @@ class PipelineExecutor:
         device: torch.device,
         wire_dtypes: dict[int, torch.dtype],
         pacer: Pacer | None = None,
+        one_tag: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -98,6 +99,7 @@ class PipelineExecutor:
         self.device = device
         self.wire_dtypes = wire_dtypes  # the dtype each rank sends its messages in
         self.pacer = pacer
+        self.one_tag = one_tag  # every message on one tag: NCCL's in-order matching
         self.stage_index = plan.stage_of_rank[rank]
         self.is_last = self.stage_index == plan.num_stages - 1
         self.rows = micro_batch_rows(plan)
@@ -117,7 +119,7 @@ class PipelineExecutor:
     ) -> StepOutcome:
         """One step: ``inputs``/``labels`` are the whole global batch (every rank draws it
         from (seed, step) and keeps its micro-batches' rows)."""
-        mailbox = Mailbox(device=self.device, stamped=self.pacer is not None)
+        mailbox = Mailbox(device=self.device, stamped=self.pacer is not None, one_tag=self.one_tag)
         saved: dict[int, _Saved] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         result: StepResult | None = None

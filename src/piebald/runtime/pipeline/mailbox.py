@@ -16,8 +16,11 @@ Gloo matches messages by tag. NCCL ignores tags and matches the messages of one 
 receiver) pair in the order both sides post them; that order agrees too: between a rank of
 stage s and one of stage s+1 activations flow one way and gradients the other, and both
 ends post each kind in ascending micro-batch order (every rank runs its forwards, and its
-backwards, in ascending micro-batch order; see ``piebald.simulator.schedules``). The NCCL
-path has not run yet: no GPU was available when it was written.
+backwards, in ascending micro-batch order; see ``piebald.simulator.schedules``).
+``Mailbox(one_tag=True)`` puts every message on tag 0, so gloo matches them as NCCL does,
+in posting order per pair; the equivalence tests run that way too, so this argument is
+tested on CPU. The NCCL path itself has not run yet: no GPU was available when it was
+written.
 
 Under emulation each message is followed by a one-element float64 "stamp" message: the
 time (``time.monotonic``, one clock for every process of the machine) at which the
@@ -58,9 +61,10 @@ class _Posted:
 class Mailbox:
     """One rank's posted receives and in-flight sends for one step."""
 
-    def __init__(self, *, device: torch.device, stamped: bool) -> None:
+    def __init__(self, *, device: torch.device, stamped: bool, one_tag: bool = False) -> None:
         self.device = device
         self.stamped = stamped
+        self.one_tag = one_tag  # NCCL's matching: in posting order per (sender, receiver)
         self._receives: dict[tuple[MessageKind, int], _Posted] = {}
         self._sends: dict[tuple[MessageKind, int], _Posted] = {}
 
@@ -77,13 +81,16 @@ class Mailbox:
         if key in self._receives:
             raise RuntimeError(f"receive of {kind.name.lower()} {micro_batch} posted twice")
         tensor = torch.empty(shape, dtype=dtype, device=self.device)
-        work = dist.irecv(tensor, src=peer, tag=message_tag(kind, micro_batch))
+        work = dist.irecv(tensor, src=peer, tag=self._tag(kind, micro_batch))
         assert work is not None
         stamp_work, stamp = None, None
         if self.stamped:
             stamp = torch.empty(1, dtype=torch.float64)
-            stamp_work = dist.irecv(stamp, src=peer, tag=message_tag(kind, micro_batch, stamp=True))
+            stamp_work = dist.irecv(stamp, src=peer, tag=self._tag(kind, micro_batch, stamp=True))
         self._receives[key] = _Posted(work=work, tensor=tensor, stamp_work=stamp_work, stamp=stamp)
+
+    def _tag(self, kind: MessageKind, micro_batch: int, *, stamp: bool = False) -> int:
+        return 0 if self.one_tag else message_tag(kind, micro_batch, stamp=stamp)
 
     def take(self, kind: MessageKind, *, micro_batch: int) -> tuple[torch.Tensor, float | None]:
         """Wait for a posted receive: (the tensor, its emulated arrival time or None)."""
@@ -108,14 +115,14 @@ class Mailbox:
         arrival: float | None = None,
     ) -> None:
         payload = tensor.detach().contiguous()
-        work = dist.isend(payload, dst=peer, tag=message_tag(kind, micro_batch))
+        work = dist.isend(payload, dst=peer, tag=self._tag(kind, micro_batch))
         assert work is not None
         stamp_work, stamp = None, None
         if self.stamped:
             if arrival is None:
                 raise ValueError("an emulated send needs its arrival time")
             stamp = torch.tensor([arrival], dtype=torch.float64)
-            stamp_work = dist.isend(stamp, dst=peer, tag=message_tag(kind, micro_batch, stamp=True))
+            stamp_work = dist.isend(stamp, dst=peer, tag=self._tag(kind, micro_batch, stamp=True))
         # Keep the payload alive until the send completes.
         self._release_sent()
         posted = _Posted(work=work, tensor=payload, stamp_work=stamp_work, stamp=stamp)

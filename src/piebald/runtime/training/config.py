@@ -28,6 +28,9 @@ class TrainConfig:
     # native: each rank in its GPU's dtype (what the plan priced); fp32: everywhere, for an
     # exact comparison with the reference (``runtime.training.precision``).
     compute_dtype: ComputeDtype = ComputeDtype.FP32
+    # Every point-to-point message on one tag, so gloo matches them in posting order per
+    # pair as NCCL does (tests the ordering argument of ``runtime.pipeline.mailbox``).
+    one_tag: bool = False
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run
 
     def __post_init__(self) -> None:

@@ -167,6 +167,7 @@ def run_rank(
         device=device,
         wire_dtypes={r: torch_dtype(d) for r, d in dtypes.items()},
         pacer=pacer,
+        one_tag=config.one_tag,
     )
     tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
 
