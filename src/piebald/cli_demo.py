@@ -156,6 +156,7 @@ def run_demo(*, out_dir: Path, train_steps: int) -> None:
             rows.append((name, chosen, run, simulate(chosen).tokens_per_s))
             artefacts.append(metrics_path)
         console.print(_training_table(rows))
+        console.print(_memory_table(plan, rows[0][2]))
     console.print("artefacts: " + ", ".join(str(path) for path in artefacts), highlight=False)
 
 
@@ -204,5 +205,31 @@ def _training_table(rows: list[tuple[str, Plan, RunSummary, float]]) -> Table:
             f"{run.tokens_per_s / predicted:.2f}",
             f"{run.losses[0]:.3f} -> {run.losses[-1]:.3f}",
             f"{run.overruns} / {run.paced_operations}",
+        )
+    return table
+
+
+def _memory_table(plan: Plan, run: RunSummary) -> Table:
+    """Per rank of the piebald plan: the meter's peak of live tensor bytes against the
+    plan's prediction for the same (reduced-width) model without the framework reserve."""
+    table = Table(
+        title="memory per rank: measured against predicted (tensors only, reduced width)",
+        caption="measured: peak bytes of live tensors over the steps; predicted: the cost "
+        "model for this model and dtype, framework reserve left out",
+    )
+    for column in ("rank", "GPU", "stage", "ZeRO", "measured MiB", "predicted MiB", "ratio"):
+        table.add_column(column, justify="left" if column in ("GPU", "ZeRO") else "right")
+    for rank_text, sizes in sorted(run.memory.items(), key=lambda item: int(item[0])):
+        rank = int(rank_text)
+        stage = plan.stage_of_rank[rank]
+        measured, predicted = sizes["measured_bytes"], sizes["predicted_bytes"]
+        table.add_row(
+            rank_text,
+            plan.cluster.device_of(rank).name,
+            str(stage),
+            plan.stages[stage].zero.value,
+            f"{measured / 2**20:,.1f}",
+            f"{predicted / 2**20:,.1f}",
+            f"{measured / predicted:.2f}" if predicted else "-",
         )
     return table

@@ -49,6 +49,7 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
             "skipped_steps": summary.skipped_steps,
             "clamped_values": summary.clamped_values,
             "paced_operations": summary.paced_operations,
+            "memory": summary.memory,
         }
         print(json.dumps(payload))
         return

@@ -15,8 +15,9 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
   a post-accumulate hook adds each parameter's fresh 16-bit gradient into it and drops
   it, so only one parameter's 16-bit gradient exists at a time. If a caller replaced or
   cleared a ``.grad``, it is folded back before reduction.
-* ``master`` and ``grad_shard`` (s x 4 each): the fp32 weights this rank owns and the sum
-  of every rank's gradient for them, filled by an uneven reduce-scatter.
+* ``master`` (s x 4): the fp32 weights this rank owns. The sum of every rank's gradient
+  for them, filled by an uneven reduce-scatter once per step, is written into the owned
+  range of ``main_grad`` (``grad_shard``, a view), so it costs no memory of its own.
 
 Collectives move the bucket's wire dtype (``piebald.cost.precision``): the group's common
 compute dtype, or fp32 where its ranks compute in different dtypes. Each rank casts its
@@ -138,7 +139,6 @@ class FlatBucket:
             for slot, param in zip(self.layout.slots, self.params, strict=True):
                 param.data = self._param_view(slot.offset, slot.end, slot.shape)
         self.main_grad = torch.zeros(numel, dtype=torch.float32, device=device)
-        self.grad_shard = torch.zeros_like(self.master)
         if self._grads_are_views:
             self._adopt_grads()
         else:
@@ -221,16 +221,22 @@ class FlatBucket:
     def numel(self) -> int:
         return self.layout.numel
 
+    @property
+    def grad_shard(self) -> torch.Tensor:
+        """The owned range of the accumulator: after :meth:`reduce_gradients`, the sum of
+        every rank's gradient for the elements this rank owns (fp32, a view)."""
+        return self.main_grad[self.shard.start : self.shard.end]
+
     def zero_grad(self) -> None:
         self.main_grad.zero_()
-        self.grad_shard.zero_()
         self._adopt_grads()
 
     def reduce_gradients(self) -> None:
-        """Sum every rank's accumulated gradient onto the owners (added to ``grad_shard``)
-        and clear the local accumulator. Collective over the group; the optimizer calls it
+        """Replace the owned range of the accumulator with the group's sum of it and clear
+        the rest (sent to its owners). Collective over the group; the optimizer calls it
         once per step, an executor may call it more often (ZeRO-2 style), as long as every
-        rank of the group calls it the same number of times."""
+        rank of the group calls it the same number of times: later sums add to the owned
+        range, which holds the earlier ones."""
         self._adopt_grads()
         source = self.main_grad.to(self.wire_dtype)  # a no-op for an fp32 wire
         reduced = reduce_scatter_uneven(
@@ -240,8 +246,11 @@ class FlatBucket:
             rank=self.rank,
             method=self.reduce_scatter_method,
         )
-        self.grad_shard.add_(reduced)
-        self.main_grad.zero_()
+        owned = self.grad_shard
+        if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
+            owned.copy_(reduced)
+        self.main_grad[: self.shard.start].zero_()
+        self.main_grad[self.shard.end :].zero_()
 
     def publish_params(self) -> None:
         """All-gather every owner's master shard, in the wire dtype, into the compute-dtype

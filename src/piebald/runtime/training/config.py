@@ -31,6 +31,9 @@ class TrainConfig:
     # Every point-to-point message on one tag, so gloo matches them in posting order per
     # pair as NCCL does (tests the ordering argument of ``runtime.pipeline.mailbox``).
     one_tag: bool = False
+    # Count live tensor bytes per step (CUDA: allocator statistics, free; CPU: a dispatch
+    # mode over every operator, which slows small models down: ``memory_meter``).
+    measure_memory: bool = True
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["MetricsWriter", "RunSummary", "StepMetrics", "format_step", "summarise"]
@@ -45,6 +45,9 @@ class RunSummary:
     skipped_steps: int = 0  # fp16 overflow: no parameter changed
     clamped_values: int = 0  # activation values clamped to fp16's range, all steps
     compute_dtype: str = "fp32"  # native (each GPU's dtype) or fp32
+    # Per used rank: its measured peak of live tensor bytes over the run's steps and the
+    # plan's prediction without the framework reserve (empty when not measured).
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -76,6 +79,7 @@ def summarise(
     overruns: int = 0,
     paced_operations: int = 0,
     compute_dtype: str = "fp32",
+    memory: dict[str, dict[str, int]] | None = None,
 ) -> RunSummary:
     timed = history[1:] if len(history) > 1 else history
     return RunSummary(
@@ -91,6 +95,7 @@ def summarise(
         skipped_steps=sum(m.skipped for m in history),
         clamped_values=sum(m.clamped_values for m in history),
         compute_dtype=compute_dtype,
+        memory=dict(memory or {}),
     )
 
 

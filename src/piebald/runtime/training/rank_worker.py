@@ -12,6 +12,7 @@ memory (a max). The leader (the lowest used rank) prints and records them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from piebald.cost.memory import plan_rank_memory, stage_in_flight
 from piebald.cost.plan_estimate import model_flops_utilization
 from piebald.errors import SpecError
 from piebald.profiler.apply import recorded_curve
@@ -34,7 +36,7 @@ from piebald.runtime.distributed.checkpoint import (
     save_checkpoint,
 )
 from piebald.runtime.distributed.collectives import all_reduce, barrier
-from piebald.runtime.distributed.groups import build_process_groups
+from piebald.runtime.distributed.groups import CommGroup, build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.dtypes import torch_dtype
@@ -44,6 +46,7 @@ from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.export import export_part_weights
+from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
@@ -51,9 +54,10 @@ from piebald.runtime.training.metrics import (
     format_step,
     summarise,
 )
-from piebald.runtime.training.precision import needs_loss_scaler, rank_dtypes
+from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import build_schedule
+from piebald.specs.devices import Dtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 
@@ -134,128 +138,198 @@ def run_rank(
     stage_index = groups.stage_index
     if stage_index is None:  # idle under this plan: nothing to hold, nothing to run
         return RankRun(rank=rank, summary=None)
-    stage = plan.stages[stage_index]
     device = _device(config)
-    dtypes = rank_dtypes(plan, compute=config.compute_dtype)
-    part = build_stage_part(
-        model,
-        layer_start=stage.layer_start,
-        layer_end=stage.layer_end,
-        seed=config.seed,
-        device=device,
-    )  # in fp32: the buckets keep fp32 masters and cast the parameters to the compute dtype
-    part.recompute = stage.recompute
-    named, tied_name = global_named_parameters(part)
-    buckets = build_buckets(groups, named_params=named, tied_name=tied_name, dtypes=dtypes)
-    scaler = DynamicLossScaler() if needs_loss_scaler(dtypes) else None
-    optimizer = ShardedOptimizer(
-        buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
-    )
-    # A plan made from profiles is paced with the prices it was made with.
-    prices = Prices(plan, curve=recorded_curve(plan))
-    pacer = (
-        Pacer(plan=plan, rank=rank, prices=prices, time_scale=config.time_scale)
-        if config.time_scale is not None
-        else None
-    )
-    executor = PipelineExecutor(
-        plan=runtime_plan,
-        rank=rank,
-        ops=build_schedule(plan, prices=prices).rank_ops[rank],
-        part=part,
-        optimizer=optimizer,
-        device=device,
-        wire_dtypes={r: torch_dtype(d) for r, d in dtypes.items()},
-        pacer=pacer,
-        one_tag=config.one_tag,
-    )
-    tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
-
-    first_step = 0
-    latest = checkpoint_to_resume(config)
-    if latest is not None:
-        info = load_checkpoint(latest, optimizer=optimizer, group=groups.used, rank=rank)
-        first_step = info.step
-    leader = rank == groups.used.ranks[0]
-    writer = MetricsWriter(config.metrics_path if leader else None)
-    history: list[StepMetrics] = []
-    time_scale = config.time_scale or 1.0
-    barrier(groups.used)
-    started = time.perf_counter()
-    for step in range(first_step, config.steps):
-        inputs, labels = batch_for_step(
-            tokens,
+    # Counting starts before anything is built, so every tensor of the run is seen.
+    meter = MemoryMeter(device) if config.measure_memory else None
+    with meter if meter is not None else contextlib.nullcontext():
+        stage = plan.stages[stage_index]
+        dtypes = rank_dtypes(plan, compute=config.compute_dtype)
+        part = build_stage_part(
+            model,
+            layer_start=stage.layer_start,
+            layer_end=stage.layer_end,
             seed=config.seed,
-            step=step,
-            global_batch_size=plan.job.global_batch_size,
-            seq_len=plan.job.seq_len,
+            device=device,
+        )  # in fp32: the buckets keep fp32 masters and cast the parameters to the compute dtype
+        part.recompute = stage.recompute
+        named, tied_name = global_named_parameters(part)
+        buckets = build_buckets(groups, named_params=named, tied_name=tied_name, dtypes=dtypes)
+        scaler = DynamicLossScaler() if needs_loss_scaler(dtypes) else None
+        optimizer = ShardedOptimizer(
+            buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
         )
-        outcome = executor.run_step(inputs=inputs, labels=labels)
-        # On the rank's device: NCCL reduces GPU tensors only.
-        reduced = torch.tensor(
-            [outcome.loss_sum, outcome.clamped_values], dtype=torch.float64, device=device
+        # A plan made from profiles is paced with the prices it was made with.
+        prices = Prices(plan, curve=recorded_curve(plan))
+        pacer = (
+            Pacer(plan=plan, rank=rank, prices=prices, time_scale=config.time_scale)
+            if config.time_scale is not None
+            else None
         )
-        memory = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
-        all_reduce(reduced, group=groups.used)
-        all_reduce(memory, group=groups.used, op=dist.ReduceOp.MAX)
-        now = time.perf_counter()
-        step_s = (now - started) / time_scale
-        started = now
-        tokens_per_s = plan.job.tokens_per_step / step_s
-        metrics = StepMetrics(
-            step=step + 1,
-            loss=float(reduced[0].item()),
-            grad_norm=outcome.optimizer.grad_norm,
-            step_time_s=step_s,
-            tokens_per_s=tokens_per_s,
-            mfu=model_flops_utilization(plan, tokens_per_s=tokens_per_s),
-            peak_memory_bytes=float(memory.item()),
-            skipped=outcome.optimizer.skipped,
-            clamped_values=int(reduced[1].item()),
+        executor = PipelineExecutor(
+            plan=runtime_plan,
+            rank=rank,
+            ops=build_schedule(plan, prices=prices).rank_ops[rank],
+            part=part,
+            optimizer=optimizer,
+            device=device,
+            wire_dtypes={r: torch_dtype(d) for r, d in dtypes.items()},
+            pacer=pacer,
+            one_tag=config.one_tag,
         )
-        history.append(metrics)
-        if leader:
-            print_line(format_step(metrics))
-            writer.write(metrics)
-        every = config.checkpoint_every
-        at_end = step + 1 == config.steps
-        if config.checkpoint_dir is not None and (at_end or (every and (step + 1) % every == 0)):
-            save_checkpoint(
-                config.checkpoint_dir,
-                step=step + 1,
-                optimizer=optimizer,
-                group=groups.used,
-                rank=rank,
-                extra={"seed": config.seed, "plan_model": plan.model.name},
+        tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+
+        first_step = 0
+        latest = checkpoint_to_resume(config)
+        if latest is not None:
+            info = load_checkpoint(latest, optimizer=optimizer, group=groups.used, rank=rank)
+            first_step = info.step
+        leader = rank == groups.used.ranks[0]
+        writer = MetricsWriter(config.metrics_path if leader else None)
+        history: list[StepMetrics] = []
+        measured_peak = 0
+        time_scale = config.time_scale or 1.0
+        barrier(groups.used)
+        started = time.perf_counter()
+        for step in range(first_step, config.steps):
+            inputs, labels = batch_for_step(
+                tokens,
+                seed=config.seed,
+                step=step,
+                global_batch_size=plan.job.global_batch_size,
+                seq_len=plan.job.seq_len,
             )
-            started = time.perf_counter()  # the save is not part of the next step's time
-    if config.save_model_path is not None:
-        export_part_weights(
-            config.save_model_path, part=part, optimizer=optimizer, groups=groups, rank=rank
+            if meter is not None:
+                meter.start_step()
+            outcome = executor.run_step(inputs=inputs, labels=labels)
+            step_peak = meter.peak_bytes() if meter is not None else int(peak_memory_bytes(device))
+            measured_peak = max(measured_peak, step_peak)
+            # On the rank's device: NCCL reduces GPU tensors only.
+            reduced = torch.tensor(
+                [outcome.loss_sum, outcome.clamped_values], dtype=torch.float64, device=device
+            )
+            memory = torch.tensor([step_peak], dtype=torch.float64, device=device)
+            all_reduce(reduced, group=groups.used)
+            all_reduce(memory, group=groups.used, op=dist.ReduceOp.MAX)
+            now = time.perf_counter()
+            step_s = (now - started) / time_scale
+            started = now
+            tokens_per_s = plan.job.tokens_per_step / step_s
+            metrics = StepMetrics(
+                step=step + 1,
+                loss=float(reduced[0].item()),
+                grad_norm=outcome.optimizer.grad_norm,
+                step_time_s=step_s,
+                tokens_per_s=tokens_per_s,
+                mfu=model_flops_utilization(plan, tokens_per_s=tokens_per_s),
+                peak_memory_bytes=float(memory.item()),
+                skipped=outcome.optimizer.skipped,
+                clamped_values=int(reduced[1].item()),
+            )
+            history.append(metrics)
+            if leader:
+                print_line(format_step(metrics))
+                writer.write(metrics)
+            every = config.checkpoint_every
+            at_end = step + 1 == config.steps
+            if config.checkpoint_dir is not None and (
+                at_end or (every and (step + 1) % every == 0)
+            ):
+                save_checkpoint(
+                    config.checkpoint_dir,
+                    step=step + 1,
+                    optimizer=optimizer,
+                    group=groups.used,
+                    rank=rank,
+                    extra={"seed": config.seed, "plan_model": plan.model.name},
+                )
+                started = time.perf_counter()  # the save is not part of the next step's time
+        if config.save_model_path is not None:
+            export_part_weights(
+                config.save_model_path, part=part, optimizer=optimizer, groups=groups, rank=rank
+            )
+        report = pacer.report() if pacer is not None else None
+        counts = torch.tensor(
+            [report.overruns, report.operations] if report is not None else [0, 0],
+            dtype=torch.int64,
+            device=device,
         )
-    report = pacer.report() if pacer is not None else None
-    counts = torch.tensor(
-        [report.overruns, report.operations] if report is not None else [0, 0],
-        dtype=torch.int64,
-        device=device,
+        all_reduce(counts, group=groups.used)
+        memory_report = _memory_report(
+            plan,
+            rank=rank,
+            measured_bytes=measured_peak if meter is not None else None,
+            runtime_model=model,
+            config=config,
+            group=groups.used,
+            device=device,
+        )
+        if not leader:
+            return RankRun(rank=rank, summary=None)
+        predicted = plan.predicted.tokens_per_s if plan.predicted is not None else None
+        summary = summarise(
+            history,
+            steps=config.steps,
+            predicted_tokens_per_s=predicted,
+            emulated=config.time_scale is not None,
+            model_name=model.name,
+            overruns=int(counts[0].item()),
+            paced_operations=int(counts[1].item()),
+            compute_dtype=config.compute_dtype.value,
+            memory=memory_report,
+        )
+        if not history:
+            summary = replace(summary, first_step=first_step)
+        return RankRun(rank=rank, summary=summary)
+
+
+def predicted_tensor_bytes(
+    plan: Plan, *, rank: int, runtime_model: ModelSpec, compute_dtype: ComputeDtype
+) -> float:
+    """The plan's memory prediction for ``rank`` without the framework reserve (tensors
+    only, what the meter measures), for the model and dtypes this run really trains."""
+    priced = replace(plan, model=runtime_model)
+    if compute_dtype is ComputeDtype.FP32:
+        priced = replace(priced, job=replace(plan.job, precision=Dtype.FP32))
+    stage_index = plan.stage_of_rank[rank]
+    position = plan.stages[stage_index].ranks.index(rank)
+    memory = plan_rank_memory(
+        priced,
+        stage_index=stage_index,
+        position=position,
+        num_in_flight=stage_in_flight(priced, stage_index)[position],
+        curve=recorded_curve(plan),
     )
-    all_reduce(counts, group=groups.used)
-    if not leader:
-        return RankRun(rank=rank, summary=None)
-    predicted = plan.predicted.tokens_per_s if plan.predicted is not None else None
-    summary = summarise(
-        history,
-        steps=config.steps,
-        predicted_tokens_per_s=predicted,
-        emulated=config.time_scale is not None,
-        model_name=model.name,
-        overruns=int(counts[0].item()),
-        paced_operations=int(counts[1].item()),
-        compute_dtype=config.compute_dtype.value,
+    return memory.total_bytes - memory.reserve_bytes
+
+
+def _memory_report(
+    plan: Plan,
+    *,
+    rank: int,
+    measured_bytes: int | None,
+    runtime_model: ModelSpec,
+    config: TrainConfig,
+    group: CommGroup,
+    device: torch.device,
+) -> dict[str, dict[str, int]]:
+    """Every used rank's measured peak and predicted tensor bytes (collective over the
+    used ranks; empty when memory is not measured)."""
+    size = plan.cluster.num_gpus
+    both = torch.zeros(2 * size, dtype=torch.float64, device=device)
+    both[rank] = float(measured_bytes or 0)
+    both[size + rank] = predicted_tensor_bytes(
+        plan, rank=rank, runtime_model=runtime_model, compute_dtype=config.compute_dtype
     )
-    if not history:
-        summary = replace(summary, first_step=first_step)
-    return RankRun(rank=rank, summary=summary)
+    all_reduce(both, group=group)
+    if measured_bytes is None:
+        return {}
+    return {
+        str(r): {
+            "measured_bytes": int(both[r].item()),
+            "predicted_bytes": int(both[size + r].item()),
+        }
+        for r in group.ranks
+    }
 
 
 def _device(config: TrainConfig) -> torch.device:
