@@ -4,8 +4,8 @@ summary at the end.
 Tokens/s are the global batch's tokens over the step's wall time; under emulation the wall
 time is divided by the time scale first, so the number describes the emulated cluster. MFU is
 model FLOP/s (3 x forward, no recompute) over the used GPUs' dense peaks, as the planner
-reports it. Memory is the largest peak over the used ranks: CUDA's allocator peak on GPUs,
-the process's peak resident set on CPU.
+reports it. Memory is the largest peak of live tensor bytes over the used ranks
+(``memory_meter``: CUDA's allocator statistics on GPUs, counted storages on CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from piebald.specs.units import format_bytes
 
 __all__ = ["MetricsWriter", "RunSummary", "StepMetrics", "format_step", "summarise"]
 
@@ -65,7 +67,7 @@ def format_step(metrics: StepMetrics) -> str:
     return (
         f"step {metrics.step:>5}  loss {metrics.loss:8.4f}  grad norm {metrics.grad_norm:8.4f}  "
         f"tokens/s {metrics.tokens_per_s:>12,.0f}  MFU {metrics.mfu:6.1%}  "
-        f"memory {metrics.peak_memory_bytes / 2**30:6.2f} GiB{skipped}{clamped}"
+        f"memory {format_bytes(metrics.peak_memory_bytes):>10}{skipped}{clamped}"
     )
 
 

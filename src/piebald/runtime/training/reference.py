@@ -9,6 +9,7 @@ accumulate, so the result does not depend on it beyond float rounding.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from piebald.runtime.models.stage_part import build_stage_part
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.export import part_weights, save_weights
+from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
@@ -57,52 +59,58 @@ def train_reference(
         raise ValueError(
             f"micro_batch_size = {rows}; expected 1..{job.global_batch_size} (the global batch)"
         )
-    model_part = build_stage_part(
-        model, layer_start=0, layer_end=model.num_layers, seed=config.seed, device=device
-    )
-    named = list(model_part.named_parameters())
-    optimizer = build_reference_optimizer(named, config.optimizer)
-    params = [p for _, p in named]
-    tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
-    tokens_in_batch = job.global_batch_size * job.seq_len
-    writer = MetricsWriter(config.metrics_path)
-    history: list[StepMetrics] = []
-    for step in range(config.steps):
-        started = time.perf_counter()
-        inputs, labels = batch_for_step(
-            tokens,
-            seed=config.seed,
-            step=step,
-            global_batch_size=job.global_batch_size,
-            seq_len=job.seq_len,
+    meter = MemoryMeter(device) if config.measure_memory else None
+    with meter if meter is not None else contextlib.nullcontext():
+        model_part = build_stage_part(
+            model, layer_start=0, layer_end=model.num_layers, seed=config.seed, device=device
         )
-        loss_sum = 0.0
-        for start in range(0, job.global_batch_size, rows):
-            logits = model_part(inputs[start : start + rows].to(device))
-            loss = token_loss_sum(logits, labels[start : start + rows].to(device))
-            loss = loss / tokens_in_batch
-            torch.autograd.backward(loss)
-            loss_sum += float(loss.item())
-        max_norm = config.optimizer.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
-        for group in optimizer.param_groups:
-            group["lr"] = config.optimizer.lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step_s = time.perf_counter() - started
-        metrics = StepMetrics(
-            step=step + 1,
-            loss=loss_sum,
-            grad_norm=float(norm),
-            step_time_s=step_s,
-            tokens_per_s=tokens_in_batch / step_s,
-            mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
-            peak_memory_bytes=peak_memory_bytes(device),
-            skipped=False,
-        )
-        history.append(metrics)
-        print_line(format_step(metrics))
-        writer.write(metrics)
+        named = list(model_part.named_parameters())
+        optimizer = build_reference_optimizer(named, config.optimizer)
+        params = [p for _, p in named]
+        tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+        tokens_in_batch = job.global_batch_size * job.seq_len
+        writer = MetricsWriter(config.metrics_path)
+        history: list[StepMetrics] = []
+        for step in range(config.steps):
+            started = time.perf_counter()
+            if meter is not None:
+                meter.start_step()
+            inputs, labels = batch_for_step(
+                tokens,
+                seed=config.seed,
+                step=step,
+                global_batch_size=job.global_batch_size,
+                seq_len=job.seq_len,
+            )
+            loss_sum = 0.0
+            for start in range(0, job.global_batch_size, rows):
+                logits = model_part(inputs[start : start + rows].to(device))
+                loss = token_loss_sum(logits, labels[start : start + rows].to(device))
+                loss = loss / tokens_in_batch
+                torch.autograd.backward(loss)
+                loss_sum += float(loss.item())
+            max_norm = config.optimizer.max_grad_norm
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+            for group in optimizer.param_groups:
+                group["lr"] = config.optimizer.lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_s = time.perf_counter() - started
+            metrics = StepMetrics(
+                step=step + 1,
+                loss=loss_sum,
+                grad_norm=float(norm),
+                step_time_s=step_s,
+                tokens_per_s=tokens_in_batch / step_s,
+                mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
+                peak_memory_bytes=(
+                    meter.peak_bytes() if meter is not None else peak_memory_bytes(device)
+                ),
+                skipped=False,
+            )
+            history.append(metrics)
+            print_line(format_step(metrics))
+            writer.write(metrics)
     if config.save_model_path is not None:
         save_weights(part_weights(model_part), config.save_model_path)
     return summarise(
