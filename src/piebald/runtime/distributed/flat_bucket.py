@@ -21,9 +21,9 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
 
 Collectives move the bucket's wire dtype (``piebald.cost.precision``): the group's common
 compute dtype, or fp32 where its ranks compute in different dtypes. Each rank casts its
-fp32 accumulator down to it for the reduce-scatter and adds the result into its fp32
-shard; the all-gather moves updated weights in it and each rank casts them to its own
-compute dtype. The initial values travel in fp32.
+fp32 accumulator down to it for the reduce-scatter and writes the sum it receives, in fp32,
+into the owned range; the all-gather moves updated weights in it and each rank casts them
+to its own compute dtype. The initial values travel in fp32.
 
 The optimizer (:mod:`piebald.runtime.distributed.optimizer`) steps ``master`` and
 all-gathers the result back into ``params_flat``.
