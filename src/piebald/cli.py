@@ -32,7 +32,7 @@ from piebald.errors import SpecError
 from piebald.planner.compare import Comparison
 from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
-from piebald.planner.strategies import STRATEGIES, Strategy
+from piebald.planner.strategies import STRATEGIES, Strategy, with_zero_mode
 from piebald.plots import plot_comparison
 from piebald.profiler.apply import recorded_curve
 from piebald.render import (
@@ -178,13 +178,13 @@ def _zero_mode(value: str | None, *, strategy: Strategy) -> ZeroMode | None:
     modes = [m.value for m in ZeroMode]
     if value not in modes:
         raise SpecError(source="--zero", field="", value=value, expected=f"one of {modes}")
-    allowed = strategy.stage_rules.zero_modes
-    if ZeroMode(value) not in allowed:
+    if with_zero_mode(strategy, ZeroMode(value)) is None:
+        allowed = [m.value for m in strategy.stage_rules.zero_modes]
         raise SpecError(
             source="--zero",
             field="",
             value=value,
-            expected=f"a mode strategy {strategy.name} can use: {[m.value for m in allowed]}",
+            expected=f"a mode strategy {strategy.name} can use: {allowed}",
         )
     return ZeroMode(value)
 

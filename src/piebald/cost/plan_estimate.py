@@ -31,7 +31,7 @@ from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import MemoryBreakdown, plan_rank_memory, stage_in_flight
-from piebald.cost.precision import wire_dtype_of_devices
+from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
 from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
 from piebald.specs.cluster import Link
@@ -179,13 +179,6 @@ def _traffic(plan: Plan) -> _Traffic:
         for stage in plan.stages
         for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True)
     }
-    # Activations travel in the sender's compute dtype (cost.precision).
-    token_bytes = {
-        rank: plan.job.seq_len
-        * plan.model.arch.hidden_size
-        * plan.cluster.device_of(rank).training_dtype(plan.job.precision).num_bytes
-        for rank in size_of
-    }
     busy: dict[Hashable, float] = {}
     # Per resource and way (boundary, forward?): the ranks sending and receiving that way
     # over it, and the seconds that way keeps it busy.
@@ -200,7 +193,13 @@ def _traffic(plan: Plan) -> _Traffic:
             pairs[pair] = pairs.get(pair, 0) + 1
         priced: list[tuple[float, _Ways]] = []
         for (sender, receiver), count in pairs.items():
-            num_bytes = size_of[sender] * token_bytes[sender]
+            num_bytes = activation_message_bytes(
+                plan.cluster.device_of(sender),
+                precision=plan.job.precision,
+                micro_batch_size=size_of[sender],
+                seq_len=plan.job.seq_len,
+                hidden_size=plan.model.arch.hidden_size,
+            )
             ways: list[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]]] = []
             for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
                 resources = transfer_resources(plan.cluster, a, b)
@@ -251,10 +250,7 @@ def _stage_estimate(
     stage = plan.stages[stage_index]
     precision = plan.job.precision
     params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
-    # Weights and gradients travel in the group's common compute dtype (cost.precision).
-    wire = wire_dtype_of_devices(
-        (plan.cluster.device_of(rank) for rank in stage.ranks), precision=precision
-    ).num_bytes
+    wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=precision).num_bytes
     comm = stage_comm(
         ring_profile(plan.cluster, stage.ranks),
         shard_fractions=stage.shard_fraction,

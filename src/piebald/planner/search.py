@@ -26,6 +26,7 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import slack_of, stage_memory_bytes
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.cost.precision import activation_message_bytes
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
 from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
 from piebald.planner.describe import describe_plan
@@ -289,13 +290,17 @@ class _Search:
         link between two neighbouring stages (one GPU per node group on each side)."""
         key = (self.signature(sender), self.signature(receiver), size, inter)
         if key not in self.hops:
-            tokens = size * self.job.seq_len * self.model.arch.hidden_size
             left = {self.cluster.gpus[r].group_index: r for r in sender}
             right = {self.cluster.gpus[r].group_index: r for r in receiver}
-            # Activations travel in the sender's compute dtype (cost.precision).
             hops = [
                 (
-                    tokens * self.cluster.device_of(a).training_dtype(self.job.precision).num_bytes,
+                    activation_message_bytes(
+                        self.cluster.device_of(a),
+                        precision=self.job.precision,
+                        micro_batch_size=size,
+                        seq_len=self.job.seq_len,
+                        hidden_size=self.model.arch.hidden_size,
+                    ),
                     self.cluster.link_between(a, b),
                 )
                 for a in left.values()

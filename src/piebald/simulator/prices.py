@@ -26,7 +26,7 @@ from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import plan_rank_memory, stage_in_flight
-from piebald.cost.precision import wire_dtype_of_devices
+from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
 from piebald.cost.transfers import transfer_resources
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
@@ -117,9 +117,7 @@ class Prices:
         plan = self.plan
         stage = plan.stages[index]
         params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
-        wire = wire_dtype_of_devices(
-            (plan.cluster.device_of(rank) for rank in stage.ranks), precision=plan.job.precision
-        )
+        wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision)
         state_bytes = params * wire.num_bytes  # as plan_estimate passes it
         profile = ring_profile(plan.cluster, stage.ranks)
 
@@ -196,8 +194,13 @@ class Prices:
         cluster = plan.cluster
         stage = plan.stages[plan.stage_of_rank[sender]]
         size = stage.micro_batch_size[stage.ranks.index(sender)]
-        dtype = cluster.device_of(sender).training_dtype(plan.job.precision)
-        num_bytes = size * plan.job.seq_len * plan.model.arch.hidden_size * dtype.num_bytes
+        num_bytes = activation_message_bytes(
+            cluster.device_of(sender),
+            precision=plan.job.precision,
+            micro_batch_size=size,
+            seq_len=plan.job.seq_len,
+            hidden_size=plan.model.arch.hidden_size,
+        )
         link = cluster.link_between(sender, receiver)
         resources = transfer_resources(cluster, sender, receiver)
         return Transfer(num_bytes=num_bytes, link=link, resources=resources)

@@ -22,7 +22,8 @@ Contract for the caller:
   Parameter once. On the first and last stage of a tied model, ``tied`` names the tied
   weight in that list; the last stage lists its head weight under the embedding's name.
 * Never ``zero_grad(set_to_none=True)`` between micro-batches: gradients accumulate in
-  views of one flat buffer (a cleared or replaced ``.grad`` is copied back, at a cost).
+  one fp32 flat buffer, as views of it under fp32 compute (a cleared or replaced ``.grad``
+  is copied back, at a cost) or through post-accumulate hooks under 16-bit compute.
 * Collectives must be called equally often on every rank of their group: ``step``,
   ``gather_params`` (every rank of a FULL stage, even one with no micro-batch this step),
   an extra ``bucket.reduce_gradients()`` (ZeRO-2 style, stage bucket only).

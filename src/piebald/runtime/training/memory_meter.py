@@ -21,6 +21,7 @@ test_memory_meter.py`` holds it against known allocation patterns.
 from __future__ import annotations
 
 import functools
+import resource
 import weakref
 from collections.abc import Callable, Iterable
 from functools import wraps
@@ -31,7 +32,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MemoryMeter"]
+__all__ = ["MemoryMeter", "process_peak_bytes"]
 
 
 class _StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's
@@ -86,13 +87,26 @@ class _StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # to
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
 
+def process_peak_bytes(device: torch.device) -> int:
+    """What a run reports when it does not count tensors: CUDA's allocator peak since the
+    process started, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class MemoryMeter:
     """Use as a context manager around the whole run (CPU: the counting mode is active
-    inside it); :meth:`start_step` and :meth:`peak_bytes` bracket a step."""
+    inside it); :meth:`start_step` and :meth:`peak_bytes` bracket a step. Disabled
+    (``enabled=False``), it counts nothing and :meth:`peak_bytes` is
+    :func:`process_peak_bytes`."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, enabled: bool = True) -> None:
         self.device = device
-        self._counter = _StorageCounter() if device.type == "cpu" else None
+        self.enabled = enabled
+        counting = enabled and device.type == "cpu"
+        self._counter = _StorageCounter() if counting else None
         self._original_resize: Callable[..., Any] | None = None
 
     def __enter__(self) -> MemoryMeter:
@@ -126,13 +140,15 @@ class MemoryMeter:
         """Forget earlier peaks: the next peak is this step's."""
         if self._counter is not None:
             self._counter.peak_bytes = self._counter.live_bytes
-        else:
+        elif self.enabled:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self) -> int:
         """The most bytes of live tensors since :meth:`start_step`."""
         if self._counter is not None:
             return self._counter.peak_bytes
+        if not self.enabled:
+            return process_peak_bytes(self.device)
         return int(torch.cuda.max_memory_allocated(self.device))
 
     def _patch_resize(self) -> None:

@@ -1,5 +1,5 @@
-"""The dtype each rank computes in and the dtype each of its buckets communicates in, as
-``piebald.cost.precision`` prices them (the policy and why is written there).
+"""The dtype each rank computes in, as ``piebald.cost.precision`` prices it (the policy and
+why is written there; ``runtime.distributed.buckets`` applies its wire dtype).
 
 ``--compute-dtype native`` (what a GPU run does) gives every rank its GPU's training dtype
 for the plan's precision: bf16, else fp16, else fp32. ``--compute-dtype fp32`` computes in
@@ -9,17 +9,13 @@ CPU tensors support bf16 and fp16, so emulation runs the native path for real.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from enum import StrEnum
 
-import torch
-
-from piebald.cost.precision import group_wire_dtype
-from piebald.runtime.dtypes import torch_dtype
 from piebald.specs.devices import Dtype
 from piebald.specs.plan import Plan
 
-__all__ = ["ComputeDtype", "needs_loss_scaler", "rank_dtypes", "wire_dtype"]
+__all__ = ["ComputeDtype", "needs_loss_scaler", "rank_dtypes"]
 
 
 class ComputeDtype(StrEnum):
@@ -35,11 +31,6 @@ def rank_dtypes(plan: Plan, *, compute: ComputeDtype) -> dict[int, Dtype]:
         rank: plan.cluster.device_of(rank).training_dtype(plan.job.precision)
         for rank in plan.used_ranks
     }
-
-
-def wire_dtype(dtypes: Mapping[int, Dtype], ranks: Iterable[int]) -> torch.dtype:
-    """The torch dtype a group of ``ranks`` communicates in (``cost.precision``)."""
-    return torch_dtype(group_wire_dtype(dtypes[rank] for rank in ranks))
 
 
 def needs_loss_scaler(dtypes: Mapping[int, Dtype]) -> bool:

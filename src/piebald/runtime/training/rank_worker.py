@@ -12,9 +12,7 @@ memory (a max). The leader (the lowest used rank) prints and records them.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -65,7 +63,6 @@ __all__ = [
     "RankRun",
     "checkpoint_to_resume",
     "global_named_parameters",
-    "peak_memory_bytes",
     "run_rank",
 ]
 
@@ -88,13 +85,6 @@ def global_named_parameters(part: StagePart) -> tuple[list[tuple[str, nn.Paramet
     rename = {t.local_name: t.canonical_name for t in tied}
     named = [(rename.get(name, name), p) for name, p in part.named_parameters()]
     return named, (tied[0].canonical_name if tied else None)
-
-
-def peak_memory_bytes(device: torch.device) -> float:
-    if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device))
-    # Linux reports ru_maxrss in KiB.
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
 
 
 def checkpoint_to_resume(config: TrainConfig) -> Path | None:
@@ -140,8 +130,8 @@ def run_rank(
         return RankRun(rank=rank, summary=None)
     device = _device(config)
     # Counting starts before anything is built, so every tensor of the run is seen.
-    meter = MemoryMeter(device) if config.measure_memory else None
-    with meter if meter is not None else contextlib.nullcontext():
+    meter = MemoryMeter(device, enabled=config.measure_memory)
+    with meter:
         stage = plan.stages[stage_index]
         dtypes = rank_dtypes(plan, compute=config.compute_dtype)
         part = build_stage_part(
@@ -198,10 +188,9 @@ def run_rank(
                 global_batch_size=plan.job.global_batch_size,
                 seq_len=plan.job.seq_len,
             )
-            if meter is not None:
-                meter.start_step()
+            meter.start_step()
             outcome = executor.run_step(inputs=inputs, labels=labels)
-            step_peak = meter.peak_bytes() if meter is not None else int(peak_memory_bytes(device))
+            step_peak = meter.peak_bytes()
             measured_peak = max(measured_peak, step_peak)
             # On the rank's device: NCCL reduces GPU tensors only.
             reduced = torch.tensor(
@@ -257,7 +246,7 @@ def run_rank(
         memory_report = _memory_report(
             plan,
             rank=rank,
-            measured_bytes=measured_peak if meter is not None else None,
+            measured_bytes=measured_peak if meter.enabled else None,
             runtime_model=model,
             config=config,
             group=groups.used,
@@ -313,16 +302,16 @@ def _memory_report(
     device: torch.device,
 ) -> dict[str, dict[str, int]]:
     """Every used rank's measured peak and predicted tensor bytes (collective over the
-    used ranks; empty when memory is not measured)."""
+    used ranks; empty, on every rank alike, when memory is not measured)."""
+    if measured_bytes is None:
+        return {}
     size = plan.cluster.num_gpus
     both = torch.zeros(2 * size, dtype=torch.float64, device=device)
-    both[rank] = float(measured_bytes or 0)
+    both[rank] = float(measured_bytes)
     both[size + rank] = predicted_tensor_bytes(
         plan, rank=rank, runtime_model=runtime_model, compute_dtype=config.compute_dtype
     )
     all_reduce(both, group=group)
-    if measured_bytes is None:
-        return {}
     return {
         str(r): {
             "measured_bytes": int(both[r].item()),

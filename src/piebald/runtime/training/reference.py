@@ -9,7 +9,6 @@ accumulate, so the result does not depend on it beyond float rounding.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from piebald.runtime.training.metrics import (
     format_step,
     summarise,
 )
-from piebald.runtime.training.rank_worker import peak_memory_bytes
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 
@@ -59,8 +57,8 @@ def train_reference(
         raise ValueError(
             f"micro_batch_size = {rows}; expected 1..{job.global_batch_size} (the global batch)"
         )
-    meter = MemoryMeter(device) if config.measure_memory else None
-    with meter if meter is not None else contextlib.nullcontext():
+    meter = MemoryMeter(device, enabled=config.measure_memory)
+    with meter:
         model_part = build_stage_part(
             model, layer_start=0, layer_end=model.num_layers, seed=config.seed, device=device
         )
@@ -73,8 +71,7 @@ def train_reference(
         history: list[StepMetrics] = []
         for step in range(config.steps):
             started = time.perf_counter()
-            if meter is not None:
-                meter.start_step()
+            meter.start_step()
             inputs, labels = batch_for_step(
                 tokens,
                 seed=config.seed,
@@ -103,9 +100,7 @@ def train_reference(
                 step_time_s=step_s,
                 tokens_per_s=tokens_in_batch / step_s,
                 mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
-                peak_memory_bytes=(
-                    meter.peak_bytes() if meter is not None else peak_memory_bytes(device)
-                ),
+                peak_memory_bytes=meter.peak_bytes(),
                 skipped=False,
             )
             history.append(metrics)
