@@ -185,8 +185,8 @@ TIED_NAME = "embed.weight"
 
 
 def three_stage_plan() -> Plan:
-    """Stages of 1, 1 and 2 ranks on ranks [3], [0], [2, 1], the last fully sharded 0.7/0.3,
-    with a tied embedding/head."""
+    """Stages of 1, 1 and 2 ranks on ranks [3], [0], [2, 1], the last fully sharded 0.7/0.3
+    (equal counts under GPipe, as ZeRO-3 needs), with a tied embedding/head."""
     return make_plan(
         [
             StageSpec(layer_end=2, ranks=(3,), num_micro_batches=(4,), fractions=(1.0,)),
@@ -200,12 +200,13 @@ def three_stage_plan() -> Plan:
             StageSpec(
                 layer_end=6,
                 ranks=(2, 1),
-                num_micro_batches=(3, 1),
+                num_micro_batches=(2, 2),
                 fractions=(0.7, 0.3),
                 zero=ZeroMode.FULL,
             ),
         ],
         num_gpus=4,
+        schedule=Schedule.GPIPE,
     )
 
 

@@ -108,12 +108,14 @@ ALL_NAMES = tuple(SHAPES)
 
 def _one_stage_plan(zero: ZeroMode) -> Plan:
     fractions = (0.25,) * 4 if zero is ZeroMode.NONE else (0.5, 0.3, 0.2, 0.0)
+    # ZeRO-2/3 stages run equal counts (specs.plan); the others a rank with none.
+    counts = (2, 2, 2, 2) if zero.per_pass else (3, 2, 1, 0)
     return make_plan(
         [
             StageSpec(
                 layer_end=6,
                 ranks=(0, 1, 2, 3),
-                num_micro_batches=(3, 2, 1, 0),
+                num_micro_batches=counts,
                 fractions=fractions,
                 zero=zero,
             )
@@ -161,7 +163,8 @@ def _run_stage(
 ) -> tuple[dict[str, nn.Parameter], ShardedOptimizer, list[Any]]:
     groups = build_process_groups(plan, timeout_s=30)
     params = build_params(ALL_NAMES, seed=SEED)
-    buckets = build_buckets(groups, named_params=list(params.items()))
+    # One bucket gathered and reduced once per step: the toy's parameters are not layers.
+    buckets = build_buckets(groups, named_params=list(params.items()), stream_layers=False)
     optimizer = ShardedOptimizer(buckets, config=config, used_group=groups.used, loss_scaler=scaler)
     zero = plan.stages[0].zero
     results = []
@@ -176,8 +179,6 @@ def _run_stage(
             if count == 0 and zero is ZeroMode.GRADIENTS:
                 # ZeRO-2 style: an extra reduce-scatter mid-step, once on every rank.
                 optimizer.buckets[0].reduce_gradients()
-        if not mbs and zero is ZeroMode.GRADIENTS:
-            optimizer.buckets[0].reduce_gradients()
         optimizer.release_params()
         if zero is ZeroMode.FULL:
             assert optimizer.buckets[0].params_flat.untyped_storage().nbytes() == 0
@@ -251,7 +252,9 @@ def _stage_setup(
     if stage_index == plan.num_stages - 1 and TIED_NAME in params:
         # The head replica starts elsewhere: the embedding's values must win.
         params[TIED_NAME] = nn.Parameter(torch.zeros_like(params[TIED_NAME]))
-    buckets = build_buckets(groups, named_params=list(params.items()), tied_name=TIED_NAME)
+    buckets = build_buckets(
+        groups, named_params=list(params.items()), tied_name=TIED_NAME, stream_layers=False
+    )
     optimizer = ShardedOptimizer(buckets, config=config, used_group=groups.used, loss_scaler=scaler)
     return groups, params, optimizer
 

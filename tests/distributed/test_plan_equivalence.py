@@ -4,8 +4,9 @@ parameters after the last step.
 
 Plans cover 1, 2 and 3 stages on 2 to 6 gloo ranks of mixed emulated GPU types (one more
 left idle), stages of different sizes fanning micro-batches out and in, unequal
-micro-batch counts, per-GPU micro-batch sizes in a one-stage plan, uneven shard fractions
-under every ZeRO mode, a tied embedding/head across stages, recompute, and both schedules.
+micro-batch counts, per-GPU micro-batch sizes in one-stage plans, uneven shard fractions
+under every ZeRO mode (ZeRO-2/3 layer by layer, in lockstep), a tied embedding/head within
+a stage and across stages, recompute, and both schedules.
 Each run is 5 optimizer steps of AdamW with clipping, once with a tag per message and once
 with every message on one tag (NCCL's matching: in posting order per pair).
 """
@@ -33,7 +34,7 @@ CONFIG = TrainConfig(steps=STEPS, seed=3, optimizer=OptimizerConfig(lr=3e-3, max
 
 
 def _one_stage_mixed_sizes() -> Plan:
-    """Cephalo: two GPUs with their own micro-batch sizes (2 and 1), sharded 0.7 / 0.3."""
+    """Two GPUs with their own micro-batch sizes (2 and 1) and counts, ZeRO-1 at 0.7 / 0.3."""
     return make_plan(
         [
             StageSpec(
@@ -50,8 +51,29 @@ def _one_stage_mixed_sizes() -> Plan:
     )
 
 
+def _one_stage_zero3() -> Plan:
+    """Cephalo: three GPUs with micro-batch sizes 2, 1 and 1 in equal counts, the whole
+    training state sharded 0.5 / 0.3 / 0.2 (ZeRO-3, layer by layer), tied embedding."""
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=6,
+                ranks=(0, 1, 2),
+                num_micro_batches=(2, 2, 2),
+                fractions=(0.5, 0.3, 0.2),
+                micro_batch_sizes=(2, 1, 1),
+                zero=ZeroMode.FULL,
+                recompute=True,
+            )
+        ],
+        num_gpus=3,
+        tied=True,
+        gpu_types=("A100-80GB", "V100-32GB", "T4"),
+    )
+
+
 def _two_stages_fan_out() -> Plan:
-    """One GPU feeding three in the next stage (3:2:1 micro-batches), fully sharded there."""
+    """One GPU feeding three in the next stage (3:2:1 micro-batches), ZeRO-1 there."""
     return make_plan(
         [
             StageSpec(layer_end=2, ranks=(0,), num_micro_batches=(6,), fractions=(1.0,)),
@@ -60,7 +82,7 @@ def _two_stages_fan_out() -> Plan:
                 ranks=(1, 2, 3),
                 num_micro_batches=(3, 2, 1),
                 fractions=(0.5, 0.3, 0.2),
-                zero=ZeroMode.FULL,
+                zero=ZeroMode.OPTIMIZER,
             ),
         ],
         num_gpus=4,
@@ -70,16 +92,18 @@ def _two_stages_fan_out() -> Plan:
 
 
 def _three_stages_six_ranks(schedule: Schedule) -> Plan:
-    """Stages of 2, 1 and 3 GPUs (ZeRO-2, replicated with recompute, ZeRO-1) on 7 GPUs, one
-    idle, untied head."""
+    """Stages of 2, 1 and 3 GPUs on 7 GPUs, one idle, untied head. Under 1F1B: ZeRO-1 with
+    4:2 micro-batches, replicated with recompute, ZeRO-1; under GPipe the outer stages run
+    in lockstep with equal counts: ZeRO-2 and ZeRO-3."""
+    gpipe = schedule is Schedule.GPIPE
     return make_plan(
         [
             StageSpec(
                 layer_end=2,
                 ranks=(5, 0),
-                num_micro_batches=(4, 2),
+                num_micro_batches=(3, 3) if gpipe else (4, 2),
                 fractions=(0.8, 0.2),
-                zero=ZeroMode.GRADIENTS,
+                zero=ZeroMode.GRADIENTS if gpipe else ZeroMode.OPTIMIZER,
             ),
             StageSpec(
                 layer_end=4,
@@ -94,7 +118,7 @@ def _three_stages_six_ranks(schedule: Schedule) -> Plan:
                 ranks=(1, 2, 6),
                 num_micro_batches=(2, 2, 2),
                 fractions=(0.1, 0.6, 0.3),
-                zero=ZeroMode.OPTIMIZER,
+                zero=ZeroMode.FULL if gpipe else ZeroMode.OPTIMIZER,
             ),
         ],
         num_gpus=7,
@@ -106,9 +130,12 @@ def _three_stages_six_ranks(schedule: Schedule) -> Plan:
 
 PLANS = {
     "1 stage, 2 ranks, micro-batch sizes 2 and 1": _one_stage_mixed_sizes,
-    "2 stages, 1 -> 3 ranks, ZeRO-3, tied head": _two_stages_fan_out,
+    "1 stage, 3 ranks, sizes 2/1/1, ZeRO-3, recompute, tied": _one_stage_zero3,
+    "2 stages, 1 -> 3 ranks, tied head": _two_stages_fan_out,
     "3 stages, 2/1/3 ranks + 1 idle, 1F1B": lambda: _three_stages_six_ranks(Schedule.ONE_F_ONE_B),
-    "3 stages, 2/1/3 ranks + 1 idle, GPipe": lambda: _three_stages_six_ranks(Schedule.GPIPE),
+    "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3": lambda: _three_stages_six_ranks(
+        Schedule.GPIPE
+    ),
 }
 
 

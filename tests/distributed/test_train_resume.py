@@ -13,23 +13,25 @@ from dist_harness import StageSpec, make_plan
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
-from piebald.specs.plan import ZeroMode
+from piebald.specs.plan import Schedule, ZeroMode
 
 pytestmark = pytest.mark.distributed
 
+# ZeRO-3 layer by layer in lockstep: equal counts, GPipe (``specs.plan``).
 PLAN = make_plan(
     [
-        StageSpec(layer_end=3, ranks=(1,), num_micro_batches=(3,), fractions=(1.0,)),
+        StageSpec(layer_end=3, ranks=(1,), num_micro_batches=(4,), fractions=(1.0,)),
         StageSpec(
             layer_end=6,
             ranks=(0, 2),
-            num_micro_batches=(2, 1),
+            num_micro_batches=(2, 2),
             fractions=(0.35, 0.65),
             zero=ZeroMode.FULL,
         ),
     ],
     num_gpus=3,
     tied=True,
+    schedule=Schedule.GPIPE,
 )
 
 

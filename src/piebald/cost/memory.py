@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
@@ -103,11 +104,17 @@ def framework_reserve_bytes(device: DeviceType) -> float:
     return 1.0 * GIB + 0.05 * device.memory_bytes
 
 
-def bytes_per_param(*, dtype: Dtype, optimizer: Optimizer) -> tuple[float, float, float]:
-    """(weights, gradient accumulator, optimizer state) bytes per parameter."""
+def bytes_per_param(
+    *, dtype: Dtype, optimizer: Optimizer, zero: ZeroMode = ZeroMode.NONE
+) -> tuple[float, float, float]:
+    """(weights, gradient accumulator, optimizer state) bytes per parameter a rank keeps
+    between passes. Under ZeRO-3 with 16-bit compute no weights are kept: the fp32 master
+    shard (optimizer state) is the only copy, and each layer's 16-bit weights exist only
+    while gathered (a working buffer)."""
     if dtype is Dtype.FP32:
         return 4.0, 4.0, 8.0 if optimizer is Optimizer.ADAMW else 0.0
-    return 2.0, 4.0, 12.0 if optimizer is Optimizer.ADAMW else 4.0
+    weights = 0.0 if zero is ZeroMode.FULL else 2.0
+    return weights, 4.0, 12.0 if optimizer is Optimizer.ADAMW else 4.0
 
 
 def in_flight_micro_batches(
@@ -375,8 +382,7 @@ def _activations_and_working(
     num_in_flight: Any,
     recompute: bool,
     num_neighbor_stages: int,
-    weight_b: float,
-    grad_b: float,
+    wire: Dtype,
 ) -> tuple[Any, Any]:
     scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
     if measured is None:
@@ -388,10 +394,16 @@ def _activations_and_working(
         block_bytes = measured.block_bytes
     largest = r.largest_params[index]
     working = 0.0 * largest
-    if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL):
-        working = working + largest * grad_b  # one layer's gradient before reduce-scatter
+    if zero.per_pass:
+        # A layer's gradients reduce-scatter right after its backward pass: copied into one
+        # wire buffer, and about as much again received (runtime FlatBucket).
+        working = working + 2 * largest * wire.num_bytes
     if zero is ZeroMode.FULL:
-        working = working + 2 * largest * weight_b  # the gathered layer and the prefetched one
+        # The gathered layer and the prefetched one, in the compute dtype; a group whose
+        # wire is wider (mixed dtypes) gathers through one wire buffer.
+        working = working + 2 * largest * dtype.num_bytes
+        if wire.num_bytes != dtype.num_bytes:
+            working = working + largest * wire.num_bytes
     if recompute:  # one block's full activations while it is recomputed
         working = working + np.where(r.has_block[index], block_bytes, 0.0)
     # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
@@ -414,17 +426,19 @@ def stage_memory_bytes(
     num_in_flight: Any,
     recompute: bool,
     num_neighbor_stages: int,
+    wire_dtype: Dtype | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> tuple[Any, Any]:
     """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
     holding ``layers`` = [a, b) needs ``fixed + fraction * sharded``. With ``layers=None``
     both are (L+1) x (L+1) matrices over every range [a, b) (garbage where b <= a), which is
     how the planner prices every split at once; :func:`rank_memory` is the same formula.
-    ``curve``: the measured activations, if any (see the module docstring)."""
+    ``wire_dtype``: the stage group's (``cost.precision``; default ``dtype``). ``curve``:
+    the measured activations, if any (see the module docstring)."""
     r = _ranges(model)
     index: Any = slice(None) if layers is None else layers
     params = r.params[index]
-    per_param = bytes_per_param(dtype=dtype, optimizer=optimizer)
+    per_param = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     sharded_per_param = sum(b for b, s in zip(per_param, _sharded(zero), strict=True) if s)
     activations, working = _activations_and_working(
         r,
@@ -444,8 +458,7 @@ def stage_memory_bytes(
         num_in_flight=num_in_flight,
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
-        weight_b=per_param[0],
-        grad_b=per_param[1],
+        wire=wire_dtype or dtype,
     )
     fixed = (
         params * (sum(per_param) - sharded_per_param)
@@ -471,14 +484,16 @@ def rank_memory(
     num_in_flight: int,
     recompute: bool,
     num_neighbor_stages: int,
+    wire_dtype: Dtype | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``, its
-    activations measured where ``curve`` has measurements (see the module docstring)."""
+    activations measured where ``curve`` has measurements (see the module docstring);
+    ``wire_dtype``: its stage group's (default ``dtype``)."""
     r = _ranges(model)
     index = (layer_start, layer_end)
     params = float(r.params[index])
-    weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer)
+    weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
     activations, working = _activations_and_working(
         r,
@@ -498,8 +513,7 @@ def rank_memory(
         num_in_flight=num_in_flight,
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
-        weight_b=weight_b,
-        grad_b=grad_b,
+        wire=wire_dtype or dtype,
     )
     return MemoryBreakdown(
         weights_bytes=params * weight_b * weight_f,
@@ -538,5 +552,6 @@ def plan_rank_memory(
         num_in_flight=num_in_flight,
         recompute=stage.recompute,
         num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
+        wire_dtype=stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision),
         curve=curve,
     )

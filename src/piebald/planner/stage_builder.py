@@ -98,15 +98,17 @@ def water_fill(capacities: Sequence[float]) -> tuple[float, ...] | None:
 def _counts(
     times_s: list[float], sizes: Sequence[int], *, num_sequences: int, equal: bool
 ) -> list[int] | None:
+    """Micro-batches per rank: the fastest allocation, or with ``equal`` the same count m
+    on every rank, m * sum(sizes) = num_sequences (None where nothing reaches the batch)."""
+    if equal:
+        per_rank, extra = divmod(num_sequences, sum(sizes))
+        return None if extra else [per_rank] * len(times_s)
     if len(set(sizes)) == 1:
         num_micro_batches, rest = divmod(num_sequences, sizes[0])
         if rest:
             return None
-        if equal:
-            per_rank, extra = divmod(num_micro_batches, len(times_s))
-            return None if extra else [per_rank] * len(times_s)
         return min_makespan_counts(times_s, num_micro_batches)
-    return None if equal else min_makespan_sized(times_s, sizes, num_sequences)
+    return min_makespan_sized(times_s, sizes, num_sequences)
 
 
 def build_stage(
@@ -156,6 +158,11 @@ def build_stage(
                     )
                 )
             for zero in rules.zero_modes:
+                # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
+                # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).
+                lockstep = zero.per_pass and len(ranks) > 1
+                if lockstep and num_stages > 1:
+                    continue
                 # Per-pass traffic with even shards; the exact plan estimate re-prices it.
                 comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
                 # A pass never takes zero time (a stage of only the embedding of a tiny model
@@ -168,7 +175,7 @@ def build_stage(
                     pass_s,
                     micro_batch_sizes,
                     num_sequences=job.global_batch_size,
-                    equal=rules.equal_micro_batches,
+                    equal=rules.equal_micro_batches or lockstep,
                 )
                 if counts is None:
                     continue
@@ -278,6 +285,7 @@ def _fit_in_flight(
                     num_in_flight=in_flight,
                     recompute=recompute,
                     num_neighbor_stages=neighbors,
+                    wire_dtype=wire_dtype_of_devices(devices, precision=job.precision),
                     curve=curve,
                 ).total_bytes
 

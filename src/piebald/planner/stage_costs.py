@@ -18,6 +18,7 @@ from it, and rho in ``rounds`` for the pipeline proxy's round-trip bound.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,7 +104,8 @@ def stage_cost(
     num_micro_batches = job.global_batch_size / micro_batch_size
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     # Weights and gradients travel in the group's common compute dtype (cost.precision).
-    wire = float(wire_dtype_of_devices(classes, precision=job.precision).num_bytes)
+    wire_dtype = wire_dtype_of_devices(classes, precision=job.precision)
+    wire = float(wire_dtype.num_bytes)
     params = _params(model)
     on_wire = params * wire
     has_params = params > 0
@@ -129,12 +131,18 @@ def stage_cost(
             )
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
-        passes: dict[tuple[float, float, float, float], _Passes] = {}
+        passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
         for zero in rules.zero_modes:
+            # Per-pass ZeRO puts the ranks in lockstep: equal counts, one stage only
+            # (``specs.plan``), each pass as long as the slowest rank's.
+            lockstep = zero.per_pass and len(ranks) > 1
+            per_rank = num_micro_batches / len(ranks)
+            if lockstep and (num_stages > 1 or not float(per_rank).is_integer()):
+                continue
             (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = _affine_comm(
                 profile, len(ranks), zero
             )
-            key = (pre_a, pre_b, during_a, during_b)
+            key = (pre_a, pre_b, during_a, during_b, lockstep)
             if key not in passes:
                 passes[key] = _passes(
                     forward,
@@ -147,6 +155,10 @@ def stage_cost(
                     num_micro_batches=num_micro_batches,
                     ranks_to_end=ranks_to_end,
                 )
+                if lockstep:
+                    passes[key] = _in_lockstep(
+                        passes[key], classes, per_rank=per_rank, ranks_to_end=ranks_to_end
+                    )
             timed = passes[key]
             kinds = []
             for device, count in classes.items():
@@ -158,6 +170,7 @@ def stage_cost(
                     recompute=recompute,
                     micro_batch_size=micro_batch_size,
                     neighbors=neighbors,
+                    wire=wire_dtype,
                     curve=curve,
                 )
                 kinds.append(
@@ -282,6 +295,21 @@ def _passes(
     )
 
 
+def _in_lockstep(
+    timed: _Passes, classes: Counter[DeviceType], *, per_rank: float, ranks_to_end: int
+) -> _Passes:
+    """``timed`` with every rank running ``per_rank`` micro-batches in lockstep: each pass
+    lasts as long as the slowest rank's."""
+    share = 1.0 / sum(classes.values())
+    little = max(1.0, min(per_rank, math.ceil(ranks_to_end * share)))
+    return _Passes(
+        busy=per_rank * timed.slowest,
+        slowest=timed.slowest,
+        micro_batches={d: np.full(timed.slowest.shape, per_rank) for d in classes},
+        little={d: np.full(timed.slowest.shape, little) for d in classes},
+    )
+
+
 @functools.cache
 def _valid_ranges(size: int) -> npt.NDArray[np.bool_]:
     """[a, b] -> a < b: where the ranges lie in a matrix (read-only)."""
@@ -376,6 +404,7 @@ def _memory_matrices(
     recompute: bool,
     micro_batch_size: int,
     neighbors: int,
+    wire: Dtype,
     curve: EfficiencyCurve,
 ) -> tuple[Matrix, Matrix, Matrix]:
     """(bytes with no micro-batch in flight, bytes per micro-batch in flight, bytes per unit
@@ -396,6 +425,7 @@ def _memory_matrices(
             num_in_flight=in_flight,
             recompute=recompute,
             num_neighbor_stages=neighbors,
+            wire_dtype=wire,
             curve=curve,
         )
         for in_flight in (0, 1)
@@ -417,6 +447,7 @@ def _memory_ranges(
     recompute: bool,
     micro_batch_size: int,
     neighbors: int,
+    wire: Dtype,
     curve: EfficiencyCurve,
 ) -> tuple[Ranges, Ranges, Ranges]:
     """``_memory_matrices`` over the ranges, with the memory left (the device's less the
@@ -429,6 +460,7 @@ def _memory_ranges(
         recompute=recompute,
         micro_batch_size=micro_batch_size,
         neighbors=neighbors,
+        wire=wire,
         curve=curve,
     )
     free = device.memory_bytes - fixed

@@ -255,8 +255,7 @@ def _channel_inputs(plan: Plan, op: ComputeOp) -> list[Op]:
     if stage.zero is ZeroMode.FULL:
         for_pass = Pass.FORWARD if isinstance(op, Forward) else Pass.BACKWARD
         ops.append(GatherPassParams(micro_batch=op.micro_batch, for_pass=for_pass))
-    per_pass = stage.zero in (ZeroMode.GRADIENTS, ZeroMode.FULL)
-    if isinstance(op, Backward) and per_pass:
+    if isinstance(op, Backward) and stage.zero.per_pass:
         ops.append(ScatterPassGrads(micro_batch=op.micro_batch))
     return ops
 
@@ -322,9 +321,33 @@ def _fail(field: str, value: object, expected: str) -> SpecError:
     return SpecError(source="schedule", field=field, value=value, expected=expected)
 
 
+def _check_lockstep(plan: Plan, schedule: StepSchedule) -> None:
+    """The ranks of a ZeRO-2/3 stage meet in collectives inside every pass, so each must
+    run the same sequence of pass kinds (``specs.plan`` makes it so)."""
+    for index, stage in enumerate(plan.stages):
+        if not stage.zero.per_pass or len(stage.ranks) == 1:
+            continue
+        patterns = {
+            rank: "".join(
+                "F" if isinstance(op, Forward) else "B"
+                for op in schedule.rank_ops.get(rank, ())
+                if isinstance(op, Forward | Backward)
+            )
+            for rank in stage.ranks
+        }
+        if len(set(patterns.values())) > 1:
+            raise _fail(
+                f"stage {index}",
+                {rank: pattern[:16] for rank, pattern in patterns.items()},
+                f"one pass pattern on every rank of a {stage.zero.value!r} stage (its ranks "
+                "gather and reduce-scatter together inside every pass)",
+            )
+
+
 def check_schedule(plan: Plan, schedule: StepSchedule) -> None:
-    """Every send has one matching receive, and every rank runs the forward and backward
-    of exactly the micro-batches routed through it (a deadlock is the engine's to find)."""
+    """Every send has one matching receive, every rank runs the forward and backward of
+    exactly the micro-batches routed through it, and the ranks of a ZeRO-2/3 stage run
+    their passes in one pattern (a deadlock is the engine's to find)."""
     sends: dict[tuple[str, int, int, int], int] = {}
     recvs: dict[tuple[str, int, int, int], int] = {}
     for rank, ops in schedule.rank_ops.items():
@@ -344,6 +367,7 @@ def check_schedule(plan: Plan, schedule: StepSchedule) -> None:
             unmatched,
             "each (kind, micro-batch, sender, receiver) sent once and received once",
         )
+    _check_lockstep(plan, schedule)
     expected = _micro_batches_of(plan)
     for rank, micro_batches in expected.items():
         ops = schedule.rank_ops.get(rank, ())

@@ -53,14 +53,23 @@ class Schedule(StrEnum):
 class ZeroMode(StrEnum):
     """How a stage's data-parallel group holds its training state (ZeRO, Rajbhandari 2020).
 
-    Gradients are always accumulated over a step's micro-batches before they are reduced
-    (Zorse's pipeline-efficient ZeRO), so sharding gradients saves only the accumulator.
+    Under NONE and OPTIMIZER gradients are accumulated over a step's micro-batches before
+    they are reduced, once (Zorse's pipeline-efficient ZeRO). GRADIENTS and FULL reduce
+    every layer's gradients as its backward pass ends, and FULL gathers every layer's
+    parameters before each pass, so the ranks of such a stage meet inside every pass: they
+    run equal numbers of micro-batches (of their own sizes) in one pass pattern.
     """
 
     NONE = "none"  # replicated; all-reduce gradients once per step
     OPTIMIZER = "optimizer"  # ZeRO-1: optimizer state sharded; reduce-scatter + all-gather
-    GRADIENTS = "gradients"  # ZeRO-2: + gradients sharded; reduce-scatter per micro-batch
+    GRADIENTS = "gradients"  # ZeRO-2: + gradients sharded; reduce-scatter per layer and pass
     FULL = "full"  # ZeRO-3: + parameters sharded, gathered per layer for each pass
+
+    @property
+    def per_pass(self) -> bool:
+        """Whether the stage's ranks meet in collectives inside every pass (layer by
+        layer), so they must run their passes in lockstep."""
+        return self in (ZeroMode.GRADIENTS, ZeroMode.FULL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,11 +313,37 @@ def _validate_stage(
             f"{where}.shard_fraction", list(fractions), "non-negative fractions summing to 1"
         )
     _validate_in_flight(plan, where, stage)
+    _validate_lockstep(plan, where, stage)
     if stage.zero is ZeroMode.NONE and len(set(fractions)) > 1:
         raise _fail(
             f"{where}.shard_fraction",
             list(fractions),
             "equal fractions when zero is 'none' (nothing is sharded)",
+        )
+
+
+def _validate_lockstep(plan: Plan, where: str, stage: Stage) -> None:
+    """A ZeRO-2/3 stage of several ranks gathers and reduce-scatters layer by layer inside
+    every pass, so its ranks run the same passes together: equal micro-batch counts, and
+    one pass pattern. One stage alternates forward and backward on every rank, and GPipe
+    runs all forwards then all backwards; a 1F1B pipeline orders each rank's passes by
+    when its inputs arrive, which differs between ranks, so it is not allowed there."""
+    if not stage.zero.per_pass or len(stage.ranks) == 1:
+        return
+    counts = stage.num_micro_batches
+    if len(set(counts)) > 1 or counts[0] < 1:
+        raise _fail(
+            f"{where}.num_micro_batches",
+            list(counts),
+            f"equal counts of at least 1 under zero {stage.zero.value!r} (its ranks gather "
+            "and reduce-scatter layer by layer in lockstep)",
+        )
+    if plan.num_stages > 1 and plan.schedule is not Schedule.GPIPE:
+        raise _fail(
+            f"{where}.zero",
+            stage.zero.value,
+            "'none' or 'optimizer' for a stage of several ranks in a 1f1b pipeline (or "
+            "schedule 'gpipe'): per-pass ZeRO needs the stage's ranks in lockstep",
         )
 
 

@@ -72,6 +72,7 @@ def _blocks_memory(
     num_neighbor_stages: int = 0,
     layer_start: int = 1,
     layer_end: int = 3,
+    wire_dtype: Dtype | None = None,
 ) -> MemoryBreakdown:
     return rank_memory(
         MODEL,
@@ -87,6 +88,7 @@ def _blocks_memory(
         num_in_flight=num_in_flight,
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
+        wire_dtype=wire_dtype,
     )
 
 
@@ -116,14 +118,16 @@ def test_model_parameter_counts_used_below() -> None:
 
 
 # Per ZeRO mode: (weights, gradients, optimizer) divisors and the working buffers, for a
-# shard fraction of 1/4. The largest layer here is one block of 36992 parameters.
+# shard fraction of 1/4, 16-bit compute and a 16-bit wire. The largest layer here is one
+# block of 36992 parameters.
 _ZERO_CASES = {
     ZeroMode.NONE: ((1, 1, 1), 0.0),
     ZeroMode.OPTIMIZER: ((1, 1, 0.25), 0.0),
-    # one block's full fp32 gradient before its reduce-scatter
-    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), 36992 * 4),
-    # + the gathered block and the prefetched one, in 16 bits
-    ZeroMode.FULL: ((0.25, 0.25, 0.25), 36992 * 4 + 2 * 36992 * 2),
+    # one block's gradient in the wire buffer of its reduce-scatter, and as much received
+    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), 2 * 36992 * 2),
+    # no 16-bit weights at rest (the fp32 master shard is the copy); the gathered block and
+    # the prefetched one in 16 bits
+    ZeroMode.FULL: ((0, 0.25, 0.25), 2 * 36992 * 2 + 2 * 36992 * 2),
 }
 
 
@@ -144,6 +148,22 @@ def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
     assert memory.total_bytes == pytest.approx(
         memory.state_bytes + memory.activations_bytes + working + RESERVE, rel=1e-12
     )
+
+
+def test_mixed_dtype_group_prices_its_fp32_wire() -> None:
+    """A bf16 rank in a group that also holds fp16 ranks reduces and gathers through fp32
+    buffers (cost.precision): ZeRO-3's working bytes grow by them."""
+    same = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25)
+    mixed = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25, wire_dtype=Dtype.FP32)
+    # Reduce-scatter buffers at 4 bytes instead of 2, plus one fp32 gather buffer.
+    extra = 2 * 36992 * (4 - 2) + 36992 * 4
+    assert mixed.working_bytes - same.working_bytes == pytest.approx(extra, rel=1e-12)
+
+
+def test_fp32_zero3_keeps_its_master_shard_as_the_weights() -> None:
+    memory = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25, dtype=Dtype.FP32)
+    assert memory.weights_bytes == pytest.approx(73984 * 4 * 0.25, rel=1e-12)
+    assert memory.optimizer_bytes == pytest.approx(73984 * 8 * 0.25, rel=1e-12)
 
 
 def test_zero_modes_never_increase_state_memory() -> None:

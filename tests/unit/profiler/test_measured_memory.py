@@ -286,6 +286,7 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
                 recompute=recompute,
                 micro_batch_size=4,
                 neighbors=1,
+                wire=Dtype.FP32,
                 curve=measured,
             )
             whole_fixed, whole_sharded = stage_memory_bytes(

@@ -20,8 +20,8 @@ def test_collectives_add_up_to_stage_comm(zero: ZeroMode) -> None:
     plan = pipeline(
         c,
         stage_ranks=[[0, 1, 2]],
-        counts=[[2, 1, 1]],
-        routes=[[0], [1], [0], [2]],
+        counts=[[2, 2, 2]],  # equal: ZeRO-2/3 ranks run in lockstep
+        routes=[[0], [1], [2], [0], [1], [2]],
         zero=zero,
         shard_fractions=[fractions],
     )

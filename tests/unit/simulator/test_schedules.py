@@ -17,7 +17,7 @@ from piebald.simulator.engine import simulate
 from piebald.simulator.ops import Backward, Forward, Op, RecvActivation, SendActivation
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import StepSchedule, build_schedule, check_schedule
-from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
 
 
 def _passes(ops: Sequence[Op]) -> list[str]:
@@ -195,6 +195,48 @@ def test_zero3_schedule_gathers_before_every_pass_and_scatters_every_backward() 
     names = [type(op).__name__ for op in ops]
     assert names.count("GatherPassParams") == 4 and names.count("ScatterPassGrads") == 2
     assert names[-1] == "OptimizerStep" and "AllReduceGrads" not in names
+
+
+def test_zero3_stages_run_their_passes_in_one_pattern_whatever_the_times() -> None:
+    """Lockstep ZeRO-2/3 (``specs.plan``): one stage of ranks of any speeds under 1F1B, and
+    a GPipe pipeline, give every rank of the stage the same pass pattern; a schedule that
+    breaks it is rejected."""
+    rng = random.Random(11)
+    one_stage = pipeline(
+        cluster(("round", 3)),
+        stage_ranks=[[0, 1, 2]],
+        counts=[[3, 3, 3]],
+        routes=[[r] for r in weighted_round_robin([3, 3, 3])],
+        zero=ZeroMode.FULL,
+    )
+    gpipe = pipeline(
+        cluster(("round", 3)),
+        stage_ranks=[[0], [1, 2]],
+        counts=[[4], [2, 2]],
+        routes=[[0, 1], [0, 2], [0, 1], [0, 2]],
+        zero=ZeroMode.GRADIENTS,
+        schedule=Schedule.GPIPE,
+    )
+    for plan in (one_stage, gpipe):
+        for _ in range(20):
+            ranks = plan.used_ranks
+            prices = FixedPrices(
+                plan,
+                forward_s={r: rng.uniform(0.1, 3.0) for r in ranks},
+                backward_s={r: rng.uniform(0.1, 3.0) for r in ranks},
+            )
+            schedule = build_schedule(plan, prices=prices)  # checks the patterns
+            stage = plan.stages[-1]
+            patterns = {tuple(p[0] for p in _passes(schedule.rank_ops[r])) for r in stage.ranks}
+            assert len(patterns) == 1
+    good = build_schedule(one_stage)
+    swapped = dict(good.rank_ops)
+    ops = list(swapped[2])
+    first, second = [i for i, op in enumerate(ops) if isinstance(op, Forward | Backward)][:2]
+    ops[first], ops[second] = ops[second], ops[first]
+    swapped[2] = tuple(ops)
+    with pytest.raises(SpecError, match="one pass pattern"):
+        check_schedule(one_stage, StepSchedule(kind=good.kind, rank_ops=swapped))
 
 
 def test_a_send_without_its_receive_is_rejected() -> None:

@@ -169,7 +169,47 @@ def test_shard_fractions_must_sum_to_one(fractions: tuple[float, float]) -> None
 def test_uneven_fractions_need_a_zero_mode() -> None:
     assert _field_of_error(stage0={"shard_fraction": (0.6, 0.4)}) == "stages[0].shard_fraction"
     # The same fractions are fine once the state is sharded.
-    _plan(stage0={"shard_fraction": (0.6, 0.4), "zero": ZeroMode.FULL})
+    _plan(stage0={"shard_fraction": (0.6, 0.4), "zero": ZeroMode.OPTIMIZER})
+    _plan(stage0={"shard_fraction": (0.6, 0.4), "zero": ZeroMode.FULL}, schedule=Schedule.GPIPE)
+
+
+@pytest.mark.parametrize("zero", [ZeroMode.GRADIENTS, ZeroMode.FULL])
+def test_per_pass_zero_needs_its_ranks_in_lockstep(zero: ZeroMode) -> None:
+    """A ZeRO-2/3 stage of several ranks meets in collectives inside every pass: equal
+    micro-batch counts, and no 1F1B pipeline (whose pass order follows the inputs)."""
+    # A 1F1B pipeline: refused, with the stage's zero named.
+    assert _field_of_error(stage1={"zero": zero}) == "stages[1].zero"
+    # GPipe: every rank runs all forwards, then all backwards; fine with equal counts ...
+    _plan(stage1={"zero": zero}, schedule=Schedule.GPIPE)
+    # ... but not with unequal ones.
+    routes = ((0, 2), (1, 2), (0, 2), (1, 3))
+    assert (
+        _field_of_error(
+            stage1={"zero": zero, "num_micro_batches": (3, 1)},
+            routes=routes,
+            schedule=Schedule.GPIPE,
+        )
+        == "stages[1].num_micro_batches"
+    )
+    # One stage under 1F1B (every rank alternates forward and backward): per-rank sizes in
+    # equal counts.
+    alone = Stage(
+        layer_start=0,
+        layer_end=6,
+        ranks=(0, 1),
+        micro_batch_size=(3, 1),
+        num_micro_batches=(2, 2),
+        shard_fraction=(0.7, 0.3),
+        zero=zero,
+    )
+    one_stage = Plan(
+        cluster=CLUSTER,
+        model=MODEL,
+        job=JOB,
+        stages=(alone,),
+        routes=tuple((r,) for r in weighted_round_robin([2, 2])),
+    )
+    assert one_stage.stages[0].num_sequences == 8  # per-rank sizes, equal counts
 
 
 @pytest.mark.parametrize(

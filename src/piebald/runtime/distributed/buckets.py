@@ -2,6 +2,11 @@
 tied embedding/head weight's own bucket when that weight spans stages (why:
 :mod:`piebald.runtime.distributed.group_layout`).
 
+A ZeRO-2/3 stage gets one streamed bucket per layer instead of one stage bucket
+(``stage{s}.layer{i}``): its gradients are reduce-scattered and, under ZeRO-3, its
+parameters gathered and released layer by layer around every pass, so what one bucket
+holds at a time is what one layer needs (``cost.memory`` prices exactly that).
+
 The executor hands over its stage part's trainable parameters with **global** names (the
 same name in every plan, e.g. ``layers.7.attention.wq.weight``) and, on the first and last
 stage of a tied model, the global name under which the tied weight appears in that list
@@ -23,13 +28,22 @@ from piebald.runtime.distributed.groups import CommGroup, ProcessGroups
 from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.specs.devices import Dtype
 
-__all__ = ["TIED_BUCKET", "build_buckets", "stage_bucket_name"]
+__all__ = ["TIED_BUCKET", "build_buckets", "layer_of", "stage_bucket_name"]
 
 TIED_BUCKET = "tied"
 
 
-def stage_bucket_name(stage_index: int) -> str:
-    return f"stage{stage_index}"
+def stage_bucket_name(stage_index: int, layer_index: int | None = None) -> str:
+    name = f"stage{stage_index}"
+    return name if layer_index is None else f"{name}.layer{layer_index}"
+
+
+def layer_of(global_name: str) -> int:
+    """The layer index of a global parameter name (``layers.7.attention.wq.weight``: 7)."""
+    parts = global_name.split(".")
+    if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
+        raise ValueError(f"parameter name {global_name!r}: expected 'layers.<index>.<name>'")
+    return int(parts[1])
 
 
 def build_buckets(
@@ -38,13 +52,17 @@ def build_buckets(
     named_params: Sequence[tuple[str, nn.Parameter]],
     tied_name: str | None = None,
     dtypes: Mapping[int, Dtype] | None = None,
+    stream_layers: bool = True,
     reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
     all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
 ) -> tuple[FlatBucket, ...]:
     """This rank's buckets (none on an idle rank). Collective over the stage group and the
     tied group; call it on every used rank. ``dtypes``: every used rank's compute dtype
     (``runtime.training.precision.rank_dtypes``; None: fp32 everywhere), which sets this
-    rank's compute dtype and each bucket's wire dtype (``cost.precision``)."""
+    rank's compute dtype and each bucket's wire dtype (``cost.precision``).
+    ``stream_layers=False`` keeps a ZeRO-2/3 stage in one bucket, gathered and reduced once
+    per step by whoever drives it (tests of the optimizer on parameters that are not
+    model layers); the runtime streams."""
     stage_index = groups.stage_index
     if stage_index is None or groups.stage is None:
         return ()
@@ -70,6 +88,7 @@ def build_buckets(
         placement: BucketPlacement,
         group: CommGroup,
         init_src_rank: int | None = None,
+        streamed: bool = False,
     ) -> FlatBucket:
         return FlatBucket(
             name,
@@ -82,11 +101,20 @@ def build_buckets(
             init_src_rank=init_src_rank,
             reduce_scatter_method=reduce_scatter_method,
             all_gather_method=all_gather_method,
+            streamed=streamed,
         )
 
     buckets: list[FlatBucket] = []
-    if rest:  # every rank of the stage holds the same parameters, so all agree here
-        placement = groups.layout.stages[stage_index]
+    placement = groups.layout.stages[stage_index]
+    # Every rank of the stage holds the same parameters, so all agree on these buckets.
+    if rest and stream_layers and placement.zero.per_pass:
+        by_layer: dict[int, list[tuple[str, nn.Parameter]]] = {}
+        for name, param in rest:
+            by_layer.setdefault(layer_of(name), []).append((name, param))
+        for index in sorted(by_layer):
+            name = stage_bucket_name(stage_index, index)
+            buckets.append(make(name, by_layer[index], placement, groups.stage, streamed=True))
+    elif rest:
         buckets.append(make(stage_bucket_name(stage_index), rest, placement, groups.stage))
     if tied_params:
         assert groups.layout.tied is not None and groups.tied is not None

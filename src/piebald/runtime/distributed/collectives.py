@@ -23,7 +23,7 @@ in the loss (DESIGN s.3; gloo has no PREMUL_SUM and AVG would be wrong for uneve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 import torch
@@ -34,6 +34,7 @@ from piebald.runtime.distributed.shard_layout import ShardRange, padded_shard_si
 
 __all__ = [
     "CollectiveMethod",
+    "PendingGather",
     "all_gather_uneven",
     "all_reduce",
     "all_reduce_sum",
@@ -109,6 +110,25 @@ def reduce_scatter_uneven(
     )
 
 
+class PendingGather:
+    """An all-gather under way (``all_gather_uneven(..., async_op=True)``): :meth:`wait`
+    blocks until every shard has landed in the buffer. Waiting twice is harmless."""
+
+    def __init__(
+        self, works: Sequence[dist.Work] = (), finish: Callable[[], None] | None = None
+    ) -> None:
+        self._works = list(works)
+        self._finish = finish
+
+    def wait(self) -> None:
+        for work in self._works:
+            work.wait()
+        self._works = []
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
+
+
 def all_gather_uneven(
     full: torch.Tensor,
     ranges: Sequence[ShardRange],
@@ -116,41 +136,67 @@ def all_gather_uneven(
     group: CommGroup,
     rank: int,
     method: CollectiveMethod = CollectiveMethod.AUTO,
-) -> None:
-    """In place: on entry ``full[ranges[me]]`` holds this rank's shard; on exit every
-    rank's ``full`` holds every owner's shard."""
+    async_op: bool = False,
+) -> PendingGather:
+    """In place: on entry ``full[ranges[me]]`` holds this rank's shard; on exit (of this
+    call, or of ``wait()`` on what it returns with ``async_op``) every rank's ``full``
+    holds every owner's shard. With ``async_op`` the communication runs in the
+    background (the ZeRO-3 prefetch of the next layer while this one computes)."""
     _check(full, ranges, group)
+    pending = _start_all_gather(full, ranges, group=group, rank=rank, method=method)
+    if not async_op:
+        pending.wait()
+    return pending
+
+
+def _start_all_gather(
+    full: torch.Tensor,
+    ranges: Sequence[ShardRange],
+    *,
+    group: CommGroup,
+    rank: int,
+    method: CollectiveMethod,
+) -> PendingGather:
     if group.size == 1:
-        return
+        return PendingGather()
     pg = group.process_group
     mine = ranges[group.index_of(rank)]
     chosen = _resolve(method, group, gloo=CollectiveMethod.BROADCAST)
     if chosen == CollectiveMethod.BROADCAST:
-        for owner, r in zip(group.ranks, ranges, strict=True):
-            if r.numel:  # every rank sees the same ranges, so all skip the same owners
-                dist.broadcast(full[r.start : r.end], src=owner, group=pg)
-        return
+        works = [
+            dist.broadcast(full[r.start : r.end], src=owner, group=pg, async_op=True)
+            for owner, r in zip(group.ranks, ranges, strict=True)
+            if r.numel  # every rank sees the same ranges, so all skip the same owners
+        ]
+        return PendingGather([w for w in works if w is not None])
     if chosen == CollectiveMethod.ALL_TO_ALL:
         sizes = [r.numel for r in ranges]
         gathered = full.new_empty(full.numel())
-        dist.all_to_all_single(
+        work = dist.all_to_all_single(
             gathered,
             full[mine.start : mine.end].repeat(group.size),
             output_split_sizes=sizes,
             input_split_sizes=[mine.numel] * group.size,
             group=pg,
+            async_op=True,
         )
-        full.copy_(gathered)
-        return
+
+        def copy_back() -> None:
+            full.copy_(gathered)
+
+        return PendingGather([work] if work is not None else [], copy_back)
     if chosen == CollectiveMethod.PADDED:
         width = padded_shard_size(ranges)
         send = full.new_zeros(width)
         send[: mine.numel].copy_(full[mine.start : mine.end])
         gathered = full.new_empty(group.size, width)
-        dist.all_gather_single(gathered.view(-1), send, group=pg)
-        for i, r in enumerate(ranges):
-            full[r.start : r.end].copy_(gathered[i, : r.numel])
-        return
+        work = dist.all_gather_single(gathered.view(-1), send, group=pg, async_op=True)
+
+        def unpad() -> None:
+            for i, r in enumerate(ranges):
+                full[r.start : r.end].copy_(gathered[i, : r.numel])
+
+        return PendingGather([work] if work is not None else [], unpad)
     raise ValueError(
         f"all-gather method {method.value!r}: expected auto, padded, all_to_all, broadcast"
     )

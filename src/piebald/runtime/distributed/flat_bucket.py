@@ -25,6 +25,18 @@ fp32 accumulator down to it for the reduce-scatter and writes the sum it receive
 into the owned range; the all-gather moves updated weights in it and each rank casts them
 to its own compute dtype. The initial values travel in fp32.
 
+**Streamed** buckets (``streamed=True``, one per layer of a ZeRO-2/3 stage, built by
+:mod:`piebald.runtime.distributed.buckets`) hold no ``main_grad``: autograd leaves each
+parameter's gradient of one backward pass in ``param.grad`` (compute dtype), and
+:meth:`FlatBucket.reduce_pass_gradients`, called by the executor right after the layer's
+backward, copies them into one wire-dtype buffer (dropping each as it goes),
+reduce-scatters it and adds the owned sum into ``grad_shard``, an fp32 tensor of the shard's
+size: no full gradient outlives its layer's backward. Under ZeRO-3 the executor gathers a
+layer's parameters right before each pass through it (the next layer's gather runs in
+the background, :meth:`FlatBucket.start_gather`) and releases them after. Every rank of
+the group must make these calls in the same order, which equal micro-batch counts and one
+pass pattern per stage guarantee (``piebald.specs.plan``).
+
 The optimizer (:mod:`piebald.runtime.distributed.optimizer`) steps ``master`` and
 all-gathers the result back into ``params_flat``.
 
@@ -44,6 +56,7 @@ from torch import nn
 
 from piebald.runtime.distributed.collectives import (
     CollectiveMethod,
+    PendingGather,
     all_gather_uneven,
     reduce_scatter_uneven,
 )
@@ -93,6 +106,7 @@ class FlatBucket:
         init_src_rank: int | None = None,
         reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
         all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
+        streamed: bool = False,
     ) -> None:
         params = _unique_params(named_params)
         if not params:
@@ -115,6 +129,7 @@ class FlatBucket:
         self.wire_dtype = wire_dtype or compute_dtype
         self.reduce_scatter_method = reduce_scatter_method
         self.all_gather_method = all_gather_method
+        self.streamed = streamed
         self.params = [p for _, p in params]
         self.layout: FlatLayout = build_flat_layout([(n, tuple(p.shape)) for n, p in params])
         self._check_same_layout_across_group()
@@ -138,16 +153,25 @@ class FlatBucket:
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
                 param.data = self._param_view(slot.offset, slot.end, slot.shape)
-        self.main_grad = torch.zeros(numel, dtype=torch.float32, device=device)
-        if self._grads_are_views:
-            self._adopt_grads()
-        else:
-            for slot, param in zip(self.layout.slots, self.params, strict=True):
+        self.main_grad: torch.Tensor | None = None
+        if streamed:  # gradients live per pass in param.grad, sums in the owned shard only
+            self._grad_shard = torch.zeros(self.shard.numel, dtype=torch.float32, device=device)
+            for param in self.params:
                 param.grad = None
-                hook = self._accumulate_hook(slot)
-                param.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+        else:
+            self.main_grad = torch.zeros(numel, dtype=torch.float32, device=device)
+            self._grad_shard = self.main_grad[self.shard.start : self.shard.end]
+            if self._grads_are_views:
+                self._adopt_grads()
+            else:
+                for slot, param in zip(self.layout.slots, self.params, strict=True):
+                    param.grad = None
+                    hook = self._accumulate_hook(slot)
+                    param.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
         self._storage_bytes = self.params_flat.untyped_storage().nbytes()
         self._released = False
+        self._pending: PendingGather | None = None
+        self._gather_buffer: torch.Tensor | None = None
         if self.sharded_at_rest:
             self.release_params()
 
@@ -157,6 +181,7 @@ class FlatBucket:
         return self.params_flat[start:end].view(shape)
 
     def _grad_view(self, start: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
+        assert self.main_grad is not None
         return self.main_grad[start:end].view(shape)
 
     @property
@@ -178,6 +203,8 @@ class FlatBucket:
     def _adopt_grads(self) -> None:
         """Fold every ``param.grad`` into the accumulator: with fp32 compute make it the
         view again (keeping its value), with 16-bit compute add it and drop it."""
+        if self.streamed:
+            return
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
                 view = self._grad_view(slot.offset, slot.end, slot.shape)
@@ -223,20 +250,28 @@ class FlatBucket:
 
     @property
     def grad_shard(self) -> torch.Tensor:
-        """The owned range of the accumulator: after :meth:`reduce_gradients`, the sum of
-        every rank's gradient for the elements this rank owns (fp32, a view)."""
-        return self.main_grad[self.shard.start : self.shard.end]
+        """The sum of every rank's gradient for the elements this rank owns, fp32: after
+        :meth:`reduce_gradients` (a view of the accumulator's owned range), or, streamed,
+        accumulated pass by pass by :meth:`reduce_pass_gradients`."""
+        return self._grad_shard
 
     def zero_grad(self) -> None:
+        if self.main_grad is None:
+            self._grad_shard.zero_()
+            for param in self.params:
+                param.grad = None
+            return
         self.main_grad.zero_()
         self._adopt_grads()
 
     def reduce_gradients(self) -> None:
         """Replace the owned range of the accumulator with the group's sum of it and clear
         the rest (sent to its owners). Collective over the group; the optimizer calls it
-        once per step, an executor may call it more often (ZeRO-2 style), as long as every
-        rank of the group calls it the same number of times: later sums add to the owned
-        range, which holds the earlier ones."""
+        once per step, an executor may call it more often, as long as every rank of the
+        group calls it the same number of times: later sums add to the owned range, which
+        holds the earlier ones. A streamed bucket has reduced pass by pass: nothing to do."""
+        if self.main_grad is None:
+            return
         self._adopt_grads()
         source = self.main_grad.to(self.wire_dtype)  # a no-op for an fp32 wire
         reduced = reduce_scatter_uneven(
@@ -252,9 +287,39 @@ class FlatBucket:
         self.main_grad[: self.shard.start].zero_()
         self.main_grad[self.shard.end :].zero_()
 
+    def reduce_pass_gradients(self) -> None:
+        """Streamed: reduce-scatter the gradients one backward pass left in ``param.grad``
+        (dropping each once copied to the wire buffer) and add the owned sum into
+        ``grad_shard``. Collective over the group, once per backward pass."""
+        assert self.streamed, f"bucket {self.name!r}: not streamed"
+        flat = torch.empty(self.numel, dtype=self.wire_dtype, device=self._grad_shard.device)
+        with torch.no_grad():
+            for slot, param in zip(self.layout.slots, self.params, strict=True):
+                target = flat[slot.offset : slot.end]
+                if param.grad is None:  # unused in this pass (no gradient reached it)
+                    target.zero_()
+                else:
+                    target.copy_(param.grad.reshape(-1))
+                    param.grad = None
+            reduced = reduce_scatter_uneven(
+                flat,
+                self.ranges,
+                group=self.group,
+                rank=self.rank,
+                method=self.reduce_scatter_method,
+            )
+            self._grad_shard.add_(reduced)
+
     def publish_params(self) -> None:
         """All-gather every owner's master shard, in the wire dtype, into the compute-dtype
         buffer (collective over the group)."""
+        self.start_gather()
+        self.finish_gather()
+
+    def start_gather(self) -> None:
+        """Begin :meth:`publish_params` in the background (collective over the group);
+        :meth:`finish_gather` waits for it. The buffer is re-allocated now if released."""
+        assert self._pending is None, f"bucket {self.name!r}: a gather is already under way"
         if self._released:
             self.params_flat.untyped_storage().resize_(self._storage_bytes)
             self._released = False
@@ -267,11 +332,30 @@ class FlatBucket:
         )
         with torch.no_grad():
             target[self.shard.start : self.shard.end].copy_(self.master)
-            all_gather_uneven(
-                target, self.ranges, group=self.group, rank=self.rank, method=self.all_gather_method
-            )
-            if not same:
-                self.params_flat.copy_(target)
+        self._gather_buffer = None if same else target
+        self._pending = all_gather_uneven(
+            target,
+            self.ranges,
+            group=self.group,
+            rank=self.rank,
+            method=self.all_gather_method,
+            async_op=True,
+        )
+
+    def finish_gather(self) -> None:
+        """Wait for the gather :meth:`start_gather` began (nothing to do if none is)."""
+        if self._pending is None:
+            return
+        self._pending.wait()
+        self._pending = None
+        if self._gather_buffer is not None:
+            with torch.no_grad():
+                self.params_flat.copy_(self._gather_buffer)
+            self._gather_buffer = None
+
+    @property
+    def gather_pending(self) -> bool:
+        return self._pending is not None
 
     def gather_params(self) -> None:
         """ZeRO FULL: materialise the parameters before a pass (collective, always, so every
@@ -282,6 +366,7 @@ class FlatBucket:
     def release_params(self) -> None:
         """ZeRO FULL: free the parameters after a pass (local; no communication)."""
         if self.sharded_at_rest and not self._released:
+            assert self._pending is None, f"bucket {self.name!r}: released mid-gather"
             self.params_flat.untyped_storage().resize_(0)
             self._released = True
 

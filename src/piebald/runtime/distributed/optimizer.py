@@ -5,7 +5,7 @@ One step, on every rank, in this fixed order (collectives in the same relative o
 every rank, so groups that overlap, a stage group and the tied group, cannot deadlock):
 
 1. each bucket reduce-scatters its accumulated gradient onto the owners (stage bucket
-   first, then the tied bucket);
+   first, then the tied bucket; streamed buckets of a ZeRO-2/3 stage did so pass by pass);
 2. with a loss scaler, owners multiply their gradient shard by 1/scale (fp16 runs);
 3. the squared norm of the owned shards (each element is owned exactly once in the plan,
    the tied weight included) is summed in fp64 and all-reduced over every used rank; its
@@ -203,13 +203,17 @@ class ShardedOptimizer:
         for bucket in self.buckets:
             bucket.zero_grad()
 
-    def gather_params(self) -> None:
+    def gather_params(self, *, streamed: bool = True) -> None:
+        """ZeRO FULL buckets: materialise the parameters (collective); ``streamed=False``
+        leaves the streamed buckets, which the passes gather layer by layer, alone."""
         for bucket in self.buckets:
-            bucket.gather_params()
+            if streamed or not bucket.streamed:
+                bucket.gather_params()
 
-    def release_params(self) -> None:
+    def release_params(self, *, streamed: bool = True) -> None:
         for bucket in self.buckets:
-            bucket.release_params()
+            if streamed or not bucket.streamed:
+                bucket.release_params()
 
     # --- the step ---------------------------------------------------------------------------
 

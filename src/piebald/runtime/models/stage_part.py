@@ -106,29 +106,55 @@ class StagePart(nn.Module):
         """The module of global layer ``index`` (which this part must hold)."""
         return self.layers[str(index)]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def layer_indices(self) -> range:
+        return range(self.layer_start, self.layer_end)
+
+    def rope(self, x: torch.Tensor) -> Rope | None:
+        """The rotary tables the part's Llama blocks share for input ``x`` ([b, s] or
+        [b, s, h]); None for GPT-2 or a part without blocks."""
         arch = self.model.arch
-        if self.has_embedding:
-            x = self.layer(0)(x)  # [b, s] -> [b, s, h]
-        first_block = max(self.layer_start, 1)
-        last_block = min(self.layer_end, arch.num_blocks + 1)  # exclusive
-        rope: Rope | None = None
-        if arch.family is Family.LLAMA and first_block < last_block:
-            rope = rope_tables(
-                seq_len=x.shape[1],
-                head_dim=arch.resolved_head_dim,
-                theta=arch.rope_theta,
-                device=x.device,
-            )
-        for index in range(first_block, last_block):
+        has_blocks = max(self.layer_start, 1) < min(self.layer_end, arch.num_blocks + 1)
+        if arch.family is not Family.LLAMA or not has_blocks:
+            return None
+        return rope_tables(
+            seq_len=x.shape[1],
+            head_dim=arch.resolved_head_dim,
+            theta=arch.rope_theta,
+            device=x.device,
+        )
+
+    def run_layer(self, index: int, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+        """Global layer ``index`` on ``x``: the embedding ([b, s] -> [b, s, h]), a block
+        (recomputed in the backward pass when ``recompute`` is set), or the head
+        ([b, s, h] -> [b, s, V])."""
+        arch = self.model.arch
+        out: torch.Tensor
+        if index == 0:
+            out = self.layer(0)(x)
+        elif index <= arch.num_blocks:
             block = self.layer(index)
             if self.recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, rope, use_reentrant=False)
+                out = checkpoint(block, x, rope, use_reentrant=False)
             else:
-                x = block(x, rope)  # [b, s, h]
-        if self.has_head:
-            tied = self._shared_embedding_weight()
-            x = self.layer(arch.num_blocks + 1)(x, output_weight=tied)  # [b, s, V]
+                out = block(x, rope)
+        else:
+            out = self.layer(index)(x, output_weight=self._shared_embedding_weight())
+        return out
+
+    def parameters_used_by(self, index: int) -> tuple[nn.Parameter, ...]:
+        """The parameters :meth:`run_layer` reads for layer ``index``: its own, and for a
+        head that projects with the embedding's table, that table."""
+        used = list(self.layer(index).parameters())
+        shared = self._shared_embedding_weight() if index == self.model.num_layers - 1 else None
+        if isinstance(shared, nn.Parameter) and all(p is not shared for p in used):
+            used.append(shared)
+        return tuple(used)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rope = self.rope(x)
+        for index in self.layer_indices:
+            x = self.run_layer(index, x, rope)  # [b, s, h]; logits [b, s, V] after the head
         return x
 
     def tied_parameters(self) -> tuple[TiedParameter, ...]:

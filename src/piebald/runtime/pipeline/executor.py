@@ -14,11 +14,12 @@ How each operation maps onto torch:
   gradient), completed at the end of the step.
 - ``Backward(j)``: the last stage back-propagates the (loss-scaled) loss, other stages their
   output with the received gradient; gradients accumulate into the flat buckets.
-- ``GatherPassParams`` / ``ScatterPassGrads``: ZeRO-3 parameters are gathered once per step,
-  before the first pass, and kept until the last backward; gradients are reduce-scattered
-  once per step by the optimizer (Zorse's pipeline-efficient ZeRO). Ranks of a stage run
-  different numbers of micro-batches, so per-pass collectives could not run in lockstep;
-  the schedule's per-pass operations therefore do no work here.
+- ``GatherPassParams`` / ``ScatterPassGrads``: a ZeRO-2/3 stage runs each pass layer by
+  layer (``LayerStream``): under ZeRO-3 every layer's parameters are gathered right before
+  it runs (the next layer's in the background) and released after; every layer's
+  gradients are reduce-scattered onto their owners as soon as its backward is done. The
+  operations mark that traffic in the schedule; the passes do it. Buckets that are not
+  streamed (the tied weight's) are reduced once per step by the optimizer.
 - ``AllReduceGrads`` / ``ReduceScatterGrads`` / ``AllGatherParams``: done inside
   ``ShardedOptimizer.step``, which ``OptimizerStep`` calls (every used rank, once per step).
 
@@ -28,7 +29,8 @@ times.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +39,7 @@ from piebald.runtime.distributed.optimizer import ShardedOptimizer, StepResult
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import StagePart
 from piebald.runtime.pipeline.boundary import to_compute_dtype
+from piebald.runtime.pipeline.layer_stream import Island, LayerStream
 from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.pipeline.rows import micro_batch_rows
@@ -73,6 +76,7 @@ class _Saved:
 
     inputs: torch.Tensor | None  # the received activation (a leaf), None on stage 0
     output: torch.Tensor  # hidden states, or the weighted loss on the last stage
+    islands: list[Island] | None = None  # a streamed (ZeRO-2/3) pass, layer by layer
 
 
 class PipelineExecutor:
@@ -105,6 +109,8 @@ class PipelineExecutor:
         self.rows = micro_batch_rows(plan)
         self.tokens_in_batch = plan.job.global_batch_size * plan.job.seq_len
         self.compute_dtype = next(part.parameters()).dtype
+        streamed = [b for b in optimizer.buckets if b.streamed]
+        self.stream = LayerStream(part, streamed) if streamed else None
         self._clamped = 0
         self._last_backward = max(
             (k for k, op in enumerate(self.ops) if isinstance(op, Backward)), default=-1
@@ -124,9 +130,9 @@ class PipelineExecutor:
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         result: StepResult | None = None
         self._clamped = 0
-        # ZeRO-3: gather once per step (a no-op for other modes); collective over the stage
-        # group, called by every rank of it, micro-batches or not.
-        self.optimizer.gather_params()
+        # Buckets sharded at rest but not streamed are gathered once per step (collective
+        # over their group, called by every rank of it, micro-batches or not).
+        self.optimizer.gather_params(streamed=False)
         for k, op in enumerate(self.ops):
             match op:
                 case (
@@ -156,13 +162,13 @@ class PipelineExecutor:
                     if self.stage_index == 0:
                         del saved[j]  # no input gradient to send: done with it
                     if k == self._last_backward:
-                        self.optimizer.release_params()
+                        self.optimizer.release_params(streamed=False)
                 case SendGradient(micro_batch=j, peer=peer):
                     leaf = saved.pop(j).inputs
                     assert leaf is not None and leaf.grad is not None
                     self._send(mailbox, MessageKind.GRADIENT, j, peer, leaf.grad)
                 case OptimizerStep():
-                    self.optimizer.release_params()  # a rank without micro-batches too
+                    self.optimizer.release_params(streamed=False)  # without micro-batches too
                     mailbox.finish()  # every send completes before the step's collectives
                     result = self._optimizer_step(lr)
                 case (
@@ -203,21 +209,38 @@ class PipelineExecutor:
             leaf = self._take(mailbox, MessageKind.ACTIVATION, j).requires_grad_()
             x = leaf
         started = self.pacer.now() if self.pacer is not None else 0.0
-        output = self.part(x)
+        loss: Callable[[torch.Tensor], torch.Tensor] | None = None
         if self.is_last:
-            targets = labels[rows.start : rows.stop].to(self.device)
-            output = token_loss_sum(output, targets) / self.tokens_in_batch
+            loss = functools.partial(
+                self._loss, targets=labels[rows.start : rows.stop].to(self.device)
+            )
+        islands = None
+        if self.stream is not None:
+            islands = self.stream.forward(x, loss=loss)
+            output = islands[-1].output
+        else:
+            output = self.part(x)
+            if loss is not None:
+                output = loss(output)
         if self.pacer is not None:
             self.pacer.pace(started=started, emulated_s=self.pacer.forward_s)
-        return _Saved(inputs=leaf, output=output)
+        return _Saved(inputs=leaf, output=output, islands=islands)
+
+    def _loss(self, logits: torch.Tensor, *, targets: torch.Tensor) -> torch.Tensor:
+        return token_loss_sum(logits, targets) / self.tokens_in_batch
 
     def _backward(self, j: int, saved: _Saved, mailbox: Mailbox) -> None:
-        if self.is_last:
-            started = self.pacer.now() if self.pacer is not None else 0.0
+        gradient = None if self.is_last else self._take(mailbox, MessageKind.GRADIENT, j)
+        started = self.pacer.now() if self.pacer is not None else 0.0
+        if saved.islands is not None:
+            assert self.stream is not None
+            if gradient is None:  # the loss, scaled under fp16
+                saved.islands[-1].output = self.optimizer.scale_loss(saved.output)
+            self.stream.backward(saved.islands, gradient)
+            saved.islands = None
+        elif gradient is None:
             torch.autograd.backward(self.optimizer.scale_loss(saved.output))
         else:
-            gradient = self._take(mailbox, MessageKind.GRADIENT, j)
-            started = self.pacer.now() if self.pacer is not None else 0.0
             torch.autograd.backward(saved.output, grad_tensors=gradient)
         saved.output = saved.output.detach()  # free the graph now, not at the send
         if self.pacer is not None:
