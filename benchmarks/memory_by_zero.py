@@ -1,18 +1,23 @@
 """Measured against predicted memory per ZeRO mode: the runtime's memory meter (peak bytes of
 live tensors per rank) beside the plan's prediction without the framework reserve.
 
-For each ZeRO mode, ``piebald plan --strategy zero-even --zero MODE`` (one data-parallel
-stage over all four GPUs, even shards) on a cluster of two A100s in bf16 and two V100s in
-fp16, so the stage mixes dtypes; then two unpaced emulated steps
-in the GPUs' own dtypes (``--compute-dtype native``) on CPU processes. The model is small
-enough to run at full width, so measured and predicted describe the same tensors.
+Two cases, each planned with ``piebald plan --strategy zero-even --zero MODE`` (one
+data-parallel stage over all four GPUs, even shards) and trained for two unpaced emulated
+steps in the GPUs' own dtypes (``--compute-dtype native``) on CPU processes, at full width,
+so measured and predicted describe the same tensors:
 
-    .venv/bin/python benchmarks/memory_by_zero.py [--model tiny] [--global-batch 8]
+* ``tiny`` on two A100s (bf16) and two V100s (fp16), 2 sequences of 128 tokens per rank:
+  activations dominate and the stage mixes dtypes (an fp32 wire);
+* a 3.2 M-parameter Llama (width 256, 4 blocks, vocabulary 512) on four A100s, one
+  sequence of 64 tokens per rank: the training state dominates.
+
+    .venv/bin/python benchmarks/memory_by_zero.py
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+from typing import Any
 
 from piebald.planner.search import search
 from piebald.planner.strategies import STRATEGIES
@@ -21,50 +26,62 @@ from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.precision import ComputeDtype
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
-from piebald.specs.presets import load_model
+from piebald.specs.presets import PRESETS, load_model
 
 ZERO_EVEN = STRATEGIES["zero-even"]
-CLUSTER = {
+MIXED: dict[str, Any] = {
     "name": "four-mixed",
     "nodes": [
         {"name": "a", "gpu": "A100-80GB", "gpus_per_node": 2, "intra_link": "300GB/s"},
         {"name": "v", "gpu": "V100-32GB", "gpus_per_node": 2, "intra_link": "300GB/s"},
     ],
 }
+A100S: dict[str, Any] = {
+    "name": "four-a100",
+    "nodes": [{"name": "a", "gpu": "A100-80GB", "gpus_per_node": 4, "intra_link": "300GB/s"}],
+}
+STATE_HEAVY = ModelSpec(
+    name="llama-w256",
+    arch=dataclasses.replace(
+        PRESETS["tiny"],
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=704,
+        vocab_size=512,
+        max_seq_len=64,
+    ),
+)
+CASES = (
+    (load_model("tiny"), MIXED, JobSpec(global_batch_size=8, seq_len=128)),
+    (STATE_HEAVY, A100S, JobSpec(global_batch_size=4, seq_len=64)),
+)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=128)
-    args = parser.parse_args()
-    cluster = parse_cluster(CLUSTER, source="memory_by_zero")
-    model = load_model(args.model)
-    job = JobSpec(global_batch_size=args.global_batch, seq_len=args.seq_len)
     print(
-        f"{model.name} on {cluster.name} (2x A100 bf16, 2x V100 fp16), batch "
-        f"{job.global_batch_size} x {job.seq_len}, 2 unpaced steps, native dtypes\n"
+        "| model | cluster | batch | ZeRO mode | rank | GPU | measured (MiB) | "
+        "predicted (MiB) | measured / predicted |"
     )
-    print(
-        "| ZeRO mode | stages | rank | GPU | measured (MiB) | predicted (MiB) | "
-        "measured / predicted |"
-    )
-    print("|---|---:|---:|---|---:|---:|---:|")
+    print("|---|---|---|---|---:|---|---:|---:|---:|")
     config = TrainConfig(steps=2, seed=0, compute_dtype=ComputeDtype.NATIVE)
-    for zero in ZeroMode:
-        plan = search(cluster, model=model, job=job, strategy=ZERO_EVEN, zero=zero).best.plan
-        run = emulate(plan, config, max_params=10**12, lines_to_stderr=True)
-        for rank_text, sizes in sorted(run.memory.items(), key=lambda item: int(item[0])):
-            rank = int(rank_text)
-            measured, predicted = sizes["measured_bytes"], sizes["predicted_bytes"]
-            print(
-                f"| {zero.value} | {plan.num_stages} | {rank} | "
-                f"{cluster.device_of(rank).name} | {measured / 2**20:.2f} | "
-                f"{predicted / 2**20:.2f} | {measured / predicted:.2f} |",
-                flush=True,
-            )
+    for model, cluster_dict, job in CASES:
+        cluster = parse_cluster(cluster_dict, source="memory_by_zero")
+        for zero in ZeroMode:
+            plan = search(cluster, model=model, job=job, strategy=ZERO_EVEN, zero=zero).best.plan
+            run = emulate(plan, config, max_params=10**12, lines_to_stderr=True)
+            for rank_text, sizes in sorted(run.memory.items(), key=lambda item: int(item[0])):
+                rank = int(rank_text)
+                measured, predicted = sizes["measured_bytes"], sizes["predicted_bytes"]
+                print(
+                    f"| {model.name} | {cluster.name} | {job.global_batch_size} x "
+                    f"{job.seq_len} | {zero.value} | {rank} | {cluster.device_of(rank).name} "
+                    f"| {measured / 2**20:.2f} | {predicted / 2**20:.2f} | "
+                    f"{measured / predicted:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

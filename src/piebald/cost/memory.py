@@ -48,6 +48,7 @@ from piebald.specs.plan import Plan, Schedule, ZeroMode
 __all__ = [
     "IN_FLIGHT_SLACK",
     "RECEIVES_POSTED",
+    "STEP_CHUNK_ELEMENTS",
     "MemoryBreakdown",
     "framework_reserve_bytes",
     "in_flight_for_rounds",
@@ -71,6 +72,10 @@ IN_FLIGHT_SLACK = 1
 # it, and where a hop outlasts a pass (eight ranks to a 10 GbE NIC) one pass of notice
 # leaves the next input late (benchmarks/simulate_scenarios.py, flashflex).
 RECEIVES_POSTED = 2
+# The once-per-step reduce-scatter and all-gather of a stage bucket (ZeRO none/optimizer)
+# move at most one layer, and at most this many elements, at a time, so their wire buffers
+# stay small whatever the stage holds (DDP's gradient buckets serve the same end).
+STEP_CHUNK_ELEMENTS = 2**24
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -398,6 +403,8 @@ def _activations_and_working(
         # A layer's gradients reduce-scatter right after its backward pass: copied into one
         # wire buffer, and about as much again received (runtime FlatBucket).
         working = working + 2 * largest * wire.num_bytes
+    else:  # the step's reduce-scatter, chunk by chunk: the same two buffers per chunk
+        working = working + 2 * np.minimum(largest, STEP_CHUNK_ELEMENTS) * wire.num_bytes
     if zero is ZeroMode.FULL:
         # The gathered layer and the prefetched one, in the compute dtype; a group whose
         # wire is wider (mixed dtypes) gathers through one wire buffer.

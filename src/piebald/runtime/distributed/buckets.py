@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
+from piebald.cost.memory import STEP_CHUNK_ELEMENTS
 from piebald.cost.precision import group_wire_dtype
 from piebald.runtime.distributed.collectives import CollectiveMethod
 from piebald.runtime.distributed.flat_bucket import FlatBucket
@@ -36,6 +37,20 @@ TIED_BUCKET = "tied"
 def stage_bucket_name(stage_index: int, layer_index: int | None = None) -> str:
     name = f"stage{stage_index}"
     return name if layer_index is None else f"{name}.layer{layer_index}"
+
+
+def _step_chunk(named_params: Sequence[tuple[str, nn.Parameter]]) -> int | None:
+    """The elements a stage bucket reduces and gathers at a time at the step's end: its
+    largest layer, at most ``STEP_CHUNK_ELEMENTS`` (``cost.memory``); None (all at once)
+    for parameters that are not model layers."""
+    per_layer: dict[int, int] = {}
+    for name, param in named_params:
+        try:
+            index = layer_of(name)
+        except ValueError:
+            return None
+        per_layer[index] = per_layer.get(index, 0) + param.numel()
+    return min(max(per_layer.values()), STEP_CHUNK_ELEMENTS) if per_layer else None
 
 
 def layer_of(global_name: str) -> int:
@@ -115,7 +130,9 @@ def build_buckets(
             name = stage_bucket_name(stage_index, index)
             buckets.append(make(name, by_layer[index], placement, groups.stage, streamed=True))
     elif rest:
-        buckets.append(make(stage_bucket_name(stage_index), rest, placement, groups.stage))
+        bucket = make(stage_bucket_name(stage_index), rest, placement, groups.stage)
+        bucket.chunk_numel = _step_chunk(rest)
+        buckets.append(bucket)
     if tied_params:
         assert groups.layout.tied is not None and groups.tied is not None
         # The embedding's initial values win: a first-stage rank broadcasts them.

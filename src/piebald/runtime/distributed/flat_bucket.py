@@ -107,6 +107,7 @@ class FlatBucket:
         reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
         all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
         streamed: bool = False,
+        chunk_numel: int | None = None,
     ) -> None:
         params = _unique_params(named_params)
         if not params:
@@ -130,6 +131,9 @@ class FlatBucket:
         self.reduce_scatter_method = reduce_scatter_method
         self.all_gather_method = all_gather_method
         self.streamed = streamed
+        if chunk_numel is not None and chunk_numel < 1:
+            raise ValueError(f"bucket {name!r}: chunk_numel = {chunk_numel}; expected >= 1")
+        self.chunk_numel = chunk_numel
         self.params = [p for _, p in params]
         self.layout: FlatLayout = build_flat_layout([(n, tuple(p.shape)) for n, p in params])
         self._check_same_layout_across_group()
@@ -273,19 +277,40 @@ class FlatBucket:
         if self.main_grad is None:
             return
         self._adopt_grads()
-        source = self.main_grad.to(self.wire_dtype)  # a no-op for an fp32 wire
-        reduced = reduce_scatter_uneven(
-            source,
-            self.ranges,
-            group=self.group,
-            rank=self.rank,
-            method=self.reduce_scatter_method,
-        )
-        owned = self.grad_shard
-        if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
-            owned.copy_(reduced)
+        for start, end in self._chunks():
+            part = self.main_grad[start:end]
+            ranges = self._chunk_ranges(start, end)
+            source = part.to(self.wire_dtype)  # a no-op for an fp32 wire
+            reduced = reduce_scatter_uneven(
+                source,
+                ranges,
+                group=self.group,
+                rank=self.rank,
+                method=self.reduce_scatter_method,
+            )
+            mine = ranges[self.group.index_of(self.rank)]
+            owned = part[mine.start : mine.end]
+            if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
+                owned.copy_(reduced)
         self.main_grad[: self.shard.start].zero_()
         self.main_grad[self.shard.end :].zero_()
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        """The slices the step's reduce-scatter and all-gather move one at a time, so their
+        wire buffers hold at most ``chunk_numel`` elements (``cost.memory`` prices them)."""
+        size = self.chunk_numel or max(self.numel, 1)
+        return [(a, min(a + size, self.numel)) for a in range(0, self.numel, size)]
+
+    def _chunk_ranges(self, start: int, end: int) -> tuple[ShardRange, ...]:
+        """Every owner's part of elements [start, end), relative to ``start`` (empty for an
+        owner outside it); they tile [0, end - start) in group order."""
+        return tuple(
+            ShardRange(
+                start=min(max(r.start, start), end) - start,
+                end=max(min(r.end, end), start) - start,
+            )
+            for r in self.ranges
+        )
 
     def reduce_pass_gradients(self) -> None:
         """Streamed: reduce-scatter the gradients one backward pass left in ``param.grad``
@@ -312,9 +337,29 @@ class FlatBucket:
 
     def publish_params(self) -> None:
         """All-gather every owner's master shard, in the wire dtype, into the compute-dtype
-        buffer (collective over the group)."""
-        self.start_gather()
-        self.finish_gather()
+        buffer (collective over the group), chunk by chunk."""
+        chunks = self._chunks()
+        if len(chunks) == 1:
+            self.start_gather()
+            self.finish_gather()
+            return
+        if self._released:
+            self.params_flat.untyped_storage().resize_(self._storage_bytes)
+            self._released = False
+        same = self.wire_dtype == self.compute_dtype
+        with torch.no_grad():
+            for start, end in chunks:
+                ranges = self._chunk_ranges(start, end)
+                mine = ranges[self.group.index_of(self.rank)]
+                part = self.params_flat[start:end]
+                target = part if same else part.new_empty(end - start, dtype=self.wire_dtype)
+                offset = start + mine.start - self.shard.start
+                target[mine.start : mine.end].copy_(self.master[offset : offset + mine.numel])
+                all_gather_uneven(
+                    target, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
+                )
+                if not same:
+                    part.copy_(target)
 
     def start_gather(self) -> None:
         """Begin :meth:`publish_params` in the background (collective over the group);
