@@ -84,8 +84,20 @@ class MemoryBreakdown:
     gradients_bytes: float
     optimizer_bytes: float
     activations_bytes: float
-    working_bytes: float  # gathered parameters, gradient buckets, recompute, p2p buffers
+    # During the passes: gathered parameters, per-layer gradient buffers, the block being
+    # recomputed, point-to-point buffers.
+    pass_working_bytes: float
+    # At the step's end, after the passes: the step's reduce-scatter buffers and the
+    # optimizer's temporaries (beside no activations, so only the larger of the two counts).
+    step_end_bytes: float
     reserve_bytes: float  # CUDA context, allocator fragmentation
+
+    @property
+    def working_bytes(self) -> float:
+        """The working buffers at the peak: the passes' or the step end's, whichever is
+        larger (kept independent of the activations, so memory stays affine in the
+        micro-batches in flight, which the planner relies on)."""
+        return max(self.pass_working_bytes, self.step_end_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -388,7 +400,9 @@ def _activations_and_working(
     recompute: bool,
     num_neighbor_stages: int,
     wire: Dtype,
-) -> tuple[Any, Any]:
+    adamw: bool,
+) -> tuple[Any, Any, Any]:
+    """(activations, working buffers during the passes, buffers at the step's end)."""
     scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
     if measured is None:
         stored = (r.recompute_activations if recompute else r.activations)[index]
@@ -398,13 +412,21 @@ def _activations_and_working(
         activations = num_in_flight * measured.kept[index]
         block_bytes = measured.block_bytes
     largest = r.largest_params[index]
+    chunk = np.minimum(largest, STEP_CHUNK_ELEMENTS)
+    # At the step's end, after the passes (so beside no activations and no pass buffers,
+    # hence the max below, which keeps memory affine in the micro-batches in flight): the
+    # reduce-scatter of a stage bucket, chunk by chunk, a wire buffer and as much received,
+    # then AdamW's two fp32 temporaries (sqrt(v) and its quotient) of one chunk.
+    step_end = 0.0 * largest
+    if not zero.per_pass:
+        step_end = step_end + 2 * chunk * wire.num_bytes
+    if adamw:
+        step_end = np.maximum(step_end, 2 * chunk * 4)
     working = 0.0 * largest
     if zero.per_pass:
         # A layer's gradients reduce-scatter right after its backward pass: copied into one
         # wire buffer, and about as much again received (runtime FlatBucket).
         working = working + 2 * largest * wire.num_bytes
-    else:  # the step's reduce-scatter, chunk by chunk: the same two buffers per chunk
-        working = working + 2 * np.minimum(largest, STEP_CHUNK_ELEMENTS) * wire.num_bytes
     if zero is ZeroMode.FULL:
         # The gathered layer and the prefetched one, in the compute dtype; a group whose
         # wire is wider (mixed dtypes) gathers through one wire buffer.
@@ -417,7 +439,7 @@ def _activations_and_working(
     # per neighbouring stage, the receives posted from it and a send to it.
     buffers = (RECEIVES_POSTED + 1) * num_neighbor_stages
     working = working + buffers * tokens * r.hidden_size * dtype.num_bytes
-    return activations, working
+    return activations, working, step_end
 
 
 def stage_memory_bytes(
@@ -447,7 +469,7 @@ def stage_memory_bytes(
     params = r.params[index]
     per_param = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     sharded_per_param = sum(b for b, s in zip(per_param, _sharded(zero), strict=True) if s)
-    activations, working = _activations_and_working(
+    activations, working, step_end = _activations_and_working(
         r,
         index,
         measured=_measured_activations(
@@ -466,11 +488,12 @@ def stage_memory_bytes(
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
+        adamw=optimizer is Optimizer.ADAMW,
     )
     fixed = (
         params * (sum(per_param) - sharded_per_param)
         + activations
-        + working
+        + np.maximum(working, step_end)  # MemoryBreakdown.working_bytes
         + framework_reserve_bytes(device)
     )
     return fixed, params * sharded_per_param
@@ -502,7 +525,7 @@ def rank_memory(
     params = float(r.params[index])
     weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
-    activations, working = _activations_and_working(
+    activations, working, step_end = _activations_and_working(
         r,
         index,
         measured=_measured_activations(
@@ -521,13 +544,15 @@ def rank_memory(
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
+        adamw=optimizer is Optimizer.ADAMW,
     )
     return MemoryBreakdown(
         weights_bytes=params * weight_b * weight_f,
         gradients_bytes=params * grad_b * grad_f,
         optimizer_bytes=params * optim_b * optim_f,
         activations_bytes=float(activations),
-        working_bytes=float(working),
+        pass_working_bytes=float(working),
+        step_end_bytes=float(step_end),
         reserve_bytes=framework_reserve_bytes(device),
     )
 

@@ -151,8 +151,11 @@ def _memory(
     zero: ZeroMode = ZeroMode.NONE,
     fraction: float = 1.0,
     neighbors: int = 1,
+    passes_only: bool = True,
 ) -> float:
-    return rank_memory(
+    """A rank's memory during the passes (what activations change; the step's end, where
+    its buffers are larger, does not hold any), or at its peak (``passes_only=False``)."""
+    memory = rank_memory(
         MODEL,
         layer_start=layers[0],
         layer_end=layers[1],
@@ -167,7 +170,10 @@ def _memory(
         recompute=recompute,
         num_neighbor_stages=neighbors,
         curve=curve,
-    ).total_bytes
+    )
+    if not passes_only:
+        return memory.total_bytes
+    return memory.total_bytes - memory.working_bytes + memory.pass_working_bytes
 
 
 # -- the lookup -------------------------------------------------------------------------
@@ -313,6 +319,7 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
                         recompute=recompute,
                         zero=zero,
                         fraction=0.5,
+                        passes_only=False,
                     )
                     dp = fixed[start, end] + 2 * per_in_flight[start, end]
                     dp += 0.5 * sharded[start, end]

@@ -356,7 +356,8 @@ def _assemble(
 
     states: dict[str, dict[str, torch.Tensor]] = {}
     for bucket in optimizer.buckets:
-        out = {key: torch.zeros_like(bucket.master) for key in keys}
+        shard_master = bucket.master[bucket.shard_in_stepped]
+        out = {key: torch.zeros_like(shard_master) for key in keys}
         covered = 0
         for piece in bucket.pieces:
             shape = list(bucket.layout.slot(piece.name).shape)
@@ -385,11 +386,11 @@ def _assemble(
                         )
                     out[key][dst : dst + end - start].copy_(source[key][src : src + end - start])
                 covered += end - start
-        if covered != bucket.master.numel():
+        if covered != shard_master.numel():
             raise _fail(
                 path,
                 f"bucket {bucket.name}",
-                f"{covered} of {bucket.master.numel()} elements",
+                f"{covered} of {shard_master.numel()} elements",
                 "every element of this rank's shard saved by some rank",
             )
         states[bucket.name] = out

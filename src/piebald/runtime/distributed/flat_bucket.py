@@ -77,6 +77,16 @@ __all__ = ["FlatBucket"]
 logger = logging.getLogger(__name__)
 
 
+def shard_layout_of(parts: Sequence[ShardRange]) -> tuple[ShardRange, ...]:
+    """Where each of ``parts`` lies when they are packed back to back."""
+    packed: list[ShardRange] = []
+    offset = 0
+    for part in parts:
+        packed.append(ShardRange(start=offset, end=offset + part.numel))
+        offset += part.numel
+    return tuple(packed)
+
+
 def _unique_params(
     named_params: Sequence[tuple[str, nn.Parameter]],
 ) -> list[tuple[str, nn.Parameter]]:
@@ -151,9 +161,17 @@ class FlatBucket:
         self.ranges: tuple[ShardRange, ...] = shard_ranges(placement.fractions, num_elements=numel)
         self.shard = self.ranges[group.index_of(rank)]
         self.pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.shard)
-        self.master = initial[self.shard.start : self.shard.end].clone()
+        # ZeRO none: every rank steps the whole buffer (a replicated optimizer); ``shard``
+        # still says which elements it counts in the global norm and checkpoints.
+        self.replicated = placement.zero is ZeroMode.NONE
+        self.stepped = ShardRange(start=0, end=numel) if self.replicated else self.shard
+        self.stepped_pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.stepped)
         self.params_flat = initial if compute_dtype == torch.float32 else initial.to(compute_dtype)
-        del initial
+        stepped = initial[self.stepped.start : self.stepped.end]
+        # fp32 compute: the weights are the master (a view), unless released at rest.
+        fp32_view = compute_dtype == torch.float32 and placement.zero is not ZeroMode.FULL
+        self.master = stepped if fp32_view else stepped.clone()
+        del initial, stepped
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
                 param.data = self._param_view(slot.offset, slot.end, slot.shape)
@@ -164,7 +182,7 @@ class FlatBucket:
                 param.grad = None
         else:
             self.main_grad = torch.zeros(numel, dtype=torch.float32, device=device)
-            self._grad_shard = self.main_grad[self.shard.start : self.shard.end]
+            self._grad_shard = self.main_grad[self.stepped.start : self.stepped.end]
             if self._grads_are_views:
                 self._adopt_grads()
             else:
@@ -254,10 +272,22 @@ class FlatBucket:
 
     @property
     def grad_shard(self) -> torch.Tensor:
-        """The sum of every rank's gradient for the elements this rank owns, fp32: after
-        :meth:`reduce_gradients` (a view of the accumulator's owned range), or, streamed,
-        accumulated pass by pass by :meth:`reduce_pass_gradients`."""
+        """The sum of every rank's gradient for the elements this rank steps (``stepped``:
+        its shard, or everything when replicated), fp32: after :meth:`reduce_gradients` (a
+        view of the accumulator), or, streamed, accumulated pass by pass by
+        :meth:`reduce_pass_gradients`."""
         return self._grad_shard
+
+    @property
+    def shard_in_stepped(self) -> slice:
+        """Where this rank's shard lies in ``master`` and ``grad_shard``."""
+        return slice(self.shard.start - self.stepped.start, self.shard.end - self.stepped.start)
+
+    @property
+    def norm_grad(self) -> torch.Tensor:
+        """The reduced gradient of the elements this rank counts in the global norm: its
+        shard, so that every element is counted once however the state is held."""
+        return self._grad_shard[self.shard_in_stepped]
 
     def zero_grad(self) -> None:
         if self.main_grad is None:
@@ -277,40 +307,77 @@ class FlatBucket:
         if self.main_grad is None:
             return
         self._adopt_grads()
-        for start, end in self._chunks():
-            part = self.main_grad[start:end]
-            ranges = self._chunk_ranges(start, end)
-            source = part.to(self.wire_dtype)  # a no-op for an fp32 wire
+        if self.replicated:
+            self._all_reduce_gradients()
+            return
+        index = self.group.index_of(self.rank)
+        for parts in self._rounds():
+            wire, ranges = self._pack(self.main_grad, parts)
             reduced = reduce_scatter_uneven(
-                source,
-                ranges,
-                group=self.group,
-                rank=self.rank,
-                method=self.reduce_scatter_method,
+                wire, ranges, group=self.group, rank=self.rank, method=self.reduce_scatter_method
             )
-            mine = ranges[self.group.index_of(self.rank)]
-            owned = part[mine.start : mine.end]
+            mine = parts[index]
+            owned = self.main_grad[mine.start : mine.end]
             if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
                 owned.copy_(reduced)
         self.main_grad[: self.shard.start].zero_()
         self.main_grad[self.shard.end :].zero_()
 
-    def _chunks(self) -> list[tuple[int, int]]:
-        """The slices the step's reduce-scatter and all-gather move one at a time, so their
-        wire buffers hold at most ``chunk_numel`` elements (``cost.memory`` prices them)."""
-        size = self.chunk_numel or max(self.numel, 1)
-        return [(a, min(a + size, self.numel)) for a in range(0, self.numel, size)]
-
-    def _chunk_ranges(self, start: int, end: int) -> tuple[ShardRange, ...]:
-        """Every owner's part of elements [start, end), relative to ``start`` (empty for an
-        owner outside it); they tile [0, end - start) in group order."""
-        return tuple(
-            ShardRange(
-                start=min(max(r.start, start), end) - start,
-                end=max(min(r.end, end), start) - start,
+    def _all_reduce_gradients(self) -> None:
+        """ZeRO none: every rank gets the whole sum, round by round, as a ring all-reduce
+        makes it (a reduce-scatter onto the even shards, then an all-gather of the sums,
+        in the wire dtype), so every rank holds the owner's sum bit for bit."""
+        assert self.main_grad is not None
+        index = self.group.index_of(self.rank)
+        for parts in self._rounds():
+            wire, ranges = self._pack(self.main_grad, parts)
+            reduced = reduce_scatter_uneven(
+                wire, ranges, group=self.group, rank=self.rank, method=self.reduce_scatter_method
             )
-            for r in self.ranges
-        )
+            mine = ranges[index]
+            wire[mine.start : mine.end].copy_(reduced)
+            all_gather_uneven(
+                wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
+            )
+            self._unpack(wire, parts, into=self.main_grad)
+
+    def _rounds(self) -> list[tuple[ShardRange, ...]]:
+        """The step's collectives in rounds: round k moves the k-th ``chunk_numel / g``
+        elements of every owner's range, so each round's wire buffer and receive buffer
+        hold about ``chunk_numel`` elements whatever the shares (``cost.memory`` prices
+        two such buffers). One round of the whole buffer without a chunk size."""
+        widest = max(r.numel for r in self.ranges)
+        if self.chunk_numel is None or widest == 0:
+            return [self.ranges]
+        per_owner = max(1, -(-self.chunk_numel // self.group.size))
+        return [
+            tuple(
+                ShardRange(start=min(r.start + lo, r.end), end=min(r.start + lo + per_owner, r.end))
+                for r in self.ranges
+            )
+            for lo in range(0, widest, per_owner)
+        ]
+
+    def _pack(
+        self, source: torch.Tensor, parts: tuple[ShardRange, ...]
+    ) -> tuple[torch.Tensor, tuple[ShardRange, ...]]:
+        """Every owner's part of ``source`` back to back in one wire-dtype buffer, and where
+        each lies in it (the buffer is ``source`` itself where nothing needs copying)."""
+        if parts == self.ranges and source.dtype == self.wire_dtype:
+            return source, self.ranges
+        packed = shard_layout_of(parts)
+        buffer = torch.empty(packed[-1].end, dtype=self.wire_dtype, device=source.device)
+        for part, at in zip(parts, packed, strict=True):
+            buffer[at.start : at.end].copy_(source[part.start : part.end])
+        return buffer, packed
+
+    @staticmethod
+    def _unpack(buffer: torch.Tensor, parts: tuple[ShardRange, ...], *, into: torch.Tensor) -> None:
+        """The inverse of :meth:`_pack`: each owner's part back to its place in ``into``."""
+        if buffer.data_ptr() == into.data_ptr():
+            return
+        for part, at in zip(parts, shard_layout_of(parts), strict=True):
+            into[part.start : part.end].copy_(buffer[at.start : at.end])
 
     def reduce_pass_gradients(self) -> None:
         """Streamed: reduce-scatter the gradients one backward pass left in ``param.grad``
@@ -337,29 +404,33 @@ class FlatBucket:
 
     def publish_params(self) -> None:
         """All-gather every owner's master shard, in the wire dtype, into the compute-dtype
-        buffer (collective over the group), chunk by chunk."""
-        chunks = self._chunks()
-        if len(chunks) == 1:
+        buffer (collective over the group), chunk by chunk; replicated: a local cast."""
+        if self.replicated:
+            if self.master.data_ptr() != self.params_flat.data_ptr():  # fp32: the same
+                with torch.no_grad():
+                    self.params_flat.copy_(self.master)
+            return
+        rounds = self._rounds()
+        if len(rounds) == 1:
             self.start_gather()
             self.finish_gather()
             return
         if self._released:
             self.params_flat.untyped_storage().resize_(self._storage_bytes)
             self._released = False
-        same = self.wire_dtype == self.compute_dtype
+        index = self.group.index_of(self.rank)
         with torch.no_grad():
-            for start, end in chunks:
-                ranges = self._chunk_ranges(start, end)
-                mine = ranges[self.group.index_of(self.rank)]
-                part = self.params_flat[start:end]
-                target = part if same else part.new_empty(end - start, dtype=self.wire_dtype)
-                offset = start + mine.start - self.shard.start
-                target[mine.start : mine.end].copy_(self.master[offset : offset + mine.numel])
+            for parts in rounds:
+                total = sum(p.numel for p in parts)
+                wire = self.master.new_empty(total, dtype=self.wire_dtype)
+                ranges = shard_layout_of(parts)
+                mine, at = parts[index], ranges[index]
+                offset = mine.start - self.shard.start
+                wire[at.start : at.end].copy_(self.master[offset : offset + mine.numel])
                 all_gather_uneven(
-                    target, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
+                    wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
                 )
-                if not same:
-                    part.copy_(target)
+                self._unpack(wire, parts, into=self.params_flat)
 
     def start_gather(self) -> None:
         """Begin :meth:`publish_params` in the background (collective over the group);

@@ -21,9 +21,9 @@ every rank, so groups that overlap, a stage group and the tied group, cannot dea
 7. buckets whose parameters are resident all-gather the updated shard in the compute
    dtype; under ZeRO FULL the parameters stay released until the next ``gather_params``.
 
-ZeRO NONE runs the same code with equal fractions: the all-reduce of a replicated
-optimizer equals a reduce-scatter plus an all-gather in traffic, and every rank ends with
-the same numbers (an element's update is computed once, by its owner, and copied).
+ZeRO NONE replicates the optimizer: gradients are all-reduced, every rank steps the whole
+fp32 master, and its even shard only says which elements it counts in the norm and writes
+to checkpoints (loading all-gathers them back).
 :func:`build_reference_optimizer` gives the single-process reference with the same
 parameter groups.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from piebald.runtime.distributed.collectives import all_reduce_sum
+from piebald.runtime.distributed.collectives import all_gather_uneven, all_reduce_sum
 from piebald.runtime.distributed.flat_bucket import FlatBucket
 from piebald.runtime.distributed.groups import CommGroup
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
@@ -85,12 +85,14 @@ class StepResult:
 
 
 def _torch_optimizer(config: OptimizerConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    # One tensor at a time (foreach=False): AdamW's temporaries (the square root of v and
+    # its quotient) then exist for one chunk, not for every chunk at once.
     if config.kind is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=config.lr)
+        return torch.optim.SGD(params, lr=config.lr, foreach=False)
     # Weight decay is applied by hand (per parameter, see the module docstring); with 0
     # here torch skips its own decay and the rest of the update is exactly torch's.
     return torch.optim.AdamW(
-        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=0.0
+        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=0.0, foreach=False
     )
 
 
@@ -115,16 +117,21 @@ def build_reference_optimizer(
 
 
 class _ShardStepper:
-    """The torch optimizer over one bucket's owned fp32 shard (none for an empty shard)."""
+    """The torch optimizer over the fp32 master a bucket steps (its shard, or all of it when
+    replicated), in chunks of the bucket's ``chunk_numel`` so that the optimizer's
+    temporaries stay one chunk large (``cost.memory`` prices two of them)."""
 
     def __init__(self, bucket: FlatBucket, config: OptimizerConfig) -> None:
         self.bucket = bucket
         self.param = nn.Parameter(bucket.master, requires_grad=True)
-        self.param.grad = bucket.grad_shard
-        self.optimizer = _torch_optimizer(config, [self.param]) if bucket.master.numel() else None
-        start = bucket.shard.start
+        numel = bucket.master.numel()
+        size = min(bucket.chunk_numel or numel, numel) or 1
+        self.bounds = tuple((a, min(a + size, numel)) for a in range(0, numel, size))
+        self.chunks = [nn.Parameter(bucket.master[a:b], requires_grad=True) for a, b in self.bounds]
+        self.optimizer = _torch_optimizer(config, self.chunks) if numel else None
+        start = bucket.stepped.start
         segments: list[tuple[int, int]] = []
-        for piece in bucket.pieces:
+        for piece in bucket.stepped_pieces:
             if len(bucket.layout.slot(piece.name).shape) < config.decay_min_ndim:
                 continue
             lo = piece.buffer_offset - start
@@ -144,31 +151,57 @@ class _ShardStepper:
                 factor = 1 - lr * weight_decay  # torch's decoupled decay, same float
                 for lo, hi in self.decay_segments:
                     self.param[lo:hi].mul_(factor)
-        self.param.grad = self.bucket.grad_shard
+        grad = self.bucket.grad_shard
+        for chunk, (a, b) in zip(self.chunks, self.bounds, strict=True):
+            chunk.grad = grad[a:b]
         self.optimizer.step()
 
     def moments(self) -> dict[str, torch.Tensor]:
-        """Adam's first and second moments of the owned shard (zeros before the first step)."""
+        """Adam's first and second moments of the rank's shard (zeros before the first
+        step; a slice of the whole when the optimizer is replicated)."""
         if self.optimizer is None or not isinstance(self.optimizer, torch.optim.AdamW):
             return {}
-        state = self.optimizer.state.get(self.param, {})
-        return {
-            key: state[key] if key in state else torch.zeros_like(self.param)
-            for key in ("exp_avg", "exp_avg_sq")
-        }
+        where = self.bucket.shard_in_stepped
+        whole: dict[str, torch.Tensor] = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            parts = [
+                self.optimizer.state[c][key]
+                if key in self.optimizer.state.get(c, {})
+                else torch.zeros_like(c)
+                for c in self.chunks
+            ]
+            whole[key] = torch.cat(parts)[where] if len(parts) > 1 else parts[0][where]
+        return whole
 
     def load_moments(self, moments: dict[str, torch.Tensor], *, num_updates: int) -> None:
+        """Install the shard's moments as :meth:`moments` returns them; a replicated
+        optimizer all-gathers every rank's (collective over the bucket's group)."""
         if self.optimizer is None or not isinstance(self.optimizer, torch.optim.AdamW):
             return
         if num_updates == 0:
-            self.optimizer.state.pop(self.param, None)
+            for chunk in self.chunks:
+                self.optimizer.state.pop(chunk, None)
             return
-        # torch keeps Adam's step count as a 0-d tensor in the default float dtype.
-        self.optimizer.state[self.param] = {
-            "step": torch.tensor(float(num_updates)),
-            "exp_avg": moments["exp_avg"].detach().clone(),
-            "exp_avg_sq": moments["exp_avg_sq"].detach().clone(),
-        }
+        first = self.whole_from_shard(moments["exp_avg"])
+        second = self.whole_from_shard(moments["exp_avg_sq"])
+        for chunk, (a, b) in zip(self.chunks, self.bounds, strict=True):
+            # torch keeps Adam's step count as a 0-d tensor in the default float dtype.
+            self.optimizer.state[chunk] = {
+                "step": torch.tensor(float(num_updates)),
+                "exp_avg": first[a:b].clone(),
+                "exp_avg_sq": second[a:b].clone(),
+            }
+
+    def whole_from_shard(self, shard: torch.Tensor) -> torch.Tensor:
+        """What this rank steps, from its shard: the shard itself, or (replicated) the
+        whole buffer gathered from every rank's shard."""
+        bucket = self.bucket
+        if not bucket.replicated:
+            return shard.detach().clone()
+        whole = torch.zeros_like(self.param)
+        whole[bucket.shard_in_stepped].copy_(shard)
+        all_gather_uneven(whole, bucket.ranges, group=bucket.group, rank=bucket.rank)
+        return whole
 
 
 class ShardedOptimizer:
@@ -230,7 +263,7 @@ class ShardedOptimizer:
 
         squared = torch.zeros(1, dtype=torch.float64, device=self._device())
         for bucket in self.buckets:
-            squared += torch.linalg.vector_norm(bucket.grad_shard, dtype=torch.float64) ** 2
+            squared += torch.linalg.vector_norm(bucket.norm_grad, dtype=torch.float64) ** 2
         all_reduce_sum(squared, group=self.used_group)
         norm = math.sqrt(squared.item()) if squared.item() >= 0 else math.nan
 
@@ -271,7 +304,10 @@ class ShardedOptimizer:
     def shard_states(self) -> dict[str, dict[str, torch.Tensor]]:
         """Per bucket: the owned fp32 master shard and Adam's moments (empty for SGD)."""
         return {
-            stepper.bucket.name: {"master": stepper.bucket.master, **stepper.moments()}
+            stepper.bucket.name: {
+                "master": stepper.bucket.master[stepper.bucket.shard_in_stepped],
+                **stepper.moments(),
+            }
             for stepper in self._steppers
         }
 
@@ -283,7 +319,7 @@ class ShardedOptimizer:
         for stepper in self._steppers:
             state = states[stepper.bucket.name]
             with torch.no_grad():
-                stepper.bucket.master.copy_(state["master"])
+                stepper.bucket.master.copy_(stepper.whole_from_shard(state["master"]))
             stepper.load_moments(state, num_updates=num_updates)
         self.num_updates = num_updates
         for bucket in self.buckets:
