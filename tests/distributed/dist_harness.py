@@ -99,6 +99,7 @@ def make_plan(
     tied: bool = True,
     schedule: Schedule = Schedule.ONE_F_ONE_B,
     gpu_types: Sequence[str] | None = None,
+    seq_len: int = 32,
 ) -> Plan:
     """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1
     unless a stage says otherwise, routes by weighted round robin in every stage; rank r is
@@ -153,7 +154,7 @@ def make_plan(
     return Plan(
         cluster=cluster,
         model=model,
-        job=JobSpec(global_batch_size=global_batch, seq_len=32),
+        job=JobSpec(global_batch_size=global_batch, seq_len=seq_len),
         stages=tuple(built),
         routes=routes,
         schedule=schedule,

@@ -143,9 +143,8 @@ def _forward_bytes(layer: LayerSpec, *, tokens: int, dtype: Dtype) -> float:
     if layer.kind is LayerKind.EMBEDDING:
         return 2.0 * layer.output_bytes_per_token * tokens * dtype.num_bytes / 2
     weights = layer.num_params + layer.num_tied_params
-    return (
-        weights * dtype.num_bytes + layer.activation_bytes_per_token * tokens * dtype.num_bytes / 2
-    )
+    kept = layer.activation_bytes_per_token(dtype_bytes=dtype.num_bytes) * tokens
+    return weights * dtype.num_bytes + kept
 
 
 def layer_forward_time_s(

@@ -222,11 +222,25 @@ class _LayerRanges:
     num_layers: int
     params: npt.NDArray[np.float64]  # stored parameters, tied head replica included
     largest_params: npt.NDArray[np.float64]  # the largest single layer (with tied weight)
-    activations: npt.NDArray[np.float64]  # bytes per token kept without recompute
-    recompute_activations: npt.NDArray[np.float64]  # ... with recompute
+    # Kept per token for the backward pass, without and with recompute: fp32/int64 bytes
+    # and training-dtype values (``LayerSpec``).
+    activation_fixed: npt.NDArray[np.float64]
+    activation_values: npt.NDArray[np.float64]
+    recompute_fixed: npt.NDArray[np.float64]
+    recompute_values: npt.NDArray[np.float64]
+    span: npt.NDArray[np.float64]  # layers in the range
     has_block: npt.NDArray[np.bool_]
-    block_activation: float
+    has_head: npt.NDArray[np.bool_]
+    block: LayerSpec | None
     hidden_size: int
+    ffn_size: int
+    vocab_size: int
+
+    def kept_per_token(self, index: Any, *, dtype: Dtype, recompute: bool) -> Any:
+        """Bytes per token a range keeps for its backward pass in ``dtype``."""
+        if recompute:
+            return self.recompute_fixed[index] + self.recompute_values[index] * dtype.num_bytes
+        return self.activation_fixed[index] + self.activation_values[index] * dtype.num_bytes
 
 
 def _prefix(values: list[float]) -> npt.NDArray[np.float64]:
@@ -241,8 +255,15 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
     head = layers[-1]
     params = _prefix([x.num_params for x in layers])
-    activation = _prefix([x.activation_bytes_per_token for x in layers])
-    recompute = _prefix([x.recompute_activation_bytes_per_token for x in layers])
+    sums = {
+        name: _prefix([getattr(x, name) for x in layers])
+        for name in (
+            "activation_fixed_bytes_per_token",
+            "activation_values_per_token",
+            "recompute_fixed_bytes_per_token",
+            "recompute_values_per_token",
+        )
+    }
     last = len(layers)
     has_block = (start < last - 1) & (end > 1) & (block is not None)
     # A stage holding the tied head but not the embedding keeps a replica of the weight.
@@ -254,15 +275,25 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
         ),
         np.where(end == last, float(head.num_params + head.num_tied_params), 0.0),
     )
+
+    def over_range(name: str) -> npt.NDArray[np.float64]:
+        return sums[name][end] - sums[name][start]
+
     return _LayerRanges(
         num_layers=last,
         params=params[end] - params[start] + tied,
         largest_params=largest,
-        activations=activation[end] - activation[start],
-        recompute_activations=recompute[end] - recompute[start],
+        activation_fixed=over_range("activation_fixed_bytes_per_token"),
+        activation_values=over_range("activation_values_per_token"),
+        recompute_fixed=over_range("recompute_fixed_bytes_per_token"),
+        recompute_values=over_range("recompute_values_per_token"),
+        span=(end - start).astype(np.float64),
         has_block=has_block,
-        block_activation=block.activation_bytes_per_token if block else 0.0,
+        has_head=np.broadcast_to(end == last, (size, size)),
+        block=block,
         hidden_size=model.arch.hidden_size,
+        ffn_size=model.arch.ffn_hidden_size,
+        vocab_size=model.arch.vocab_size,
     )
 
 
@@ -310,12 +341,8 @@ def _activation_bytes(
     )
     if measured is not None:
         return measured, True
-    per_token = (
-        layer.recompute_activation_bytes_per_token
-        if recompute
-        else layer.activation_bytes_per_token
-    )
-    return micro_batch_size * seq_len * per_token * dtype.num_bytes / 2, False
+    per_token = layer.activation_bytes_per_token(dtype_bytes=dtype.num_bytes, recompute=recompute)
+    return micro_batch_size * seq_len * per_token, False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -355,7 +382,12 @@ def _measured_activations(
     kept: list[float] = []
     any_measured = False
     for layer in model.layers:
-        key = (layer.kind, layer.num_params, layer.activation_bytes_per_token)
+        key = (
+            layer.kind,
+            layer.num_params,
+            layer.activation_fixed_bytes_per_token,
+            layer.activation_values_per_token,
+        )
         if key not in per_layer:
             per_layer[key] = bytes_of(layer, recompute)
         value, measured_here = per_layer[key]
@@ -403,14 +435,22 @@ def _activations_and_working(
     adamw: bool,
 ) -> tuple[Any, Any, Any]:
     """(activations, working buffers during the passes, buffers at the step's end)."""
-    scale = dtype.num_bytes / 2  # per-token figures assume 16-bit activations
     if measured is None:
-        stored = (r.recompute_activations if recompute else r.activations)[index]
-        activations = num_in_flight * tokens * stored * scale
-        block_bytes = tokens * r.block_activation * scale
+        kept = r.kept_per_token(index, dtype=dtype, recompute=recompute)
+        activations = num_in_flight * tokens * kept
+        block = r.block
+        block_bytes = (
+            tokens * block.activation_bytes_per_token(dtype_bytes=dtype.num_bytes) if block else 0.0
+        )
     else:  # the profile's bytes per micro-batch, already in the device's dtype
         activations = num_in_flight * measured.kept[index]
         block_bytes = measured.block_bytes
+    if zero.per_pass and dtype is not Dtype.FP32:
+        # Layer-by-layer passes (runtime LayerStream) keep each layer's 16-bit output for
+        # its backward, which in one graph only its fp32 copy in the next norm outlives.
+        activations = activations + num_in_flight * tokens * (r.span[index] - 1) * (
+            r.hidden_size * dtype.num_bytes
+        )
     largest = r.largest_params[index]
     chunk = np.minimum(largest, STEP_CHUNK_ELEMENTS)
     # At the step's end, after the passes (so beside no activations and no pass buffers,
@@ -433,6 +473,13 @@ def _activations_and_working(
         working = working + 2 * largest * dtype.num_bytes
         if wire.num_bytes != dtype.num_bytes:
             working = working + largest * wire.num_bytes
+    # The backward's largest transient: on the stage with the loss, the gradient of the
+    # fp32 log-softmax and of the logits before it ([tokens, V] fp32 each) while every
+    # saved activation is alive; elsewhere a block's MLP backward (the gradients of two
+    # [tokens, f] tensors in the training dtype).
+    loss_backward = np.where(r.has_head[index], 8.0 * r.vocab_size * tokens, 0.0)
+    mlp_backward = np.where(r.has_block[index], 2.0 * r.ffn_size * tokens * dtype.num_bytes, 0.0)
+    working = working + np.maximum(loss_backward, mlp_backward)
     if recompute:  # one block's full activations while it is recomputed
         working = working + np.where(r.has_block[index], block_bytes, 0.0)
     # Point-to-point buffers of activations and their gradients (``simulator.schedules``):

@@ -368,7 +368,7 @@ def _scan_depths(
     depths: Iterable[int] | None = None,
 ) -> list[tuple[float, int]]:
     """(estimate, depth) for every depth tried for one order and micro-batch size; stops
-    deepening once DEPTH_PATIENCE depths in a row bring no improvement."""
+    deepening once DEPTH_PATIENCE depths that fit bring no improvement in a row."""
     required = required_cuts(units, state.strategy)
     limit = min(len(units), state.model.num_layers, state.strategy.max_stages)
     results: list[tuple[float, int]] = []
@@ -380,7 +380,10 @@ def _scan_depths(
         results.append((value, depth))
         if value < best * (1 - 1e-9):
             best, patience = value, 0
-        elif math.isfinite(best):
+        elif math.isfinite(value):
+            # Only a depth that fits and is no faster counts: one that fits nowhere says
+            # nothing about deeper ones (a one-stage ZeRO-3 plan can fit where shallow
+            # pipelines, ZeRO-1 at most, do not; deeper ones hold fewer layers per rank).
             patience += 1
             if patience >= DEPTH_PATIENCE and depths is None:
                 break

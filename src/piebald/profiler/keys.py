@@ -61,7 +61,8 @@ def layer_key(layer: LayerSpec) -> tuple[object, ...]:
         layer.num_tied_params,
         layer.matmul_flops_per_token,
         layer.attention_flops_per_token_per_position,
-        layer.activation_bytes_per_token,
+        layer.activation_fixed_bytes_per_token,
+        layer.activation_values_per_token,
         layer.output_bytes_per_token,
     )
 

@@ -12,16 +12,24 @@ V = vocabulary, s = sequence length):
 * Forward FLOPs per token: 2 per matmul weight, plus 4*s*h per block for the attention
   scores and the weighted sum (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12LHQT per
   token for training = 3 x forward). Backward is 2 x forward.
-* Activation bytes per token at 16-bit activations, after Korthikanti et al. 2022,
-  "Reducing Activation Recomputation in Large Transformer Models", section 4.1, whose GPT
-  block stores 34h + 5as bytes per token. piebald runs fused attention
-  (scaled_dot_product_attention), which keeps no s x s scores (the 5as term goes, leaving a
-  4a-byte fp32 log-sum-exp per token), and trains without dropout (the 2h of masks go):
-  GPT-2 block 32h + 4a. Llama block: norm inputs 4h, norm outputs 4h, Q/K/V 2h + 4h_kv,
-  attention output 2h, SwiGLU gate/up/silu/product 8f: 12h + 4h_kv + 8f + 4a.
-  With full recompute a block keeps only its input, 2h (Korthikanti section 5).
-  The head keeps the final norm's input and output (4h) and the logits in 16 bits and in
-  fp32 for the loss (6V).
+* Activation bytes per token, as the runtime's eager kernels keep them for the backward
+  pass (measured tensor by tensor with saved-tensor hooks, docs/activation_bytes.md; the
+  shape of the accounting follows Korthikanti et al. 2022, section 4.1). Each layer keeps
+  ``A + B x D`` bytes per token for activations of D bytes: A are bytes kept in fp32 or
+  int64 whatever the training dtype, B the values kept in the training dtype. Fused
+  attention (scaled_dot_product_attention) keeps no s x s scores, only an fp32
+  log-sum-exp (4 bytes per head), and there is no dropout.
+  Llama block: each RMSNorm keeps its input in fp32 (4h), its fp32 rstd (4), the
+  normalised input before the weight and its output (2 x Dh); Q and K after RoPE, V and
+  the attention output (2 q_width + 2 kv_width); the SwiGLU gate, up, silu and product
+  (4f): A = 8h + 4a + 8, B = 4h + 2 q_width + 2 kv_width + 4f.
+  GPT-2 block: two LayerNorms' inputs and outputs, one QKV tensor, the attention output
+  (8h), the MLP's hidden and GELU output (2f), fp32 mean and rstd per LayerNorm and the
+  log-sum-exp: A = 4a + 16, B = 8h + 2f.
+  Embedding: the int64 token ids, A = 8. Head: the final norm as in a block (Llama
+  4h + 4 fp32 and 2h values; GPT-2 mean/rstd 8 and 2h values), the fp32 log-softmax of
+  the loss (4V; the logits themselves are not kept) and the int64 labels (8).
+  With recompute a block keeps only its input, B = h (Korthikanti section 5).
 """
 
 from __future__ import annotations
@@ -109,12 +117,27 @@ class LayerSpec:
     num_tied_params: int
     matmul_flops_per_token: float
     attention_flops_per_token_per_position: float  # x seq_len
-    activation_bytes_per_token: float
-    recompute_activation_bytes_per_token: float
+    # Kept for the backward pass, per token: bytes in fp32 or int64 whatever the training
+    # dtype, and values in the training dtype (see the module docstring); with recompute.
+    activation_fixed_bytes_per_token: float
+    activation_values_per_token: float
+    recompute_fixed_bytes_per_token: float
+    recompute_values_per_token: float
     output_bytes_per_token: float  # what the layer hands to the next one (16-bit): 2h
 
     def forward_flops_per_token(self, *, seq_len: int) -> float:
         return self.matmul_flops_per_token + self.attention_flops_per_token_per_position * seq_len
+
+    def activation_bytes_per_token(self, *, dtype_bytes: int, recompute: bool = False) -> float:
+        """Bytes per token the layer keeps for its backward pass in a dtype of
+        ``dtype_bytes`` (with ``recompute``: what a checkpointed layer keeps)."""
+        if recompute:
+            return (
+                self.recompute_fixed_bytes_per_token + self.recompute_values_per_token * dtype_bytes
+            )
+        return (
+            self.activation_fixed_bytes_per_token + self.activation_values_per_token * dtype_bytes
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,11 +193,19 @@ def _block_params(arch: ModelArch) -> tuple[int, int]:
     return weights + 2 * h, weights
 
 
-def _block_activation_bytes(arch: ModelArch) -> float:
-    h, f, lse = arch.hidden_size, arch.ffn_hidden_size, 4 * arch.num_heads
+def _block_activations(arch: ModelArch) -> tuple[float, float]:
+    """(fp32/int64 bytes, training-dtype values) a block keeps per token (module docstring)."""
+    h, f, heads = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
     if arch.family is Family.GPT2:
-        return 16 * h + 4 * f + lse  # 32h + 4a when f = 4h
-    return 8 * h + 4 * arch.q_width + 4 * arch.kv_width + 8 * f + lse
+        return 4 * heads + 16, 8 * h + 2 * f
+    return 8 * h + 4 * heads + 8, 4 * h + 2 * arch.q_width + 2 * arch.kv_width + 4 * f
+
+
+def _head_activations(arch: ModelArch) -> tuple[float, float]:
+    """(fp32/int64 bytes, training-dtype values) the head and loss keep per token."""
+    h, vocab = arch.hidden_size, arch.vocab_size
+    norm_fixed = 8 if arch.family is Family.GPT2 else 4 * h + 4
+    return norm_fixed + 4 * vocab + 8, 2 * h
 
 
 def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
@@ -187,11 +218,15 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         num_tied_params=0,
         matmul_flops_per_token=0.0,
         attention_flops_per_token_per_position=0.0,
-        activation_bytes_per_token=0.0,
-        recompute_activation_bytes_per_token=0.0,
+        activation_fixed_bytes_per_token=8.0,  # the int64 token ids
+        activation_values_per_token=0.0,
+        recompute_fixed_bytes_per_token=8.0,
+        recompute_values_per_token=0.0,
         output_bytes_per_token=2.0 * h,
     )
     block_params, block_weights = _block_params(arch)
+    block_fixed, block_values = _block_activations(arch)
+    head_fixed, head_values = _head_activations(arch)
     blocks = [
         LayerSpec(
             index=1 + i,
@@ -200,8 +235,10 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
             num_tied_params=0,
             matmul_flops_per_token=2.0 * block_weights,
             attention_flops_per_token_per_position=4.0 * arch.q_width,
-            activation_bytes_per_token=_block_activation_bytes(arch),
-            recompute_activation_bytes_per_token=2.0 * h,
+            activation_fixed_bytes_per_token=block_fixed,
+            activation_values_per_token=block_values,
+            recompute_fixed_bytes_per_token=0.0,
+            recompute_values_per_token=float(h),  # the block's input
             output_bytes_per_token=2.0 * h,
         )
         for i in range(arch.num_blocks)
@@ -215,8 +252,10 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         num_tied_params=head_weight if arch.tie_embeddings else 0,
         matmul_flops_per_token=2.0 * head_weight,
         attention_flops_per_token_per_position=0.0,
-        activation_bytes_per_token=4.0 * h + 6.0 * vocab,
-        recompute_activation_bytes_per_token=4.0 * h + 6.0 * vocab,
+        activation_fixed_bytes_per_token=head_fixed,
+        activation_values_per_token=head_values,
+        recompute_fixed_bytes_per_token=head_fixed,  # the head is never recomputed
+        recompute_values_per_token=head_values,
         output_bytes_per_token=0.0,  # the loss
     )
     return (embedding, *blocks, head)

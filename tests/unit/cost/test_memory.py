@@ -56,8 +56,13 @@ MODEL = ModelSpec(
 )
 BLOCK_PARAMS = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # 36992
 TWO_BLOCKS = 2 * BLOCK_PARAMS  # layers [1, 3)
-BLOCK_ACTIVATION_BYTES = 8 * 64 + 4 * 64 + 4 * 32 + 8 * 128 + 4 * 4  # 12h+4kv+8f+4a = 1936
-HEAD_ACTIVATION_BYTES = 4 * 64 + 6 * 100  # 4h + 6V = 856
+# Kept per token (docs/activation_bytes.md): fp32/int64 bytes + values x dtype bytes.
+BLOCK_FIXED = 8 * 64 + 4 * 4 + 8  # two fp32 norm inputs and rstds, log-sum-exp: 536
+BLOCK_VALUES = 4 * 64 + 2 * 64 + 2 * 32 + 4 * 128  # norms, q/k/v/out, SwiGLU: 960
+BLOCK_BF16 = BLOCK_FIXED + 2 * BLOCK_VALUES  # 2456
+HEAD_BF16 = (4 * 64 + 4 + 4 * 100 + 8) + 2 * 2 * 64  # norm, fp32 log-softmax, labels: 924
+MLP_BACKWARD = 2 * 128 * 64 * 2  # two [tokens, f] bf16 gradients in a block's backward
+LOSS_BACKWARD = 8 * 100 * 64  # two [tokens, V] fp32 gradients in the loss's backward
 
 
 def _blocks_memory(
@@ -115,7 +120,7 @@ def test_framework_reserve_is_one_gib_plus_five_percent() -> None:
 
 def test_model_parameter_counts_used_below() -> None:
     assert MODEL.stage_params(1, 3) == TWO_BLOCKS == 73984
-    assert MODEL.layers[1].activation_bytes_per_token == BLOCK_ACTIVATION_BYTES
+    assert MODEL.layers[1].activation_bytes_per_token(dtype_bytes=2) == BLOCK_BF16
 
 
 # Per ZeRO mode: (weights, gradients, optimizer) divisors, the working buffers during the
@@ -143,10 +148,12 @@ def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
     assert memory.gradients_bytes == pytest.approx(73984 * 4 * grad_f, rel=1e-12)
     assert memory.optimizer_bytes == pytest.approx(73984 * 12 * optim_f, rel=1e-12)
     # The step's end comes after the passes: the larger of the two is the peak's.
-    assert memory.working_bytes == pytest.approx(max(passes, step_end), rel=1e-12)
+    assert memory.working_bytes == pytest.approx(max(passes + MLP_BACKWARD, step_end), rel=1e-12)
     assert memory.reserve_bytes == pytest.approx(RESERVE, rel=1e-12)
-    # 3 micro-batches in flight x 64 tokens x 2 blocks x 1936 bytes.
-    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * 1936, rel=1e-12)
+    # 3 micro-batches in flight x 64 tokens x 2 blocks; layer-by-layer passes (ZeRO-2/3)
+    # also keep the 16-bit output of the first block for its backward (64 x h x 2 bytes).
+    islands = 3 * 64 * 64 * 2 if zero.per_pass else 0
+    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * BLOCK_BF16 + islands, rel=1e-12)
     assert memory.state_bytes == pytest.approx(
         memory.weights_bytes + memory.gradients_bytes + memory.optimizer_bytes
     )
@@ -186,8 +193,9 @@ def test_fp32_sgd_state_and_activations() -> None:
     assert memory.weights_bytes == pytest.approx(73984 * 4)
     assert memory.gradients_bytes == pytest.approx(73984 * 4)
     assert memory.optimizer_bytes == 0.0
-    # Per-token figures are for 16-bit activations: fp32 doubles them.
-    assert memory.activations_bytes == pytest.approx(2 * 3 * 64 * 2 * 1936, rel=1e-12)
+    # fp32 doubles the values kept in the training dtype, not the fp32 ones.
+    fp32_block = BLOCK_FIXED + 4 * BLOCK_VALUES
+    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * fp32_block, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -212,16 +220,17 @@ def test_recompute_keeps_only_each_block_input() -> None:
     memory = _blocks_memory(recompute=True)
     # 2h = 128 bytes per token per block stay; one block's full activations are rebuilt.
     assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * 128, rel=1e-12)
-    assert memory.working_bytes == pytest.approx(max(64 * 1936, _step_end()), rel=1e-12)
+    recomputed = 64 * BLOCK_BF16 + MLP_BACKWARD  # and its MLP's backward
+    assert memory.working_bytes == pytest.approx(max(recomputed, _step_end()), rel=1e-12)
     assert memory.activations_bytes < _blocks_memory(recompute=False).activations_bytes
 
 
 def test_recompute_does_not_shrink_the_head() -> None:
-    # Layers [3, 4): the head alone keeps 4h + 6V bytes per token either way.
+    # Layers [3, 4): the head alone keeps the same bytes per token either way.
     for recompute in (False, True):
         memory = _blocks_memory(layer_start=3, layer_end=4, recompute=recompute)
-        assert memory.activations_bytes == pytest.approx(3 * 64 * 856, rel=1e-12)
-        assert memory.working_bytes == pytest.approx(_step_end(3, 4), rel=1e-12)
+        assert memory.activations_bytes == pytest.approx(3 * 64 * HEAD_BF16, rel=1e-12)
+        assert memory.working_bytes == pytest.approx(max(LOSS_BACKWARD, _step_end(3, 4)), rel=1e-12)
 
 
 @pytest.mark.parametrize("neighbors", [0, 1, 2])
@@ -230,7 +239,9 @@ def test_stage_boundary_buffers(neighbors: int) -> None:
     # A buffer holds a micro-batch's activations, 64 tokens x h x 2 B: per neighbouring
     # stage, the RECEIVES_POSTED receives posted from it and one send to it.
     buffers = neighbors * (RECEIVES_POSTED + 1)
-    assert memory.working_bytes == pytest.approx(max(buffers * 64 * 64 * 2, _step_end()), rel=1e-12)
+    assert memory.working_bytes == pytest.approx(
+        max(buffers * 64 * 64 * 2 + MLP_BACKWARD, _step_end()), rel=1e-12
+    )
 
 
 def test_no_micro_batches_in_flight_no_activations() -> None:

@@ -74,15 +74,10 @@ JOB = JobSpec(global_batch_size=8, seq_len=SEQ, precision=Dtype.FP32)
 
 
 def _analytic(kind: LayerKind, size: int, *, recompute: bool = False) -> float:
-    """The formula's bytes for one micro-batch of ``size`` through a layer of ``kind``
-    (fp32: twice the 16-bit per-token figures)."""
+    """The formula's bytes for one micro-batch of ``size`` through a layer of ``kind``, in
+    fp32."""
     layer = next(layer for layer in MODEL.layers if layer.kind is kind)
-    per_token = (
-        layer.recompute_activation_bytes_per_token
-        if recompute
-        else layer.activation_bytes_per_token
-    )
-    return size * SEQ * per_token * 2.0
+    return size * SEQ * layer.activation_bytes_per_token(dtype_bytes=4, recompute=recompute)
 
 
 def _write_db(

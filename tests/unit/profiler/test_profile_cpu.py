@@ -181,12 +181,8 @@ def test_memory_from_profiles_uses_the_measured_activation_bytes(
 
     def formula(kind: LayerKind, size: int, recompute: bool) -> float:
         layer = next(layer for layer in model.layers if layer.kind is kind)
-        per_token = (
-            layer.recompute_activation_bytes_per_token
-            if recompute
-            else layer.activation_bytes_per_token
-        )
-        return size * SEQ * per_token * 4 / 2  # fp32: twice the 16-bit figures
+        per_token = layer.activation_bytes_per_token(dtype_bytes=4, recompute=recompute)
+        return size * SEQ * per_token  # in fp32
 
     def kept(kind: LayerKind, size: int, recompute: bool) -> float:
         row = measured[kind][size]

@@ -54,17 +54,28 @@ def test_gpt2_block_formulas_by_hand() -> None:
     assert block.num_params == 12 * h * h + 13 * h
     assert block.matmul_flops_per_token == 2 * 12 * h * h
     assert block.forward_flops_per_token(seq_len=1024) == 2 * 12 * h * h + 4 * 1024 * h
-    # Korthikanti et al. 34h + 5as, minus dropout masks (2h) and scores (fused attention),
-    # plus the 4a-byte fp32 log-sum-exp.
-    assert block.activation_bytes_per_token == 32 * h + 4 * 12
-    assert block.recompute_activation_bytes_per_token == 2 * h
+    # Korthikanti et al. 34h + 5as in 16 bits, minus dropout masks (2h) and scores (fused
+    # attention); the fp32 log-sum-exp (4 bytes per head) and the two LayerNorms' fp32 mean
+    # and rstd (16) are kept whatever the dtype (docs/activation_bytes.md).
+    assert block.activation_bytes_per_token(dtype_bytes=2) == 32 * h + 4 * 12 + 16
+    assert block.activation_bytes_per_token(dtype_bytes=4) == 64 * h + 4 * 12 + 16
+    assert block.activation_bytes_per_token(dtype_bytes=2, recompute=True) == 2 * h
 
 
 def test_llama_block_formulas_by_hand() -> None:
     h, kv, f, heads = 4096, 1024, 14336, 32
     block = load_model("llama-3-8b").layers[1]
     assert block.num_params == 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
-    assert block.activation_bytes_per_token == 12 * h + 4 * kv + 8 * f + 4 * heads
+    # Per RMSNorm an fp32 input copy (4h) and rstd (4), the normalised input and the output
+    # (2 x 2h); Q, K, V, attention output; four SwiGLU tensors; the fp32 log-sum-exp.
+    assert block.activation_bytes_per_token(dtype_bytes=2) == (
+        2 * (4 * h + 4 + 2 * 2 * h) + 2 * (2 * h + 2 * kv) + 4 * 2 * f + 4 * heads
+    )
+    head = load_model("llama-3-8b").layers[-1]
+    vocab = 128256
+    # The final norm as in a block, the fp32 log-softmax (4V) and the int64 labels (8).
+    assert head.activation_bytes_per_token(dtype_bytes=2) == 4 * h + 4 + 2 * 2 * h + 4 * vocab + 8
+    assert load_model("llama-3-8b").layers[0].activation_bytes_per_token(dtype_bytes=2) == 8
 
 
 def test_tied_head_counts_weight_once_but_a_separate_stage_keeps_a_replica() -> None:

@@ -1,0 +1,91 @@
+"""Random plans for checking the memory prediction against the runtime: 1-4 stages, every
+ZeRO mode, recompute on and off, GPipe and 1F1B, uneven shards and micro-batch counts,
+bf16 and fp16 GPUs mixed, ``tiny`` at full width with sequences of 32 or 128 tokens (some
+plans dominated by the training state, others by activations).
+
+``benchmarks/memory_prediction.py`` trains each for one emulated step and prints every
+rank's measured peak against ``predicted_bytes``; the issue's target is [0.75, 1.05] for
+every rank, which the model does not meet yet (see the README), so it is a benchmark and
+not yet a test.
+"""
+
+from __future__ import annotations
+
+import random
+
+from dist_harness import StageSpec, make_plan
+
+from piebald.specs.plan import Plan, Schedule, ZeroMode
+
+NUM_PLANS = 30
+GPU_TYPES = ("A100-80GB", "V100-32GB", "T4")  # bf16, fp16, fp16
+NUM_LAYERS = 6  # tiny: embedding, 4 blocks, head
+
+
+def _split(total: int, parts: int, rng: random.Random) -> tuple[int, ...]:
+    """``total`` as ``parts`` positive counts."""
+    cuts = sorted(rng.sample(range(1, total), parts - 1))
+    return tuple(b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True))
+
+
+def _fractions(count: int, rng: random.Random) -> tuple[float, ...]:
+    weights = [rng.uniform(0.5, 2.0) for _ in range(count)]
+    return tuple(w / sum(weights) for w in weights)
+
+
+def random_plan(rng: random.Random) -> Plan:
+    num_stages = rng.randint(1, 4)
+    schedule = rng.choice((Schedule.GPIPE, Schedule.ONE_F_ONE_B))
+    widths = [rng.choice((1, 1, 2)) for _ in range(num_stages)]
+    if num_stages == 1:
+        widths = [rng.choice((2, 3))]
+    num_gpus = sum(widths)
+    gpu_types = sorted(rng.choice(GPU_TYPES) for _ in range(num_gpus))  # nodes of one type
+    ranks = list(range(num_gpus))
+    rng.shuffle(ranks)
+    ends = [*sorted(rng.sample(range(1, NUM_LAYERS), num_stages - 1)), NUM_LAYERS]
+    num_micro_batches = 6
+    specs = []
+    for width, end in zip(widths, ends, strict=True):
+        members = tuple(ranks[:width])
+        del ranks[:width]
+        lockstep_allowed = num_stages == 1 or schedule is Schedule.GPIPE or width == 1
+        modes = list(ZeroMode) if lockstep_allowed else [ZeroMode.NONE, ZeroMode.OPTIMIZER]
+        zero = rng.choice(modes)
+        if zero.per_pass or width == 1:
+            counts = (num_micro_batches // width,) * width
+        else:
+            counts = _split(num_micro_batches, width, rng)
+        sizes = None
+        if num_stages == 1:  # one stage: each GPU its own micro-batch size
+            sizes = tuple(rng.choice((1, 2)) for _ in range(width))
+        specs.append(
+            StageSpec(
+                layer_end=end,
+                ranks=members,
+                num_micro_batches=counts,
+                fractions=(1 / width,) * width if zero is ZeroMode.NONE else _fractions(width, rng),
+                zero=zero,
+                micro_batch_sizes=sizes,
+                recompute=rng.random() < 0.5,
+            )
+        )
+    return make_plan(
+        specs,
+        num_gpus=num_gpus,
+        tied=rng.random() < 0.5,
+        schedule=schedule,
+        gpu_types=gpu_types,
+        seq_len=rng.choice((32, 128)),
+    )
+
+
+def check_variety() -> None:
+    """The first NUM_PLANS seeds cover every stage count, ZeRO mode, schedule, recompute
+    setting and uneven shards."""
+    plans = [random_plan(random.Random(seed)) for seed in range(NUM_PLANS)]
+    assert {p.num_stages for p in plans} == {1, 2, 3, 4}
+    assert {s.zero for p in plans for s in p.stages} == set(ZeroMode)
+    assert {p.schedule for p in plans} == set(Schedule)
+    assert {s.recompute for p in plans for s in p.stages} == {False, True}
+    assert any(len(set(s.shard_fraction)) > 1 for p in plans for s in p.stages)
