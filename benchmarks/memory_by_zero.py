@@ -16,7 +16,8 @@ so measured and predicted describe the same tensors:
 
 from __future__ import annotations
 
-import dataclasses
+import sys
+from pathlib import Path
 from typing import Any
 
 from piebald.planner.search import search
@@ -26,9 +27,12 @@ from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.precision import ComputeDtype
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
-from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
-from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.presets import load_model
+
+# The state-heavy case is shared with the test that checks ZeRO-3 against it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
+from memory_cases import FOUR_A100, STATE_HEAVY
 
 ZERO_EVEN = STRATEGIES["zero-even"]
 MIXED: dict[str, Any] = {
@@ -38,25 +42,13 @@ MIXED: dict[str, Any] = {
         {"name": "v", "gpu": "V100-32GB", "gpus_per_node": 2, "intra_link": "300GB/s"},
     ],
 }
-A100S: dict[str, Any] = {
-    "name": "four-a100",
-    "nodes": [{"name": "a", "gpu": "A100-80GB", "gpus_per_node": 4, "intra_link": "300GB/s"}],
-}
-STATE_HEAVY = ModelSpec(
-    name="llama-w256",
-    arch=dataclasses.replace(
-        PRESETS["tiny"],
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=2,
-        ffn_hidden_size=704,
-        vocab_size=512,
-        max_seq_len=64,
-    ),
-)
 CASES = (
-    (load_model("tiny"), MIXED, JobSpec(global_batch_size=8, seq_len=128)),
-    (STATE_HEAVY, A100S, JobSpec(global_batch_size=4, seq_len=64)),
+    (
+        load_model("tiny"),
+        parse_cluster(MIXED, source="memory_by_zero"),
+        JobSpec(global_batch_size=8, seq_len=128),
+    ),
+    (STATE_HEAVY, FOUR_A100, JobSpec(global_batch_size=4, seq_len=64)),
 )
 
 
@@ -67,8 +59,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---:|---|---:|---:|---:|")
     config = TrainConfig(steps=2, seed=0, compute_dtype=ComputeDtype.NATIVE)
-    for model, cluster_dict, job in CASES:
-        cluster = parse_cluster(cluster_dict, source="memory_by_zero")
+    for model, cluster, job in CASES:
         for zero in ZeroMode:
             plan = search(cluster, model=model, job=job, strategy=ZERO_EVEN, zero=zero).best.plan
             run = emulate(plan, config, max_params=10**12, lines_to_stderr=True)

@@ -1,5 +1,5 @@
 """Measured against predicted memory on random plans: for each of the first 30 random plans
-of ``tests/distributed/random_plans.py`` (1-4 stages, every ZeRO mode, recompute on and off,
+of ``tests/distributed/memory_cases.py`` (1-4 stages, every ZeRO mode, recompute on and off,
 GPipe and 1F1B, uneven shards, bf16 and fp16 GPUs), one unpaced emulated step in the GPUs'
 own dtypes, and every rank's measured peak of live tensor bytes beside the plan's
 ``predicted_bytes``; then the distribution of the ratios.
@@ -22,7 +22,7 @@ from piebald.runtime.training.precision import ComputeDtype
 
 # The random plans live beside the test harness that builds them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
-from random_plans import random_plan
+from memory_cases import random_plan
 
 
 def main() -> None:

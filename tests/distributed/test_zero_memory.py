@@ -5,42 +5,19 @@ moves the same way."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
+from memory_cases import FOUR_A100, STATE_HEAVY
 
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.precision import ComputeDtype
-from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
-from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Stage, ZeroMode
-from piebald.specs.presets import PRESETS
 
 pytestmark = pytest.mark.distributed
 
-CLUSTER = parse_cluster(
-    {
-        "name": "four-a100",
-        "nodes": [{"name": "a", "gpu": "A100-80GB", "gpus_per_node": 4, "intra_link": "300GB/s"}],
-    },
-    source="test",
-)
-# About 3.2 M parameters and one 64-token sequence per rank: state dominates.
-MODEL = ModelSpec(
-    name="state-heavy",
-    arch=dataclasses.replace(
-        PRESETS["tiny"],
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=2,
-        ffn_hidden_size=704,
-        vocab_size=512,
-        max_seq_len=64,
-    ),
-)
+CLUSTER, MODEL = FOUR_A100, STATE_HEAVY
 
 
 def _plan(zero: ZeroMode) -> Plan:

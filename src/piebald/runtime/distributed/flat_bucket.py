@@ -312,10 +312,7 @@ class FlatBucket:
             return
         index = self.group.index_of(self.rank)
         for parts in self._rounds():
-            wire, ranges = self._pack(self.main_grad, parts)
-            reduced = reduce_scatter_uneven(
-                wire, ranges, group=self.group, rank=self.rank, method=self.reduce_scatter_method
-            )
+            _, _, reduced = self._reduce_round(parts)
             mine = parts[index]
             owned = self.main_grad[mine.start : mine.end]
             if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
@@ -330,16 +327,25 @@ class FlatBucket:
         assert self.main_grad is not None
         index = self.group.index_of(self.rank)
         for parts in self._rounds():
-            wire, ranges = self._pack(self.main_grad, parts)
-            reduced = reduce_scatter_uneven(
-                wire, ranges, group=self.group, rank=self.rank, method=self.reduce_scatter_method
-            )
+            wire, ranges, reduced = self._reduce_round(parts)
             mine = ranges[index]
             wire[mine.start : mine.end].copy_(reduced)
             all_gather_uneven(
                 wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
             )
             self._unpack(wire, parts, into=self.main_grad)
+
+    def _reduce_round(
+        self, parts: tuple[ShardRange, ...]
+    ) -> tuple[torch.Tensor, tuple[ShardRange, ...], torch.Tensor]:
+        """One round's reduce-scatter of the accumulator: the packed wire buffer, where
+        each owner's part lies in it, and this rank's sum of its part."""
+        assert self.main_grad is not None
+        wire, ranges = self._pack(self.main_grad, parts)
+        reduced = reduce_scatter_uneven(
+            wire, ranges, group=self.group, rank=self.rank, method=self.reduce_scatter_method
+        )
+        return wire, ranges, reduced
 
     def _rounds(self) -> list[tuple[ShardRange, ...]]:
         """The step's collectives in rounds: round k moves the k-th ``chunk_numel / g``

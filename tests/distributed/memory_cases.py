@@ -1,4 +1,8 @@
-"""Random plans for checking the memory prediction against the runtime: 1-4 stages, every
+"""Plans for checking the memory prediction against the runtime.
+
+A state-heavy case: a 3.2 M-parameter Llama on four A100s (``STATE_HEAVY``, ``FOUR_A100``).
+
+Random plans (``random_plan``): 1-4 stages, every
 ZeRO mode, recompute on and off, GPipe and 1F1B, uneven shards and micro-batch counts,
 bf16 and fp16 GPUs mixed, ``tiny`` at full width with sequences of 32 or 128 tokens (some
 plans dominated by the training state, others by activations).
@@ -11,11 +15,37 @@ not yet a test.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from dist_harness import StageSpec, make_plan
 
+from piebald.specs.cluster_yaml import parse_cluster
+from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.presets import PRESETS
+
+FOUR_A100 = parse_cluster(
+    {
+        "name": "four-a100",
+        "nodes": [{"name": "a", "gpu": "A100-80GB", "gpus_per_node": 4, "intra_link": "300GB/s"}],
+    },
+    source="memory_cases",
+)
+# Width 256, 4 blocks, vocabulary 512: about 3.2 M parameters, so with a few short
+# sequences the training state outweighs the activations.
+STATE_HEAVY = ModelSpec(
+    name="llama-w256",
+    arch=dataclasses.replace(
+        PRESETS["tiny"],
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=704,
+        vocab_size=512,
+        max_seq_len=64,
+    ),
+)
 
 NUM_PLANS = 30
 GPU_TYPES = ("A100-80GB", "V100-32GB", "T4")  # bf16, fp16, fp16
