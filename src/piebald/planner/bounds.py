@@ -17,6 +17,7 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
+from piebald.specs.plan import ZeroMode
 from piebald.specs.units import format_bytes
 
 __all__ = [
@@ -79,7 +80,10 @@ def upper_bound_tokens_per_s(
 
 def diagnose_infeasible(cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec) -> str:
     """One sentence on what does not fit and the smallest fix."""
-    weights, grads, optimizer = bytes_per_param(dtype=job.precision, optimizer=job.optimizer)
+    # The least a parameter holds anywhere: fully sharded (ZeRO-3), with no 16-bit copy.
+    weights, grads, optimizer = bytes_per_param(
+        dtype=job.precision, optimizer=job.optimizer, zero=ZeroMode.FULL
+    )
     state = model.num_params * (weights + grads + optimizer)
     usable = sum(
         gpu.device.memory_bytes - framework_reserve_bytes(gpu.device) for gpu in cluster.gpus
@@ -92,8 +96,9 @@ def diagnose_infeasible(cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec)
         missing = int(-(-(state - usable) // per_gpu))
         return (
             f"{model.name} needs {format_bytes(state)} of training state "
-            f"({weights + grads + optimizer:g} bytes per parameter: weights, gradients, "
-            f"{job.optimizer.value} state); the cluster {cluster.name} has "
+            f"({weights + grads + optimizer:g} bytes per parameter, fully sharded: gradients "
+            f"and {job.optimizer.value} state with fp32 master weights); the cluster "
+            f"{cluster.name} has "
             f"{format_bytes(usable)} usable; smallest fix: at least {missing} more "
             f"{biggest.name} GPUs, or a smaller model"
         )

@@ -15,9 +15,14 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
   a post-accumulate hook adds each parameter's fresh 16-bit gradient into it and drops
   it, so only one parameter's 16-bit gradient exists at a time. If a caller replaced or
   cleared a ``.grad``, it is folded back before reduction.
-* ``master`` (s x 4): the fp32 weights this rank owns. The sum of every rank's gradient
-  for them, filled by an uneven reduce-scatter once per step, is written into the owned
-  range of ``main_grad`` (``grad_shard``, a view), so it costs no memory of its own.
+* ``master`` (s x 4): the fp32 weights this rank steps (``stepped``): its shard, or the
+  whole buffer under ZeRO none, whose optimizer is replicated (every rank steps all of it;
+  ``shard`` then only says which elements it counts in the norm and checkpoints). With
+  fp32 compute, outside ZeRO-3, it is a view of ``params_flat`` (the weights are the
+  master). The sum of every rank's gradient for them, filled once per step by an uneven
+  reduce-scatter (an all-reduce when replicated), is written into the accumulator's
+  stepped range (``grad_shard``, a view), so it costs no memory of its own. The step's
+  collectives run in rounds of at most ``chunk_numel`` elements (:meth:`FlatBucket._rounds`).
 
 Collectives move the bucket's wire dtype (``piebald.cost.precision``): the group's common
 compute dtype, or fp32 where its ranks compute in different dtypes. Each rank casts its
@@ -427,9 +432,8 @@ class FlatBucket:
         index = self.group.index_of(self.rank)
         with torch.no_grad():
             for parts in rounds:
-                total = sum(p.numel for p in parts)
-                wire = self.master.new_empty(total, dtype=self.wire_dtype)
                 ranges = shard_layout_of(parts)
+                wire = self.master.new_empty(ranges[-1].end, dtype=self.wire_dtype)
                 mine, at = parts[index], ranges[index]
                 offset = mine.start - self.shard.start
                 wire[at.start : at.end].copy_(self.master[offset : offset + mine.numel])
