@@ -11,12 +11,14 @@ A rank's schedule is a list of these, in issue order. The executor walks the lis
   are posted. Every send has exactly one receive on the peer with the same
   (kind, micro-batch, sender, receiver) key;
 - data-parallel operations run in issue order on the rank's data-parallel channel and do
-  not block the walk. Per-pass ZeRO traffic (``GatherPassParams``, ``ScatterPassGrads``) is
-  rank-local: ranks of a stage run different numbers of micro-batches, so the runtime
-  serves shards from their owners without stalling the owners' compute. Both stream layer
-  by layer alongside their pass: a pass may start once its gather has started and ends no
-  earlier than the gather; a reduce-scatter, posted before its backward, starts when the
-  backward starts (the executor registers it as gradient hooks). Once-per-step
+  not block the walk. Per-pass ZeRO traffic (``GatherPassParams``, ``ScatterPassGrads``)
+  streams layer by layer alongside its pass (the runtime's ``LayerStream``): a pass may
+  start once its gather has started and ends no earlier than the gather; a
+  reduce-scatter, posted before its backward, runs as the backward goes. The ranks of such
+  a stage run equal micro-batch counts in one pass pattern (``specs.plan``), so their
+  per-layer collectives meet in lockstep; the simulator prices each rank's share on its
+  own channel, which for a stage whose ranks make the same passes differs from the
+  lockstep only by how long the faster ranks wait inside each pass. Once-per-step
   collectives (``AllReduceGrads``, ``ReduceScatterGrads``, ``AllGatherParams``) are
   synchronised over the stage's ranks: they start when every rank has reached them.
 
