@@ -134,6 +134,17 @@ def bytes_per_param(
     return weights, 4.0, 12.0 if optimizer is Optimizer.ADAMW else 4.0
 
 
+# A rank's share of the tied weight's optimizer state, per unit of its shard fraction: the
+# tied group (first and last stage) splits it half and half (runtime group_layout).
+TIED_SHARE = 0.5
+
+
+def _tied_bytes_per_param(dtype: Dtype, optimizer: Optimizer) -> tuple[float, float, float]:
+    """The tied weight's buffer is ZeRO-1 whatever its stages' modes: weights and gradient
+    accumulator whole, optimizer state sharded."""
+    return bytes_per_param(dtype=dtype, optimizer=optimizer, zero=ZeroMode.OPTIMIZER)
+
+
 def in_flight_micro_batches(
     *,
     schedule: Schedule,
@@ -229,6 +240,10 @@ class _LayerRanges:
     recompute_fixed: npt.NDArray[np.float64]
     recompute_values: npt.NDArray[np.float64]
     span: npt.NDArray[np.float64]  # layers in the range
+    # The tied embedding/head weight where a range holds one of its two users but not both
+    # (a multi-stage plan): the runtime keeps it in the tied group's own buffer
+    # (``runtime.distributed.group_layout``), not in the stage's.
+    tied_params: npt.NDArray[np.float64]
     has_block: npt.NDArray[np.bool_]
     has_head: npt.NDArray[np.bool_]
     block: LayerSpec | None
@@ -288,6 +303,11 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
         recompute_fixed=over_range("recompute_fixed_bytes_per_token"),
         recompute_values=over_range("recompute_values_per_token"),
         span=(end - start).astype(np.float64),
+        tied_params=np.where(
+            ((start == 0) & (end < last)) | ((start > 0) & (end == last)),
+            float(head.num_tied_params),
+            0.0,
+        ),
         has_block=has_block,
         has_head=np.broadcast_to(end == last, (size, size)),
         block=block,
@@ -462,26 +482,27 @@ def _activations_and_working(
         step_end = step_end + 2 * chunk * wire.num_bytes
     if adamw:
         step_end = np.maximum(step_end, 2 * chunk * 4)
-    working = 0.0 * largest
-    if zero.per_pass:
-        # A layer's gradients reduce-scatter right after its backward pass: copied into one
-        # wire buffer, and about as much again received (runtime FlatBucket).
-        working = working + 2 * largest * wire.num_bytes
+    # During the passes, the largest of two moments (not their sum: they do not coexist).
+    # Computing a layer: under ZeRO-3 it and the next layer gathered (in the compute dtype;
+    # a group whose wire is wider gathers through one wire buffer), and the backward's
+    # largest transient: on the stage with the loss, the gradients of the fp32 log-softmax
+    # and of the logits ([tokens, V] fp32 each) while every activation is alive; in a block,
+    # its MLP's gradients (two [tokens, f] in the training dtype), beside the block's full
+    # activations while it is recomputed. Reducing a layer's gradients (ZeRO-2/3), right
+    # after its backward: a wire buffer and about as much received, while the next layer is
+    # gathered (ZeRO-3).
+    gathered = 0.0 * largest
     if zero is ZeroMode.FULL:
-        # The gathered layer and the prefetched one, in the compute dtype; a group whose
-        # wire is wider (mixed dtypes) gathers through one wire buffer.
-        working = working + 2 * largest * dtype.num_bytes
+        gathered = largest * dtype.num_bytes
         if wire.num_bytes != dtype.num_bytes:
-            working = working + largest * wire.num_bytes
-    # The backward's largest transient: on the stage with the loss, the gradient of the
-    # fp32 log-softmax and of the logits before it ([tokens, V] fp32 each) while every
-    # saved activation is alive; elsewhere a block's MLP backward (the gradients of two
-    # [tokens, f] tensors in the training dtype).
+            gathered = gathered + largest * wire.num_bytes
     loss_backward = np.where(r.has_head[index], 8.0 * r.vocab_size * tokens, 0.0)
-    mlp_backward = np.where(r.has_block[index], 2.0 * r.ffn_size * tokens * dtype.num_bytes, 0.0)
-    working = working + np.maximum(loss_backward, mlp_backward)
-    if recompute:  # one block's full activations while it is recomputed
-        working = working + np.where(r.has_block[index], block_bytes, 0.0)
+    mlp_backward = 2.0 * r.ffn_size * tokens * dtype.num_bytes
+    recomputed = block_bytes if recompute else 0.0
+    block_backward = np.where(r.has_block[index], mlp_backward + recomputed, 0.0)
+    computing = 2 * gathered + np.maximum(loss_backward, block_backward)
+    reducing = gathered + 2 * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
+    working = np.maximum(computing, reducing)
     # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
     # per neighbouring stage, the receives posted from it and a send to it.
     buffers = (RECEIVES_POSTED + 1) * num_neighbor_stages
@@ -513,9 +534,11 @@ def stage_memory_bytes(
     the measured activations, if any (see the module docstring)."""
     r = _ranges(model)
     index: Any = slice(None) if layers is None else layers
-    params = r.params[index]
+    tied = r.tied_params[index]
+    params = r.params[index] - tied  # the stage's own buffers
     per_param = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     sharded_per_param = sum(b for b, s in zip(per_param, _sharded(zero), strict=True) if s)
+    tied_weight_b, tied_grad_b, tied_optim_b = _tied_bytes_per_param(dtype, optimizer)
     activations, working, step_end = _activations_and_working(
         r,
         index,
@@ -539,11 +562,12 @@ def stage_memory_bytes(
     )
     fixed = (
         params * (sum(per_param) - sharded_per_param)
+        + tied * (tied_weight_b + tied_grad_b)
         + activations
         + np.maximum(working, step_end)  # MemoryBreakdown.working_bytes
         + framework_reserve_bytes(device)
     )
-    return fixed, params * sharded_per_param
+    return fixed, params * sharded_per_param + tied * tied_optim_b * TIED_SHARE
 
 
 def rank_memory(
@@ -569,8 +593,10 @@ def rank_memory(
     ``wire_dtype``: its stage group's (default ``dtype``)."""
     r = _ranges(model)
     index = (layer_start, layer_end)
-    params = float(r.params[index])
+    tied = float(r.tied_params[index])
+    params = float(r.params[index]) - tied  # the stage's own buffers
     weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
+    tied_weight_b, tied_grad_b, tied_optim_b = _tied_bytes_per_param(dtype, optimizer)
     weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
     activations, working, step_end = _activations_and_working(
         r,
@@ -594,9 +620,10 @@ def rank_memory(
         adamw=optimizer is Optimizer.ADAMW,
     )
     return MemoryBreakdown(
-        weights_bytes=params * weight_b * weight_f,
-        gradients_bytes=params * grad_b * grad_f,
-        optimizer_bytes=params * optim_b * optim_f,
+        weights_bytes=params * weight_b * weight_f + tied * tied_weight_b,
+        gradients_bytes=params * grad_b * grad_f + tied * tied_grad_b,
+        optimizer_bytes=params * optim_b * optim_f
+        + tied * tied_optim_b * TIED_SHARE * shard_fraction,
         activations_bytes=float(activations),
         pass_working_bytes=float(working),
         step_end_bytes=float(step_end),

@@ -7,6 +7,7 @@ Korthikanti et al. activation bytes).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -129,14 +130,20 @@ def test_model_parameter_counts_used_below() -> None:
 L = 36992
 ADAMW_TEMPORARIES = 2 * L * 4  # sqrt(v) and its quotient, fp32, one chunk (one layer)
 _ZERO_CASES = {
-    # the step's reduce-scatter, one layer at a time: a wire buffer and a receive buffer
-    ZeroMode.NONE: ((1, 1, 1), 0.0, max(2 * L * 2, ADAMW_TEMPORARIES)),
-    ZeroMode.OPTIMIZER: ((1, 1, 0.25), 0.0, max(2 * L * 2, ADAMW_TEMPORARIES)),
-    # one block's gradient in the wire buffer of its reduce-scatter, and as much received
-    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), 2 * L * 2, ADAMW_TEMPORARIES),
-    # no 16-bit weights at rest (the fp32 master shard is the copy); the gathered block and
-    # the prefetched one in 16 bits
-    ZeroMode.FULL: ((0, 0.25, 0.25), 2 * L * 2 + 2 * L * 2, ADAMW_TEMPORARIES),
+    # during the passes, a block's MLP backward; at the step's end, the reduce-scatter (a
+    # wire buffer and a receive buffer, one layer) and AdamW's temporaries
+    ZeroMode.NONE: ((1, 1, 1), MLP_BACKWARD, max(2 * L * 2, ADAMW_TEMPORARIES)),
+    ZeroMode.OPTIMIZER: ((1, 1, 0.25), MLP_BACKWARD, max(2 * L * 2, ADAMW_TEMPORARIES)),
+    # reducing a block's gradient right after its backward (a wire buffer and as much
+    # received) outweighs its MLP backward
+    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), max(MLP_BACKWARD, 2 * L * 2), ADAMW_TEMPORARIES),
+    # no 16-bit weights at rest (the fp32 master shard is the copy); computing holds two
+    # gathered blocks in 16 bits, reducing one gathered block and the reduce-scatter buffers
+    ZeroMode.FULL: (
+        (0, 0.25, 0.25),
+        max(2 * L * 2 + MLP_BACKWARD, L * 2 + 2 * L * 2),
+        ADAMW_TEMPORARIES,
+    ),
 }
 
 
@@ -147,8 +154,10 @@ def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
     assert memory.weights_bytes == pytest.approx(73984 * 2 * weight_f, rel=1e-12)
     assert memory.gradients_bytes == pytest.approx(73984 * 4 * grad_f, rel=1e-12)
     assert memory.optimizer_bytes == pytest.approx(73984 * 12 * optim_f, rel=1e-12)
+    assert memory.pass_working_bytes == pytest.approx(passes, rel=1e-12)
+    assert memory.step_end_bytes == pytest.approx(step_end, rel=1e-12)
     # The step's end comes after the passes: the larger of the two is the peak's.
-    assert memory.working_bytes == pytest.approx(max(passes + MLP_BACKWARD, step_end), rel=1e-12)
+    assert memory.working_bytes == pytest.approx(max(passes, step_end), rel=1e-12)
     assert memory.reserve_bytes == pytest.approx(RESERVE, rel=1e-12)
     # 3 micro-batches in flight x 64 tokens x 2 blocks; layer-by-layer passes (ZeRO-2/3)
     # also keep the 16-bit output of the first block for its backward (64 x h x 2 bytes).
@@ -168,10 +177,41 @@ def test_mixed_dtype_group_prices_its_fp32_wire() -> None:
     buffers (cost.precision): ZeRO-3's working bytes grow by them."""
     same = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25)
     mixed = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25, wire_dtype=Dtype.FP32)
-    # Reduce-scatter buffers at 4 bytes instead of 2, plus one fp32 gather buffer (both above
-    # the step's end).
+    # Reducing a layer is the larger moment either way: the reduce-scatter buffers at 4
+    # bytes instead of 2, and the gathered layer's fp32 wire buffer.
     extra = 2 * L * (4 - 2) + L * 4
-    assert mixed.working_bytes - same.working_bytes == pytest.approx(extra, rel=1e-12)
+    assert mixed.pass_working_bytes - same.pass_working_bytes == pytest.approx(extra, rel=1e-12)
+
+
+def test_the_tied_weight_lives_in_its_own_zero1_buffer() -> None:
+    """A stage holding the tied embedding but not the head (a multi-stage plan): the weight
+    sits in the tied group's buffer (weights and gradient whole, optimizer state sharded
+    half by the stage's fraction), whatever the stage's ZeRO mode."""
+    tied_model = ModelSpec(
+        name="hand-tied", arch=dataclasses.replace(MODEL.arch, tie_embeddings=True)
+    )
+    table = 100 * 64  # V x h
+    memory = rank_memory(
+        tied_model,
+        layer_start=0,
+        layer_end=2,
+        device=DEVICE,
+        dtype=Dtype.BF16,
+        optimizer=Optimizer.ADAMW,
+        zero=ZeroMode.FULL,
+        shard_fraction=0.25,
+        micro_batch_size=2,
+        seq_len=32,
+        num_in_flight=3,
+        recompute=False,
+        num_neighbor_stages=1,
+    )
+    block = BLOCK_PARAMS
+    assert memory.weights_bytes == pytest.approx(table * 2, rel=1e-12)
+    assert memory.gradients_bytes == pytest.approx(block * 4 * 0.25 + table * 4, rel=1e-12)
+    assert memory.optimizer_bytes == pytest.approx(
+        block * 12 * 0.25 + table * 12 * 0.5 * 0.25, rel=1e-12
+    )
 
 
 def test_fp32_zero3_keeps_its_master_shard_as_the_weights() -> None:
