@@ -104,6 +104,7 @@ def build_buckets(
         group: CommGroup,
         init_src_rank: int | None = None,
         streamed: bool = False,
+        chunk_numel: int | None = None,
     ) -> FlatBucket:
         return FlatBucket(
             name,
@@ -117,6 +118,7 @@ def build_buckets(
             reduce_scatter_method=reduce_scatter_method,
             all_gather_method=all_gather_method,
             streamed=streamed,
+            chunk_numel=chunk_numel,
         )
 
     buckets: list[FlatBucket] = []
@@ -130,9 +132,8 @@ def build_buckets(
             name = stage_bucket_name(stage_index, index)
             buckets.append(make(name, by_layer[index], placement, groups.stage, streamed=True))
     elif rest:
-        bucket = make(stage_bucket_name(stage_index), rest, placement, groups.stage)
-        bucket.chunk_numel = _step_chunk(rest)
-        buckets.append(bucket)
+        name = stage_bucket_name(stage_index)
+        buckets.append(make(name, rest, placement, groups.stage, chunk_numel=_step_chunk(rest)))
     if tied_params:
         assert groups.layout.tied is not None and groups.tied is not None
         # The embedding's initial values win: a first-stage rank broadcasts them.

@@ -22,7 +22,7 @@ Memory per rank, n elements, shard of s elements, compute dtype of b bytes:
   master). The sum of every rank's gradient for them, filled once per step by an uneven
   reduce-scatter (an all-reduce when replicated), is written into the accumulator's
   stepped range (``grad_shard``, a view), so it costs no memory of its own. The step's
-  collectives run in rounds of at most ``chunk_numel`` elements (:meth:`FlatBucket._rounds`).
+  collectives run in rounds of at most ``chunk_numel`` elements (``FlatBucket._rounds``).
 
 Collectives move the bucket's wire dtype (``piebald.cost.precision``): the group's common
 compute dtype, or fp32 where its ranks compute in different dtypes. Each rank casts its
@@ -52,6 +52,7 @@ initial values are broadcast from ``init_src_rank`` so the replicas start identi
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
@@ -74,22 +75,12 @@ from piebald.runtime.distributed.flat_layout import (
 )
 from piebald.runtime.distributed.group_layout import BucketPlacement
 from piebald.runtime.distributed.groups import CommGroup
-from piebald.runtime.distributed.shard_layout import ShardRange, shard_ranges
+from piebald.runtime.distributed.shard_layout import ShardRange, back_to_back, shard_ranges
 from piebald.specs.plan import ZeroMode
 
 __all__ = ["FlatBucket"]
 
 logger = logging.getLogger(__name__)
-
-
-def shard_layout_of(parts: Sequence[ShardRange]) -> tuple[ShardRange, ...]:
-    """Where each of ``parts`` lies when they are packed back to back."""
-    packed: list[ShardRange] = []
-    offset = 0
-    for part in parts:
-        packed.append(ShardRange(start=offset, end=offset + part.numel))
-        offset += part.numel
-    return tuple(packed)
 
 
 def _unique_params(
@@ -316,7 +307,7 @@ class FlatBucket:
             self._all_reduce_gradients()
             return
         index = self.group.index_of(self.rank)
-        for parts in self._rounds():
+        for parts in self._rounds:
             _, _, reduced = self._reduce_round(parts)
             mine = parts[index]
             owned = self.main_grad[mine.start : mine.end]
@@ -331,7 +322,7 @@ class FlatBucket:
         in the wire dtype), so every rank holds the owner's sum bit for bit."""
         assert self.main_grad is not None
         index = self.group.index_of(self.rank)
-        for parts in self._rounds():
+        for parts in self._rounds:
             wire, ranges, reduced = self._reduce_round(parts)
             mine = ranges[index]
             wire[mine.start : mine.end].copy_(reduced)
@@ -352,6 +343,7 @@ class FlatBucket:
         )
         return wire, ranges, reduced
 
+    @functools.cached_property
     def _rounds(self) -> list[tuple[ShardRange, ...]]:
         """The step's collectives in rounds: round k moves the k-th ``chunk_numel / g``
         elements of every owner's range, so each round's wire buffer and receive buffer
@@ -376,7 +368,7 @@ class FlatBucket:
         each lies in it (the buffer is ``source`` itself where nothing needs copying)."""
         if parts == self.ranges and source.dtype == self.wire_dtype:
             return source, self.ranges
-        packed = shard_layout_of(parts)
+        packed = back_to_back([p.numel for p in parts])
         buffer = torch.empty(packed[-1].end, dtype=self.wire_dtype, device=source.device)
         for part, at in zip(parts, packed, strict=True):
             buffer[at.start : at.end].copy_(source[part.start : part.end])
@@ -387,7 +379,7 @@ class FlatBucket:
         """The inverse of :meth:`_pack`: each owner's part back to its place in ``into``."""
         if buffer.data_ptr() == into.data_ptr():
             return
-        for part, at in zip(parts, shard_layout_of(parts), strict=True):
+        for part, at in zip(parts, back_to_back([p.numel for p in parts]), strict=True):
             into[part.start : part.end].copy_(buffer[at.start : at.end])
 
     def reduce_pass_gradients(self) -> None:
@@ -421,7 +413,7 @@ class FlatBucket:
                 with torch.no_grad():
                     self.params_flat.copy_(self.master)
             return
-        rounds = self._rounds()
+        rounds = self._rounds
         if len(rounds) == 1:
             self.start_gather()
             self.finish_gather()
@@ -432,7 +424,7 @@ class FlatBucket:
         index = self.group.index_of(self.rank)
         with torch.no_grad():
             for parts in rounds:
-                ranges = shard_layout_of(parts)
+                ranges = back_to_back([p.numel for p in parts])
                 wire = self.master.new_empty(ranges[-1].end, dtype=self.wire_dtype)
                 mine, at = parts[index], ranges[index]
                 offset = mine.start - self.shard.start

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ShardRange", "padded_shard_size", "shard_ranges", "shard_sizes"]
+__all__ = ["ShardRange", "back_to_back", "padded_shard_size", "shard_ranges", "shard_sizes"]
 
 _FRACTION_SUM_TOLERANCE = 1e-6
 
@@ -74,9 +74,14 @@ def shard_sizes(fractions: Sequence[float], *, num_elements: int) -> tuple[int, 
 
 def shard_ranges(fractions: Sequence[float], *, num_elements: int) -> tuple[ShardRange, ...]:
     """Contiguous ranges, one per rank in group order, tiling ``[0, num_elements)``."""
+    return back_to_back(shard_sizes(fractions, num_elements=num_elements))
+
+
+def back_to_back(sizes: Sequence[int]) -> tuple[ShardRange, ...]:
+    """Ranges of ``sizes`` elements laid one after the other from 0."""
     ranges: list[ShardRange] = []
     start = 0
-    for size in shard_sizes(fractions, num_elements=num_elements):
+    for size in sizes:
         ranges.append(ShardRange(start=start, end=start + size))
         start += size
     return tuple(ranges)
