@@ -42,7 +42,7 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
-from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
+from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "RECEIVES_POSTED",
     "STEP_CHUNK_ELEMENTS",
     "MemoryBreakdown",
+    "adamw_temporary_elements",
     "framework_reserve_bytes",
     "in_flight_for_rounds",
     "in_flight_micro_batches",
@@ -143,6 +144,16 @@ def _tied_bytes_per_param(dtype: Dtype, optimizer: Optimizer) -> tuple[float, fl
     """The tied weight's buffer is ZeRO-1 whatever its stages' modes: weights and gradient
     accumulator whole, optimizer state sharded."""
     return bytes_per_param(dtype=dtype, optimizer=optimizer, zero=ZeroMode.OPTIMIZER)
+
+
+def adamw_temporary_elements(*, stepped_numel: Any, chunk_numel: Any) -> Any:
+    """The most fp32 elements torch's single-tensor AdamW holds beyond its state while it
+    steps ``stepped_numel`` elements in chunks of ``chunk_numel``
+    (``runtime.distributed.optimizer``): a chunk's sqrt(v) and its quotient, beside the
+    previous chunk's quotient, which the loop's local variable keeps until replaced."""
+    first = np.minimum(chunk_numel, stepped_numel)
+    second = np.clip(stepped_numel - chunk_numel, 0.0, chunk_numel)
+    return np.maximum(2.0 * first, np.where(second > 0, first + 2.0 * second, 0.0))
 
 
 def in_flight_micro_batches(
@@ -244,10 +255,12 @@ class _LayerRanges:
     # (a multi-stage plan): the runtime keeps it in the tied group's own buffer
     # (``runtime.distributed.group_layout``), not in the stage's.
     tied_params: npt.NDArray[np.float64]
+    has_embedding: npt.NDArray[np.bool_]
     has_block: npt.NDArray[np.bool_]
     has_head: npt.NDArray[np.bool_]
     block: LayerSpec | None
     hidden_size: int
+    rope_bytes_per_position: float  # Llama's fp32 cos and sin tables (none in GPT-2)
     ffn_size: int
     vocab_size: int
 
@@ -308,10 +321,14 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
             float(head.num_tied_params),
             0.0,
         ),
+        has_embedding=np.broadcast_to(start == 0, (size, size)),
         has_block=has_block,
         has_head=np.broadcast_to(end == last, (size, size)),
         block=block,
         hidden_size=model.arch.hidden_size,
+        rope_bytes_per_position=(
+            2 * 4.0 * model.arch.resolved_head_dim if model.arch.family is Family.LLAMA else 0.0
+        ),
         ffn_size=model.arch.ffn_hidden_size,
         vocab_size=model.arch.vocab_size,
     )
@@ -440,6 +457,20 @@ def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
     )
 
 
+def _round_bytes(
+    *, numel: Any, chunk: Any, group_size: int, largest_share: float, wire_bytes: int
+) -> Any:
+    """The most bytes one round of a bucket's step-end reduce-scatter holds
+    (``FlatBucket._rounds``: round k moves the k-th chunk / group size elements of every
+    owner's part): a wire buffer of the round where the fp32 accumulator cannot serve as
+    one (a 16-bit wire, or more than one round), what the rank receives (as much as the
+    round) and the sum of its part; a group of one exchanges nothing."""
+    rounds_over_one = largest_share * numel > chunk / group_size
+    packed = np.where((wire_bytes != 4) | rounds_over_one, 1.0, 0.0)
+    exchanged = 1.0 + 1.0 / group_size if group_size > 1 else 0.0
+    return np.where(numel > 0, (packed + exchanged) * chunk * wire_bytes, 0.0)
+
+
 def _activations_and_working(
     r: _LayerRanges,
     index: Any,
@@ -447,14 +478,21 @@ def _activations_and_working(
     measured: _MeasuredActivations | None,
     dtype: Dtype,
     zero: ZeroMode,
-    tokens: int,
+    micro_batch_size: int,
+    seq_len: int,
     num_in_flight: Any,
     recompute: bool,
     num_neighbor_stages: int,
     wire: Dtype,
     adamw: bool,
+    shard_fraction: Any,
+    group_shares: Sequence[float] | None,
+    tied_group: tuple[int, int, float] | None,
 ) -> tuple[Any, Any, Any]:
-    """(activations, working buffers during the passes, buffers at the step's end)."""
+    """(activations, working buffers during the passes, buffers at the step's end);
+    ``shard_fraction``: the rank's (1.0 gives the largest buffers, which is how the
+    planner's matrices bound every fraction)."""
+    tokens = micro_batch_size * seq_len
     if measured is None:
         kept = r.kept_per_token(index, dtype=dtype, recompute=recompute)
         activations = num_in_flight * tokens * kept
@@ -471,17 +509,70 @@ def _activations_and_working(
         activations = activations + num_in_flight * tokens * (r.span[index] - 1) * (
             r.hidden_size * dtype.num_bytes
         )
+    # Kept per micro-batch in flight beyond what its layers keep: the stage's input on
+    # every stage but the first (the received buffer, a leaf whose gradient is sent back
+    # after the backward) and its output on every stage but the last (the root of its
+    # backward, and the payload of its send); under recompute, the fp32 RoPE tables
+    # ([s, head_dim] each) the checkpointed blocks keep as inputs (without recompute each
+    # block keeps its own cast, counted in its bytes per token).
+    boundary = tokens * r.hidden_size * dtype.num_bytes
+    ends = np.where(r.has_embedding[index], 0.0, boundary)
+    ends = ends + np.where(r.has_head[index], 0.0, boundary)
+    rope = np.where(r.has_block[index], seq_len * r.rope_bytes_per_position, 0.0)
+    activations = activations + num_in_flight * (ends + (rope if recompute else 0.0))
+    # The group's reduce-scatter buffers (``runtime.distributed.collectives``): the wire
+    # buffer, what the rank receives (every rank's copy of its part) and the sum of its
+    # part; nothing is exchanged in a group of one. Unknown group (the planner's
+    # matrices): an even pair, which bounds every even group. Per layer during the passes
+    # (ZeRO-2/3), in units of the layer, priced for even shares: with uneven ones a
+    # rank receives group size x its share on gloo, x the largest share on NCCL (padded),
+    # which this does not price yet, as the planner would have to know the shares it is
+    # choosing. At the step's end in rounds of one chunk, each owner's part of a round
+    # even.
+    shares = (0.5, 0.5) if group_shares is None else tuple(group_shares)
+    size = len(shares)
+    pass_reduce = 2.0 + 1.0 / size if size > 1 else 1.0
     largest = r.largest_params[index]
     chunk = np.minimum(largest, STEP_CHUNK_ELEMENTS)
-    # At the step's end, after the passes (so beside no activations and no pass buffers,
-    # hence the max below, which keeps memory affine in the micro-batches in flight): the
-    # reduce-scatter of a stage bucket, chunk by chunk, a wire buffer and as much received,
-    # then AdamW's two fp32 temporaries (sqrt(v) and its quotient) of one chunk.
+    # At the step's end, after the passes (so beside no activations and no pass buffers),
+    # bucket after bucket: the reduce-scatter of the stage's bucket, round by round, then
+    # AdamW's fp32 temporaries (:func:`adamw_temporary_elements`) over what the rank
+    # steps: its part of the stage (sharded optimizer state) or all of it, one bucket per
+    # layer under ZeRO-2/3.
+    optimizer_share = shard_fraction if _sharded(zero)[2] else 1.0
+    own = r.params[index] - r.tied_params[index]
     step_end = 0.0 * largest
     if not zero.per_pass:
-        step_end = step_end + 2 * chunk * wire.num_bytes
+        step_end = step_end + _round_bytes(
+            numel=own,
+            chunk=chunk,
+            group_size=size,
+            largest_share=max(shares),
+            wire_bytes=wire.num_bytes,
+        )
     if adamw:
-        step_end = np.maximum(step_end, 2 * chunk * 4)
+        bucket = largest if zero.per_pass else own
+        stepped = bucket * optimizer_share
+        temporaries = adamw_temporary_elements(stepped_numel=stepped, chunk_numel=chunk)
+        step_end = np.maximum(step_end, 4.0 * temporaries)
+    # The tied weight's own bucket (a multi-stage plan): its group's rounds in its own
+    # chunks (unknown group: an uneven pair on an fp32 wire, whose rounds hold the most),
+    # then AdamW over a TIED_SHARE of it.
+    tied = r.tied_params[index]
+    tied_chunk = np.minimum(tied, STEP_CHUNK_ELEMENTS)
+    tied_size, tied_wire_bytes, tied_share = tied_group or (2, 4, 1.0)
+    tied_rounds = _round_bytes(
+        numel=tied,
+        chunk=tied_chunk,
+        group_size=tied_size,
+        largest_share=tied_share,
+        wire_bytes=tied_wire_bytes,
+    )
+    step_end = np.maximum(step_end, tied_rounds)
+    if adamw:
+        stepped = tied * TIED_SHARE * shard_fraction
+        temporaries = adamw_temporary_elements(stepped_numel=stepped, chunk_numel=tied_chunk)
+        step_end = np.maximum(step_end, 4.0 * temporaries)
     # During the passes, the largest of two moments (not their sum: they do not coexist).
     # Computing a layer: under ZeRO-3 it and the next layer gathered (in the compute dtype;
     # a group whose wire is wider gathers through one wire buffer), and the backward's
@@ -489,8 +580,8 @@ def _activations_and_working(
     # and of the logits ([tokens, V] fp32 each) while every activation is alive; in a block,
     # its MLP's gradients (two [tokens, f] in the training dtype), beside the block's full
     # activations while it is recomputed. Reducing a layer's gradients (ZeRO-2/3), right
-    # after its backward: a wire buffer and about as much received, while the next layer is
-    # gathered (ZeRO-3).
+    # after its backward: the reduce-scatter buffers, while the next layer is gathered
+    # (ZeRO-3).
     gathered = 0.0 * largest
     if zero is ZeroMode.FULL:
         gathered = largest * dtype.num_bytes
@@ -501,11 +592,12 @@ def _activations_and_working(
     recomputed = block_bytes if recompute else 0.0
     block_backward = np.where(r.has_block[index], mlp_backward + recomputed, 0.0)
     computing = 2 * gathered + np.maximum(loss_backward, block_backward)
-    reducing = gathered + 2 * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
+    reducing = gathered + pass_reduce * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
     working = np.maximum(computing, reducing)
     # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
-    # per neighbouring stage, the receives posted from it and a send to it.
-    buffers = (RECEIVES_POSTED + 1) * num_neighbor_stages
+    # per neighbouring stage, the receives posted from it, and on every stage but the
+    # first a gradient on its way back (an activation sent on is the held output above).
+    buffers = RECEIVES_POSTED * num_neighbor_stages + np.where(r.has_embedding[index], 0.0, 1.0)
     working = working + buffers * tokens * r.hidden_size * dtype.num_bytes
     return activations, working, step_end
 
@@ -529,7 +621,9 @@ def stage_memory_bytes(
     """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
     holding ``layers`` = [a, b) needs ``fixed + fraction * sharded``. With ``layers=None``
     both are (L+1) x (L+1) matrices over every range [a, b) (garbage where b <= a), which is
-    how the planner prices every split at once; :func:`rank_memory` is the same formula.
+    how the planner prices every split at once; :func:`rank_memory` is the same formula
+    except for AdamW's step-end temporaries, which shrink with a shard smaller than a
+    chunk: priced here at fraction 1, their most.
     ``wire_dtype``: the stage group's (``cost.precision``; default ``dtype``). ``curve``:
     the measured activations, if any (see the module docstring)."""
     r = _ranges(model)
@@ -553,12 +647,16 @@ def stage_memory_bytes(
         ),
         dtype=dtype,
         zero=zero,
-        tokens=micro_batch_size * seq_len,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
         num_in_flight=num_in_flight,
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
         adamw=optimizer is Optimizer.ADAMW,
+        shard_fraction=1.0,
+        group_shares=None,
+        tied_group=None,
     )
     fixed = (
         params * (sum(per_param) - sharded_per_param)
@@ -586,11 +684,16 @@ def rank_memory(
     recompute: bool,
     num_neighbor_stages: int,
     wire_dtype: Dtype | None = None,
+    group_shares: Sequence[float] | None = None,
+    tied_group: tuple[int, int, float] | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``, its
     activations measured where ``curve`` has measurements (see the module docstring);
-    ``wire_dtype``: its stage group's (default ``dtype``)."""
+    ``wire_dtype``: its stage group's (default ``dtype``); ``group_shares``: the shard
+    fractions of its stage's ranks (default: an even pair); ``tied_group``: the tied
+    weight's group (its size, wire bytes per element and largest share) where the rank
+    holds a part of it (default: the most it takes)."""
     r = _ranges(model)
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])
@@ -612,12 +715,16 @@ def rank_memory(
         ),
         dtype=dtype,
         zero=zero,
-        tokens=micro_batch_size * seq_len,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
         num_in_flight=num_in_flight,
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
         adamw=optimizer is Optimizer.ADAMW,
+        shard_fraction=shard_fraction,
+        group_shares=group_shares,
+        tied_group=tied_group,
     )
     return MemoryBreakdown(
         weights_bytes=params * weight_b * weight_f + tied * tied_weight_b,
@@ -659,5 +766,19 @@ def plan_rank_memory(
         recompute=stage.recompute,
         num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
         wire_dtype=stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision),
+        group_shares=stage.shard_fraction,
+        tied_group=_tied_group(plan),
         curve=curve,
     )
+
+
+def _tied_group(plan: Plan) -> tuple[int, int, float] | None:
+    """The tied embedding/head weight's group in a multi-stage plan: (ranks, wire bytes
+    per element, largest share: half a first or last stage rank's fraction, as
+    ``runtime.distributed.group_layout`` shards it); None where it has no group."""
+    if plan.num_stages < 2 or not plan.model.arch.tie_embeddings:
+        return None
+    first, last = plan.stages[0], plan.stages[-1]
+    ranks = (*first.ranks, *last.ranks)
+    wire = stage_wire_dtype(plan.cluster, ranks, precision=plan.job.precision)
+    return len(ranks), wire.num_bytes, 0.5 * max(*first.shard_fraction, *last.shard_fraction)

@@ -44,6 +44,7 @@ AllGatherParams(s)     dp, group   ZeRO-1/2: uneven all-gather of the updated pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -67,6 +68,7 @@ __all__ = [
     "SendActivation",
     "SendGradient",
     "describe_op",
+    "most_in_flight",
 ]
 
 
@@ -189,3 +191,18 @@ def describe_op(op: Op) -> str:
             return "optimizer"
         case AllGatherParams():
             return "all-gather"
+
+
+def most_in_flight(ops: Sequence[Op]) -> int:
+    """The most micro-batches a rank holds activations of at once when it runs ``ops``:
+    forwards run minus backwards run, at its highest. A 1F1B rank often holds fewer than
+    its in-flight budget (``cost.memory.stage_in_flight``, a bound the schedule keeps),
+    because a gradient comes back before the budget is reached."""
+    held = most = 0
+    for op in ops:
+        if isinstance(op, Forward):
+            held += 1
+            most = max(most, held)
+        elif isinstance(op, Backward):
+            held -= 1
+    return most

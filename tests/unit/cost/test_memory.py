@@ -19,6 +19,7 @@ from piebald.cost.memory import (
     RECEIVES_POSTED,
     STEP_CHUNK_ELEMENTS,
     MemoryBreakdown,
+    adamw_temporary_elements,
     bytes_per_param,
     framework_reserve_bytes,
     in_flight_for_rounds,
@@ -63,6 +64,10 @@ BLOCK_VALUES = 4 * 64 + 2 * 64 + 2 * 32 + 4 * 128  # norms, q/k/v/out, SwiGLU: 9
 BLOCK_BF16 = BLOCK_FIXED + 2 * BLOCK_VALUES  # 2456
 HEAD_BF16 = (4 * 64 + 4 + 4 * 100 + 8) + 2 * 2 * 64  # norm, fp32 log-softmax, labels: 924
 MLP_BACKWARD = 2 * 128 * 64 * 2  # two [tokens, f] bf16 gradients in a block's backward
+# A middle stage's boundary tensor, [tokens, h] in bf16: its input (a received leaf) and
+# its output (the backward's root) per micro-batch in flight, and one gradient on its way
+# back to the previous stage among the working buffers.
+BOUNDARY = 64 * 64 * 2
 LOSS_BACKWARD = 8 * 100 * 64  # two [tokens, V] fp32 gradients in the loss's backward
 
 
@@ -126,23 +131,39 @@ def test_model_parameter_counts_used_below() -> None:
 
 # Per ZeRO mode: (weights, gradients, optimizer) divisors, the working buffers during the
 # passes, and those at the step's end, for a shard fraction of 1/4, 16-bit compute and a
-# 16-bit wire. The largest layer here is one block of L = 36992 parameters.
+# 16-bit wire. The largest layer here is one block of L = 36992 parameters, which is also
+# the step's chunk.
 L = 36992
-ADAMW_TEMPORARIES = 2 * L * 4  # sqrt(v) and its quotient, fp32, one chunk (one layer)
+# The step's reduce-scatter rounds (unknown group: an even pair): a wire buffer and a
+# receive buffer of one chunk, and the rank's sum of its part (half a chunk).
+REDUCE_ROUNDS = 2.5 * L * 2
+# A layer's reduce-scatter during the passes (ZeRO-2/3, even pair): the wire buffer, what
+# the rank receives (2 ranks x half) and its sum (half): 2.5 layers.
+PASS_REDUCE = 2.5 * L * 2
 _ZERO_CASES = {
-    # during the passes, a block's MLP backward; at the step's end, the reduce-scatter (a
-    # wire buffer and a receive buffer, one layer) and AdamW's temporaries
-    ZeroMode.NONE: ((1, 1, 1), MLP_BACKWARD, max(2 * L * 2, ADAMW_TEMPORARIES)),
-    ZeroMode.OPTIMIZER: ((1, 1, 0.25), MLP_BACKWARD, max(2 * L * 2, ADAMW_TEMPORARIES)),
-    # reducing a block's gradient right after its backward (a wire buffer and as much
-    # received) outweighs its MLP backward
-    ZeroMode.GRADIENTS: ((1, 0.25, 0.25), max(MLP_BACKWARD, 2 * L * 2), ADAMW_TEMPORARIES),
+    # during the passes, a block's MLP backward; at the step's end the reduce-scatter or
+    # AdamW's fp32 temporaries: replicated, the rank steps both blocks in two chunks (a
+    # chunk's sqrt(v) and quotient beside the previous chunk's quotient)
+    ZeroMode.NONE: ((1, 1, 1), MLP_BACKWARD + BOUNDARY, max(REDUCE_ROUNDS, 3 * L * 4)),
+    # sharded, a quarter of the stage (half a chunk): its sqrt(v) and quotient
+    ZeroMode.OPTIMIZER: (
+        (1, 1, 0.25),
+        MLP_BACKWARD + BOUNDARY,
+        max(REDUCE_ROUNDS, 2 * (L / 2) * 4),
+    ),
+    # reducing a block's gradient right after its backward outweighs its MLP backward;
+    # one bucket per layer, a quarter of each stepped
+    ZeroMode.GRADIENTS: (
+        (1, 0.25, 0.25),
+        max(MLP_BACKWARD, PASS_REDUCE) + BOUNDARY,
+        2 * (L / 4) * 4,
+    ),
     # no 16-bit weights at rest (the fp32 master shard is the copy); computing holds two
     # gathered blocks in 16 bits, reducing one gathered block and the reduce-scatter buffers
     ZeroMode.FULL: (
         (0, 0.25, 0.25),
-        max(2 * L * 2 + MLP_BACKWARD, L * 2 + 2 * L * 2),
-        ADAMW_TEMPORARIES,
+        max(2 * L * 2 + MLP_BACKWARD, L * 2 + PASS_REDUCE) + BOUNDARY,
+        2 * (L / 4) * 4,
     ),
 }
 
@@ -156,16 +177,19 @@ def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
     assert memory.optimizer_bytes == pytest.approx(73984 * 12 * optim_f, rel=1e-12)
     assert memory.pass_working_bytes == pytest.approx(passes, rel=1e-12)
     assert memory.step_end_bytes == pytest.approx(step_end, rel=1e-12)
-    # The step's end comes after the passes: the larger of the two is the peak's.
-    assert memory.working_bytes == pytest.approx(max(passes, step_end), rel=1e-12)
     assert memory.reserve_bytes == pytest.approx(RESERVE, rel=1e-12)
     # 3 micro-batches in flight x 64 tokens x 2 blocks; layer-by-layer passes (ZeRO-2/3)
     # also keep the 16-bit output of the first block for its backward (64 x h x 2 bytes).
     islands = 3 * 64 * 64 * 2 if zero.per_pass else 0
-    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * BLOCK_BF16 + islands, rel=1e-12)
+    ends = 3 * 2 * BOUNDARY  # each micro-batch's input and output
+    assert memory.activations_bytes == pytest.approx(
+        3 * 64 * 2 * BLOCK_BF16 + islands + ends, rel=1e-12
+    )
     assert memory.state_bytes == pytest.approx(
         memory.weights_bytes + memory.gradients_bytes + memory.optimizer_bytes
     )
+    # The step's end comes after the passes: the larger of the two is the peak's.
+    assert memory.working_bytes == pytest.approx(max(passes, step_end), rel=1e-12)
     assert memory.total_bytes == pytest.approx(
         memory.state_bytes + memory.activations_bytes + memory.working_bytes + RESERVE,
         rel=1e-12,
@@ -177,9 +201,9 @@ def test_mixed_dtype_group_prices_its_fp32_wire() -> None:
     buffers (cost.precision): ZeRO-3's working bytes grow by them."""
     same = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25)
     mixed = _blocks_memory(zero=ZeroMode.FULL, shard_fraction=0.25, wire_dtype=Dtype.FP32)
-    # Reducing a layer is the larger moment either way: the reduce-scatter buffers at 4
-    # bytes instead of 2, and the gathered layer's fp32 wire buffer.
-    extra = 2 * L * (4 - 2) + L * 4
+    # Reducing a layer is the larger moment either way: the reduce-scatter buffers (2.5
+    # layers) at 4 bytes instead of 2, and the gathered layer's fp32 wire buffer.
+    extra = 2.5 * L * (4 - 2) + L * 4
     assert mixed.pass_working_bytes - same.pass_working_bytes == pytest.approx(extra, rel=1e-12)
 
 
@@ -235,7 +259,8 @@ def test_fp32_sgd_state_and_activations() -> None:
     assert memory.optimizer_bytes == 0.0
     # fp32 doubles the values kept in the training dtype, not the fp32 ones.
     fp32_block = BLOCK_FIXED + 4 * BLOCK_VALUES
-    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * fp32_block, rel=1e-12)
+    ends = 3 * 2 * 2 * BOUNDARY  # each micro-batch's input and output, in fp32
+    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * fp32_block + ends, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -247,21 +272,49 @@ def test_activations_scale_linearly(change: dict[str, int], factor: int) -> None
     assert _blocks_memory(**change).activations_bytes == pytest.approx(factor * base, rel=1e-12)
 
 
+def _adamw_loop_peak(stepped: int, chunk: int) -> int:
+    """Torch's single-tensor AdamW over ``stepped`` elements in chunks, followed step by
+    step: each chunk makes sqrt(v), then its quotient (after which sqrt(v) dies), while
+    the previous chunk's quotient lives on in the loop's variable until replaced."""
+    peak, previous = 0, 0
+    for start in range(0, stepped, chunk):
+        size = min(chunk, stepped - start)
+        peak = max(peak, previous + 2 * size)
+        previous = size
+    return peak
+
+
+@pytest.mark.parametrize(
+    ("stepped", "chunk"), [(1, 7), (7, 7), (8, 7), (10, 7), (14, 7), (15, 7), (100, 7), (3, 1)]
+)
+def test_adamw_temporaries_follow_the_loop(stepped: int, chunk: int) -> None:
+    assert adamw_temporary_elements(stepped_numel=stepped, chunk_numel=chunk) == _adamw_loop_peak(
+        stepped, chunk
+    )
+
+
 def _step_end(layer_start: int = 1, layer_end: int = 3) -> float:
-    """The step's-end buffers of a replicated stage: the larger of two of its largest layer
-    in 16 bits (the reduce-scatter) and two in fp32 (AdamW's temporaries);
-    ``STEP_CHUNK_ELEMENTS`` is far above these layers."""
+    """The step's-end buffers of a replicated stage: the larger of the reduce-scatter's
+    rounds (two and a half of its largest layer in 16 bits) and AdamW's fp32 temporaries
+    over the whole stage in chunks of that layer; ``STEP_CHUNK_ELEMENTS`` is far above
+    these layers."""
     largest = max(layer.num_params for layer in MODEL.layers[layer_start:layer_end])
     assert largest < STEP_CHUNK_ELEMENTS
-    return max(2.0 * largest * 2, 2.0 * largest * 4)
+    stepped = MODEL.stage_params(layer_start, layer_end)
+    return max(2.5 * largest * 2, 4.0 * _adamw_loop_peak(stepped, largest))
 
 
 def test_recompute_keeps_only_each_block_input() -> None:
     memory = _blocks_memory(recompute=True)
-    # 2h = 128 bytes per token per block stay; one block's full activations are rebuilt.
-    assert memory.activations_bytes == pytest.approx(3 * 64 * 2 * 128, rel=1e-12)
+    # 2h = 128 bytes per token per block stay, beside the stage's input and output and the
+    # fp32 RoPE tables the checkpoints keep ([s, head_dim] cos and sin, head_dim 16); one
+    # block's full activations are rebuilt.
+    rope = 32 * 2 * 4 * 16
+    assert memory.activations_bytes == pytest.approx(
+        3 * (64 * 2 * 128 + 2 * BOUNDARY + rope), rel=1e-12
+    )
     recomputed = 64 * BLOCK_BF16 + MLP_BACKWARD  # and its MLP's backward
-    assert memory.working_bytes == pytest.approx(max(recomputed, _step_end()), rel=1e-12)
+    assert memory.working_bytes == pytest.approx(max(recomputed + BOUNDARY, _step_end()), rel=1e-12)
     assert memory.activations_bytes < _blocks_memory(recompute=False).activations_bytes
 
 
@@ -269,16 +322,20 @@ def test_recompute_does_not_shrink_the_head() -> None:
     # Layers [3, 4): the head alone keeps the same bytes per token either way.
     for recompute in (False, True):
         memory = _blocks_memory(layer_start=3, layer_end=4, recompute=recompute)
-        assert memory.activations_bytes == pytest.approx(3 * 64 * HEAD_BF16, rel=1e-12)
-        assert memory.working_bytes == pytest.approx(max(LOSS_BACKWARD, _step_end(3, 4)), rel=1e-12)
+        # and its input (the last stage sends no output on)
+        assert memory.activations_bytes == pytest.approx(3 * (64 * HEAD_BF16 + BOUNDARY), rel=1e-12)
+        assert memory.working_bytes == pytest.approx(
+            max(LOSS_BACKWARD + BOUNDARY, _step_end(3, 4)), rel=1e-12
+        )
 
 
 @pytest.mark.parametrize("neighbors", [0, 1, 2])
 def test_stage_boundary_buffers(neighbors: int) -> None:
     memory = _blocks_memory(num_neighbor_stages=neighbors)
     # A buffer holds a micro-batch's activations, 64 tokens x h x 2 B: per neighbouring
-    # stage, the RECEIVES_POSTED receives posted from it and one send to it.
-    buffers = neighbors * (RECEIVES_POSTED + 1)
+    # stage, the RECEIVES_POSTED receives posted from it, and a gradient sent back (the
+    # range does not start at the embedding).
+    buffers = neighbors * RECEIVES_POSTED + 1
     assert memory.working_bytes == pytest.approx(
         max(buffers * 64 * 64 * 2 + MLP_BACKWARD, _step_end()), rel=1e-12
     )

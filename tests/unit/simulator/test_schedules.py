@@ -14,7 +14,14 @@ from sim_plans import FixedPrices, cluster, pipeline
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
 from piebald.simulator.engine import simulate
-from piebald.simulator.ops import Backward, Forward, Op, RecvActivation, SendActivation
+from piebald.simulator.ops import (
+    Backward,
+    Forward,
+    Op,
+    RecvActivation,
+    SendActivation,
+    most_in_flight,
+)
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import StepSchedule, build_schedule, check_schedule
 from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
@@ -49,6 +56,7 @@ def test_uniform_1f1b_is_warmup_steady_cooldown(num_stages: int, num_micro_batch
             expected += [f"B{j}", f"F{j + warmup}"]
         expected += [f"B{j}" for j in range(m - warmup, m)]  # cool-down
         assert _passes(schedule.rank_ops[s]) == expected
+        assert most_in_flight(schedule.rank_ops[s]) == warmup
 
 
 def test_gpipe_runs_all_forwards_then_all_backwards() -> None:
@@ -165,7 +173,7 @@ def test_every_routing_of_small_plans_is_deadlock_free_and_within_memory() -> No
                 ),
                 default=0,
             )
-            assert ahead <= prices.in_flight_limit(rank)
+            assert most_in_flight(ops) == ahead <= prices.in_flight_limit(rank)
         result = simulate(plan, schedule=schedule, prices=prices)
         assert result.deadlock is None
         estimated = estimate_plan(plan).prediction().peak_memory_bytes

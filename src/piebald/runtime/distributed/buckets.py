@@ -139,6 +139,13 @@ def build_buckets(
         # The embedding's initial values win: a first-stage rank broadcasts them.
         first_stage_rank = min(groups.layout.stages[0].ranks)
         buckets.append(
-            make(TIED_BUCKET, tied_params, groups.layout.tied, groups.tied, first_stage_rank)
+            make(
+                TIED_BUCKET,
+                tied_params,
+                groups.layout.tied,
+                groups.tied,
+                first_stage_rank,
+                chunk_numel=_step_chunk(tied_params),
+            )
         )
     return tuple(buckets)

@@ -313,6 +313,7 @@ class FlatBucket:
             owned = self.main_grad[mine.start : mine.end]
             if reduced.data_ptr() != owned.data_ptr():  # a group of one rank sums in place
                 owned.copy_(reduced)
+            del reduced  # before the next round allocates its own (cost.memory prices one)
         self.main_grad[: self.shard.start].zero_()
         self.main_grad[self.shard.end :].zero_()
 
@@ -330,6 +331,7 @@ class FlatBucket:
                 wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
             )
             self._unpack(wire, parts, into=self.main_grad)
+            del wire, reduced  # before the next round allocates its own
 
     def _reduce_round(
         self, parts: tuple[ShardRange, ...]
@@ -433,6 +435,7 @@ class FlatBucket:
                     wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
                 )
                 self._unpack(wire, parts, into=self.params_flat)
+                del wire  # before the next round allocates its own
 
     def start_gather(self) -> None:
         """Begin :meth:`publish_params` in the background (collective over the group);

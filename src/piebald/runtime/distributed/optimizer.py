@@ -129,6 +129,7 @@ class _ShardStepper:
         self.bounds = tuple((a, min(a + size, numel)) for a in range(0, numel, size))
         self.chunks = [nn.Parameter(bucket.master[a:b], requires_grad=True) for a, b in self.bounds]
         self.optimizer = _torch_optimizer(config, self.chunks) if numel else None
+        self._reset_moments()
         start = bucket.stepped.start
         segments: list[tuple[int, int]] = []
         for piece in bucket.stepped_pieces:
@@ -156,6 +157,20 @@ class _ShardStepper:
             chunk.grad = grad[a:b]
         self.optimizer.step()
 
+    def _reset_moments(self) -> None:
+        """Adam's state as torch makes it on the first step (zero moments, step 0), made
+        now: the run holds its whole training state from the start, so a plan that does
+        not fit fails before its first pass and the first step's peak is every step's."""
+        if self.optimizer is None or not isinstance(self.optimizer, torch.optim.AdamW):
+            return
+        for chunk in self.chunks:
+            self.optimizer.state[chunk] = {
+                # torch keeps the count as a 0-d tensor in the default float dtype.
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(chunk, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(chunk, memory_format=torch.preserve_format),
+            }
+
     def moments(self) -> dict[str, torch.Tensor]:
         """Adam's first and second moments of the rank's shard (zeros before the first
         step; a slice of the whole when the optimizer is replicated)."""
@@ -164,12 +179,7 @@ class _ShardStepper:
         where = self.bucket.shard_in_stepped
         whole: dict[str, torch.Tensor] = {}
         for key in ("exp_avg", "exp_avg_sq"):
-            parts = [
-                self.optimizer.state[c][key]
-                if key in self.optimizer.state.get(c, {})
-                else torch.zeros_like(c)
-                for c in self.chunks
-            ]
+            parts = [self.optimizer.state[c][key] for c in self.chunks]
             whole[key] = torch.cat(parts)[where] if len(parts) > 1 else parts[0][where]
         return whole
 
@@ -179,13 +189,11 @@ class _ShardStepper:
         if self.optimizer is None or not isinstance(self.optimizer, torch.optim.AdamW):
             return
         if num_updates == 0:
-            for chunk in self.chunks:
-                self.optimizer.state.pop(chunk, None)
+            self._reset_moments()
             return
         first = self.whole_from_shard(moments["exp_avg"])
         second = self.whole_from_shard(moments["exp_avg_sq"])
         for chunk, (a, b) in zip(self.chunks, self.bounds, strict=True):
-            # torch keeps Adam's step count as a 0-d tensor in the default float dtype.
             self.optimizer.state[chunk] = {
                 "step": torch.tensor(float(num_updates)),
                 "exp_avg": first[a:b].clone(),

@@ -204,7 +204,9 @@ class PipelineExecutor:
         rows = self.rows[j]
         leaf: torch.Tensor | None = None
         if self.stage_index == 0:
-            x = inputs[rows.start : rows.stop].to(self.device)
+            # A copy on every device (on a GPU the batch is in host memory), so that what
+            # a micro-batch holds is its own, as the memory model prices it.
+            x = inputs[rows.start : rows.stop].to(self.device, copy=True)
         else:
             leaf = self._take(mailbox, MessageKind.ACTIVATION, j).requires_grad_()
             x = leaf
@@ -212,7 +214,7 @@ class PipelineExecutor:
         loss: Callable[[torch.Tensor], torch.Tensor] | None = None
         if self.is_last:
             loss = functools.partial(
-                self._loss, targets=labels[rows.start : rows.stop].to(self.device)
+                self._loss, targets=labels[rows.start : rows.stop].to(self.device, copy=True)
             )
         islands = None
         if self.stream is not None:

@@ -7,10 +7,14 @@ them and waited on at the end of the step, so no rank ever blocks on a peer exce
 input it is about to use. A send's payload is released before the step ends where the
 rank can tell that the send has completed: an activation's once its gradient comes back
 (the next stage ran the forward, so it had received it), and any send that reports
-itself completed (NCCL does, from its CUDA event; gloo's sends report completion only once
-waited on) whenever the rank sends or takes a message. Held all step, sends would add two
-activations' worth of memory per micro-batch. That is the execution model under which the
-schedule generator proves its lists deadlock-free.
+itself completed (NCCL does, from its CUDA event) whenever the rank sends or takes a
+message. Held all step, sends would add two activations' worth of memory per micro-batch.
+That is the execution model under which the schedule generator proves its lists
+deadlock-free. Gloo's sends report completion only once waited on (``is_completed`` stays
+false and ``get_future`` is not implemented, checked on torch 2.13), and waiting on the
+main thread could block on a peer that is itself waiting, so on gloo one background thread
+per mailbox waits on each send in turn and marks it done; the payload is then released as
+on NCCL (``Work.wait`` drops the GIL while it blocks).
 
 Gloo matches messages by tag. NCCL ignores tags and matches the messages of one (sender,
 receiver) pair in the order both sides post them; that order agrees too: between a rank of
@@ -29,6 +33,9 @@ emulated link delivers it, so the receiver can wait until then.
 
 from __future__ import annotations
 
+import queue
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -56,6 +63,13 @@ class _Posted:
     tensor: torch.Tensor
     stamp_work: dist.Work | None
     stamp: torch.Tensor | None
+    waited: Future[None] | None = None  # gloo sends: the background wait
+
+    def completed(self) -> bool:
+        if self.waited is not None:
+            return self.waited.done()
+        stamp_done = self.stamp_work is None or self.stamp_work.is_completed()
+        return self.work.is_completed() and stamp_done
 
 
 class Mailbox:
@@ -67,6 +81,9 @@ class Mailbox:
         self.one_tag = one_tag  # NCCL's matching: in posting order per (sender, receiver)
         self._receives: dict[tuple[MessageKind, int], _Posted] = {}
         self._sends: dict[tuple[MessageKind, int], _Posted] = {}
+        # Started on the first send (a rank that sends nothing starts no thread).
+        self._waiter: _SendWaiter | None = None
+        self._waits_in_background = dist.get_backend() == "gloo"
 
     def post_receive(
         self,
@@ -126,22 +143,27 @@ class Mailbox:
         # Keep the payload alive until the send completes.
         self._release_sent()
         posted = _Posted(work=work, tensor=payload, stamp_work=stamp_work, stamp=stamp)
+        if self._waits_in_background:
+            if self._waiter is None:
+                self._waiter = _SendWaiter()
+            posted.waited = self._waiter.submit(work, stamp_work)
         self._sends[kind, micro_batch] = posted
 
     def _release_sent(self) -> None:
         """Drop the payloads of the sends that report themselves completed."""
         for key, posted in list(self._sends.items()):
-            stamp_done = posted.stamp_work is None or posted.stamp_work.is_completed()
-            if posted.work.is_completed() and stamp_done:
+            if posted.completed():
                 self._complete(self._sends.pop(key))
 
     @staticmethod
     def _complete(posted: _Posted | None) -> None:
-        """Wait for a send known to be complete (so an error surfaces here)."""
-        if posted is not None:
-            posted.work.wait()
-            if posted.stamp_work is not None:
-                posted.stamp_work.wait()
+        """Wait for a send (so an error surfaces here, on the rank's own thread)."""
+        if posted is None:
+            return
+        if posted.waited is not None:
+            posted.waited.result()
+            return
+        _wait_both(posted.work, posted.stamp_work)
 
     @property
     def sends_in_flight(self) -> int:
@@ -156,3 +178,43 @@ class Mailbox:
         for posted in self._sends.values():
             self._complete(posted)
         self._sends.clear()
+        if self._waiter is not None:
+            self._waiter.stop()
+            self._waiter = None
+
+
+def _wait_both(work: dist.Work, stamp_work: dist.Work | None) -> None:
+    work.wait()
+    if stamp_work is not None:
+        stamp_work.wait()
+
+
+class _SendWaiter:
+    """A daemon thread that waits on gloo sends in the order they were posted. A daemon,
+    so that a rank failing mid-step exits without waiting on sends nobody will receive."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[dist.Work, dist.Work | None, Future[None]] | None]
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gloo-send-waiter", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: dist.Work, stamp_work: dist.Work | None) -> Future[None]:
+        done: Future[None] = Future()
+        self._queue.put((work, stamp_work, done))
+        return done
+
+    def stop(self) -> None:
+        """End the thread once every submitted send has been waited on."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            work, stamp_work, done = item
+            try:
+                _wait_both(work, stamp_work)
+            except BaseException as error:  # re-raised on the rank's thread by _complete
+                done.set_exception(error)
+            else:
+                done.set_result(None)

@@ -20,10 +20,11 @@ test_memory_meter.py`` holds it against known allocation patterns.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import resource
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from types import TracebackType
 from typing import Any
@@ -45,6 +46,8 @@ class _StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # to
         # Keyed by the C++ StorageImpl's address, valid while the storage lives.
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.host_side = False  # storages first seen now are never counted
+        self._host_storages: set[int] = set()
 
     def __torch_dispatch__(
         self,
@@ -67,13 +70,16 @@ class _StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # to
         if key in self._sizes:
             return
         size = storage.nbytes()
+        if self.host_side:
+            self._host_storages.add(key)
+            size = 0
         self._sizes[key] = size
         self._refs[key] = weakref.ref(storage, functools.partial(self._dropped, key))
         self._grow(size)
 
     def resized(self, storage: torch.UntypedStorage, old_bytes: int) -> None:
         key = storage._cdata
-        if key in self._sizes:
+        if key in self._sizes and key not in self._host_storages:
             new_bytes = storage.nbytes()
             self._sizes[key] = new_bytes
             self._grow(new_bytes - old_bytes)
@@ -81,6 +87,7 @@ class _StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # to
     def _dropped(self, key: int, _: object) -> None:
         self.live_bytes -= self._sizes.pop(key, 0)
         self._refs.pop(key, None)
+        self._host_storages.discard(key)
 
     def _grow(self, delta: int) -> None:
         self.live_bytes += delta
@@ -130,6 +137,20 @@ class MemoryMeter:
         if self._counter is not None:
             for tensor in tensors:
                 self._counter.add(tensor)
+
+    @contextlib.contextmanager
+    def host_side(self) -> Iterator[None]:
+        """Tensors made inside (and views of them, ever) are not counted: what a GPU run
+        keeps in host memory, such as the step's token batch, of which each pass copies
+        its micro-batch to the device."""
+        if self._counter is None:
+            yield
+            return
+        self._counter.host_side = True
+        try:
+            yield
+        finally:
+            self._counter.host_side = False
 
     def live_bytes(self) -> int:
         if self._counter is not None:

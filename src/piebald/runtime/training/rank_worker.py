@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import model_flops_utilization
 from piebald.errors import SpecError
 from piebald.profiler.apply import recorded_curve
@@ -53,6 +53,7 @@ from piebald.runtime.training.metrics import (
     summarise,
 )
 from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
+from piebald.simulator.ops import most_in_flight
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import build_schedule
 from piebald.specs.devices import Dtype
@@ -155,10 +156,11 @@ def run_rank(
             if config.time_scale is not None
             else None
         )
+        ops = build_schedule(plan, prices=prices).rank_ops[rank]
         executor = PipelineExecutor(
             plan=runtime_plan,
             rank=rank,
-            ops=build_schedule(plan, prices=prices).rank_ops[rank],
+            ops=ops,
             part=part,
             optimizer=optimizer,
             device=device,
@@ -181,13 +183,14 @@ def run_rank(
         barrier(groups.used)
         started = time.perf_counter()
         for step in range(first_step, config.steps):
-            inputs, labels = batch_for_step(
-                tokens,
-                seed=config.seed,
-                step=step,
-                global_batch_size=plan.job.global_batch_size,
-                seq_len=plan.job.seq_len,
-            )
+            with meter.host_side():
+                inputs, labels = batch_for_step(
+                    tokens,
+                    seed=config.seed,
+                    step=step,
+                    global_batch_size=plan.job.global_batch_size,
+                    seq_len=plan.job.seq_len,
+                )
             meter.start_step()
             outcome = executor.run_step(inputs=inputs, labels=labels)
             step_peak = meter.peak_bytes()
@@ -251,6 +254,7 @@ def run_rank(
             config=config,
             group=groups.used,
             device=device,
+            num_in_flight=most_in_flight(ops),
         )
         if not leader:
             return RankRun(rank=rank, summary=None)
@@ -272,10 +276,17 @@ def run_rank(
 
 
 def predicted_tensor_bytes(
-    plan: Plan, *, rank: int, runtime_model: ModelSpec, compute_dtype: ComputeDtype
+    plan: Plan,
+    *,
+    rank: int,
+    runtime_model: ModelSpec,
+    compute_dtype: ComputeDtype,
+    num_in_flight: int,
 ) -> float:
     """The plan's memory prediction for ``rank`` without the framework reserve (tensors
-    only, what the meter measures), for the model and dtypes this run really trains."""
+    only, what the meter measures), for the model and dtypes this run really trains and
+    the micro-batches its schedule really holds at once (``ops.most_in_flight``: at most
+    the budget the plan's estimate prices, often fewer under 1F1B)."""
     priced = replace(plan, model=runtime_model)
     if compute_dtype is ComputeDtype.FP32:
         priced = replace(priced, job=replace(plan.job, precision=Dtype.FP32))
@@ -285,7 +296,7 @@ def predicted_tensor_bytes(
         priced,
         stage_index=stage_index,
         position=position,
-        num_in_flight=stage_in_flight(priced, stage_index)[position],
+        num_in_flight=num_in_flight,
         curve=recorded_curve(plan),
     )
     return memory.total_bytes - memory.reserve_bytes
@@ -300,6 +311,7 @@ def _memory_report(
     config: TrainConfig,
     group: CommGroup,
     device: torch.device,
+    num_in_flight: int,
 ) -> dict[str, dict[str, int]]:
     """Every used rank's measured peak and predicted tensor bytes (collective over the
     used ranks; empty, on every rank alike, when memory is not measured)."""
@@ -309,7 +321,11 @@ def _memory_report(
     both = torch.zeros(2 * size, dtype=torch.float64, device=device)
     both[rank] = float(measured_bytes)
     both[size + rank] = predicted_tensor_bytes(
-        plan, rank=rank, runtime_model=runtime_model, compute_dtype=config.compute_dtype
+        plan,
+        rank=rank,
+        runtime_model=runtime_model,
+        compute_dtype=config.compute_dtype,
+        num_in_flight=num_in_flight,
     )
     all_reduce(both, group=group)
     return {

@@ -11,6 +11,7 @@ import pytest
 import torch
 from dist_harness import SHAPES, StageSpec, build_params, make_plan, reference_loss
 
+from piebald.cost.memory import adamw_temporary_elements
 from piebald.errors import SpecError
 from piebald.runtime.distributed import checkpoint as checkpoint_module
 from piebald.runtime.distributed.checkpoint import (
@@ -27,6 +28,7 @@ from piebald.runtime.distributed.optimizer import (
     ShardedOptimizer,
     build_reference_optimizer,
 )
+from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.specs.job import Optimizer
 from piebald.specs.plan import ZeroMode
 
@@ -43,6 +45,7 @@ def _sharded(
     zero: ZeroMode = ZeroMode.OPTIMIZER,
     scaler: DynamicLossScaler | None = None,
     dtype: torch.dtype = torch.float32,
+    chunk_numel: int | None = None,
 ) -> tuple[dict[str, torch.nn.Parameter], ShardedOptimizer]:
     params = build_params(NAMES, seed=1, dtype=dtype)
     bucket = FlatBucket(
@@ -52,6 +55,7 @@ def _sharded(
         group=GROUP,
         rank=0,
         compute_dtype=dtype,
+        chunk_numel=chunk_numel,
     )
     optimizer = ShardedOptimizer([bucket], config=config, used_group=GROUP, loss_scaler=scaler)
     return params, optimizer
@@ -135,6 +139,29 @@ def test_fp16_overflow_skips_the_step_and_backs_off() -> None:
     assert result.loss_scale == 2.0**8  # grew after two good steps
     assert not torch.equal(_flat(params), before)
     assert optimizer.num_updates == 2
+
+
+@pytest.mark.parametrize("num_chunks", [1, 2, 5])
+def test_adamw_holds_its_state_from_the_start_and_the_priced_temporaries(num_chunks: int) -> None:
+    """Adam's moments exist before the first step (so the first step's peak is every
+    step's), and the step's peak above them is what ``cost.memory`` prices for torch's
+    chunked single-tensor AdamW."""
+    numel = sum(torch.Size(shape).numel() for shape in SHAPES.values())
+    chunk = -(-numel // num_chunks)
+    config = OptimizerConfig(lr=0.05, max_grad_norm=None)
+    with MemoryMeter(torch.device("cpu")) as meter:
+        params, optimizer = _sharded(config=config, chunk_numel=chunk)
+        loss = reference_loss(PLAN, params, seed=7, step=0)
+        loss.backward()
+        del loss
+        optimizer.buckets[0].reduce_gradients()  # its wire buffers come and go before
+        held = meter.live_bytes()
+        meter.start_step()
+        optimizer.step()
+        assert meter.live_bytes() == held  # no state made by the first step
+        temporaries = adamw_temporary_elements(stepped_numel=numel, chunk_numel=chunk)
+        scalars = meter.peak_bytes() - held - 4 * temporaries  # the norm and such, 0-d
+        assert 0 <= scalars <= 16
 
 
 def test_zero_full_releases_parameters_at_rest() -> None:

@@ -51,3 +51,19 @@ def test_counts_autograd_saved_tensors_and_gradients() -> None:
         # The gradient (256 KiB) stays; the graph's buffers are gone.
         assert meter.live_bytes() - baseline == weight.numel() * 4
         assert meter.peak_bytes() - baseline >= weight.numel() * 4 + 64 * 256 * 4
+
+
+def test_host_side_tensors_and_their_views_are_never_counted() -> None:
+    """The step's token batch stays in host memory on a GPU: made under ``host_side`` it
+    is not counted, nor are slices of it; a copy of a slice is."""
+    with MemoryMeter(torch.device("cpu")) as meter:
+        with meter.host_side():
+            batch = torch.zeros(MB // 8, dtype=torch.int64)  # 1 MB
+        assert meter.live_bytes() == 0
+        rows = batch[: MB // 16]  # a view: still the host's
+        assert meter.live_bytes() == 0
+        copied = rows.to("cpu", copy=True)  # 0.5 MB of the rank's own
+        assert meter.live_bytes() == MB // 2
+        del rows, copied
+        assert meter.live_bytes() == 0
+        del batch
