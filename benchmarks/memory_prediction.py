@@ -1,8 +1,11 @@
 """Measured against predicted memory on random plans: for each of the first 30 random plans
 of ``tests/distributed/memory_cases.py`` (1-4 stages, every ZeRO mode, recompute on and off,
 GPipe and 1F1B, uneven shards, bf16 and fp16 GPUs), one unpaced emulated step in the GPUs'
-own dtypes, and every rank's measured peak of live tensor bytes beside the plan's
-``predicted_bytes``; then the distribution of the ratios.
+own dtypes, and every rank's measured peak of live tensor bytes beside ``predicted_bytes``
+(the memory model's peak for the micro-batches the rank's schedule holds and this backend's
+collectives, ``rank_worker.predicted_tensor_bytes``); then the distribution of the ratios.
+The measured peaks move by a few percent from run to run of the same plan (when a
+collective's buffers are freed depends on the backend's threads), so run it more than once.
 
     .venv/bin/python benchmarks/memory_prediction.py [--plans 30]
 """

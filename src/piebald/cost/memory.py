@@ -112,6 +112,16 @@ class MemoryBreakdown:
         )
 
     @property
+    def peak_bytes(self) -> float:
+        """The peak itself: the training state beside the passes (activations and their
+        working buffers) or beside the step end, whichever holds more (at the step's end
+        no activations are left). ``total_bytes`` adds the activations to the larger of
+        the two buffers instead: an upper bound that stays affine in the micro-batches in
+        flight, which the planner, the simulator and the plan's memory figure use."""
+        passes = self.activations_bytes + self.pass_working_bytes
+        return self.state_bytes + max(passes, self.step_end_bytes) + self.reserve_bytes
+
+    @property
     def state_bytes(self) -> float:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
 
@@ -487,6 +497,7 @@ def _activations_and_working(
     adamw: bool,
     shard_fraction: Any,
     group_shares: Sequence[float] | None,
+    receive_share: float | None,
     tied_group: tuple[int, int, float] | None,
 ) -> tuple[Any, Any, Any]:
     """(activations, working buffers during the passes, buffers at the step's end);
@@ -524,14 +535,15 @@ def _activations_and_working(
     # buffer, what the rank receives (every rank's copy of its part) and the sum of its
     # part; nothing is exchanged in a group of one. Unknown group (the planner's
     # matrices): an even pair, which bounds every even group. Per layer during the passes
-    # (ZeRO-2/3), in units of the layer, priced for even shares: with uneven ones a
-    # rank receives group size x its share on gloo, x the largest share on NCCL (padded),
-    # which this does not price yet, as the planner would have to know the shares it is
-    # choosing. At the step's end in rounds of one chunk, each owner's part of a round
-    # even.
+    # (ZeRO-2/3), in units of the layer: with ``receive_share`` s, group size x s
+    # received and s summed (gloo: the rank's own share; NCCL pads every part to the
+    # largest); without, even shares, which is how plans are priced so far (the planner
+    # would have to know the shares it is choosing). At the step's end in rounds of one
+    # chunk, each owner's part of a round even.
     shares = (0.5, 0.5) if group_shares is None else tuple(group_shares)
     size = len(shares)
-    pass_reduce = 2.0 + 1.0 / size if size > 1 else 1.0
+    received = 1.0 / size if receive_share is None else receive_share
+    pass_reduce = 1.0 + (size + 1) * received if size > 1 else 1.0
     largest = r.largest_params[index]
     chunk = np.minimum(largest, STEP_CHUNK_ELEMENTS)
     # At the step's end, after the passes (so beside no activations and no pass buffers),
@@ -656,6 +668,7 @@ def stage_memory_bytes(
         adamw=optimizer is Optimizer.ADAMW,
         shard_fraction=1.0,
         group_shares=None,
+        receive_share=None,
         tied_group=None,
     )
     fixed = (
@@ -685,13 +698,16 @@ def rank_memory(
     num_neighbor_stages: int,
     wire_dtype: Dtype | None = None,
     group_shares: Sequence[float] | None = None,
+    receive_share: float | None = None,
     tied_group: tuple[int, int, float] | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``, its
     activations measured where ``curve`` has measurements (see the module docstring);
     ``wire_dtype``: its stage group's (default ``dtype``); ``group_shares``: the shard
-    fractions of its stage's ranks (default: an even pair); ``tied_group``: the tied
+    fractions of its stage's ranks (default: an even pair); ``receive_share``: the share
+    of a layer the per-layer reduce-scatter receives from each rank (default: even
+    shares); ``tied_group``: the tied
     weight's group (its size, wire bytes per element and largest share) where the rank
     holds a part of it (default: the most it takes)."""
     r = _ranges(model)
@@ -724,6 +740,7 @@ def rank_memory(
         adamw=optimizer is Optimizer.ADAMW,
         shard_fraction=shard_fraction,
         group_shares=group_shares,
+        receive_share=receive_share,
         tied_group=tied_group,
     )
     return MemoryBreakdown(
@@ -745,6 +762,7 @@ def plan_rank_memory(
     position: int,
     num_in_flight: int,
     curve: EfficiencyCurve = DEFAULT_CURVE,
+    receive_share: float | None = None,
 ) -> MemoryBreakdown:
     """:func:`rank_memory` of the rank at ``position`` of stage ``stage_index`` of
     ``plan`` holding ``num_in_flight`` micro-batches: what the plan estimate, the
@@ -767,6 +785,7 @@ def plan_rank_memory(
         num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
         wire_dtype=stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision),
         group_shares=stage.shard_fraction,
+        receive_share=receive_share,
         tied_group=_tied_group(plan),
         curve=curve,
     )

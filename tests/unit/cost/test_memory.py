@@ -196,6 +196,53 @@ def test_state_and_working_bytes_per_zero_mode(zero: ZeroMode) -> None:
     )
 
 
+def test_the_peak_puts_the_step_end_beside_the_state_alone() -> None:
+    """At the step's end no activations are left: the peak is the larger of the two
+    moments, which ``total_bytes`` (affine in the micro-batches in flight) bounds."""
+    for in_flight in (0, 1, 3):
+        memory = _blocks_memory(num_in_flight=in_flight)
+        passes = memory.activations_bytes + memory.pass_working_bytes
+        assert memory.peak_bytes == pytest.approx(
+            memory.state_bytes + max(passes, memory.step_end_bytes) + RESERVE, rel=1e-12
+        )
+        assert memory.peak_bytes <= memory.total_bytes
+    # With none in flight the step end is the larger moment here, and both agree.
+    empty = _blocks_memory(num_in_flight=0)
+    assert empty.step_end_bytes > empty.pass_working_bytes
+    assert empty.peak_bytes == pytest.approx(empty.total_bytes, rel=1e-12)
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
+def test_a_layer_reduce_scatter_receives_group_size_times_the_share(share: float) -> None:
+    """ZeRO-2: reducing a block, the rank holds the block's wire buffer, what it receives
+    (2 ranks x ``share`` of the block) and its sum (``share``); even shares by default."""
+    base = _blocks_memory(zero=ZeroMode.GRADIENTS, shard_fraction=share)
+    memory = rank_memory(
+        MODEL,
+        layer_start=1,
+        layer_end=3,
+        device=DEVICE,
+        dtype=Dtype.BF16,
+        optimizer=Optimizer.ADAMW,
+        zero=ZeroMode.GRADIENTS,
+        shard_fraction=share,
+        micro_batch_size=2,
+        seq_len=32,
+        num_in_flight=3,
+        recompute=False,
+        num_neighbor_stages=0,
+        group_shares=(share, 1 - share),
+        receive_share=share,
+    )
+    reducing = (1 + 3 * share) * L * 2
+    assert memory.pass_working_bytes == pytest.approx(
+        max(MLP_BACKWARD, reducing) + BOUNDARY, rel=1e-12
+    )
+    assert base.pass_working_bytes == pytest.approx(
+        max(MLP_BACKWARD, PASS_REDUCE) + BOUNDARY, rel=1e-12
+    )
+
+
 def test_mixed_dtype_group_prices_its_fp32_wire() -> None:
     """A bf16 rank in a group that also holds fp16 ranks reduces and gathers through fp32
     buffers (cost.precision): ZeRO-3's working bytes grow by them."""

@@ -283,23 +283,31 @@ def predicted_tensor_bytes(
     compute_dtype: ComputeDtype,
     num_in_flight: int,
 ) -> float:
-    """The plan's memory prediction for ``rank`` without the framework reserve (tensors
-    only, what the meter measures), for the model and dtypes this run really trains and
-    the micro-batches its schedule really holds at once (``ops.most_in_flight``: at most
-    the budget the plan's estimate prices, often fewer under 1F1B)."""
+    """The memory model's peak for ``rank`` without the framework reserve (tensors
+    only, what the meter measures), for the model and dtypes this run really trains, the
+    micro-batches its schedule really holds at once (``ops.most_in_flight``: at most the
+    budget the plan's estimate prices, often fewer under 1F1B) and this backend's
+    collectives: ``MemoryBreakdown.peak_bytes``, of which the plan's memory figure
+    (``total_bytes`` at the budget) is an upper bound, except for the per-layer
+    reduce-scatter of an uneven ZeRO-2/3 group on NCCL, which plans price at even shares."""
     priced = replace(plan, model=runtime_model)
     if compute_dtype is ComputeDtype.FP32:
         priced = replace(priced, job=replace(plan.job, precision=Dtype.FP32))
     stage_index = plan.stage_of_rank[rank]
     position = plan.stages[stage_index].ranks.index(rank)
+    shares = plan.stages[stage_index].shard_fraction
     memory = plan_rank_memory(
         priced,
         stage_index=stage_index,
         position=position,
         num_in_flight=num_in_flight,
         curve=recorded_curve(plan),
+        # What this backend's per-layer reduce-scatter receives
+        # (runtime.distributed.collectives): the rank's own share on gloo, every part
+        # padded to the largest on NCCL.
+        receive_share=max(shares) if dist.get_backend() == "nccl" else shares[position],
     )
-    return memory.total_bytes - memory.reserve_bytes
+    return memory.peak_bytes - memory.reserve_bytes
 
 
 def _memory_report(
