@@ -474,7 +474,8 @@ def _round_bytes(
     (``FlatBucket._rounds``: round k moves the k-th chunk / group size elements of every
     owner's part): a wire buffer of the round where the fp32 accumulator cannot serve as
     one (a 16-bit wire, or more than one round), what the rank receives (as much as the
-    round) and the sum of its part; a group of one exchanges nothing."""
+    round) and the sum of its part; a group of one exchanges nothing, so only the wire
+    buffer remains where one is needed."""
     rounds_over_one = largest_share * numel > chunk / group_size
     packed = np.where((wire_bytes != 4) | rounds_over_one, 1.0, 0.0)
     exchanged = 1.0 + 1.0 / group_size if group_size > 1 else 0.0
@@ -633,9 +634,10 @@ def stage_memory_bytes(
     """(bytes independent of the shard fraction, bytes per unit of shard fraction): a rank
     holding ``layers`` = [a, b) needs ``fixed + fraction * sharded``. With ``layers=None``
     both are (L+1) x (L+1) matrices over every range [a, b) (garbage where b <= a), which is
-    how the planner prices every split at once; :func:`rank_memory` is the same formula
-    except for AdamW's step-end temporaries, which shrink with a shard smaller than a
-    chunk: priced here at fraction 1, their most.
+    how the planner prices every split at once; :func:`rank_memory` is the same formula,
+    told more where it knows more: AdamW's step-end temporaries, which shrink with a shard
+    smaller than two chunks (priced here at fraction 1, their most), and the stage's and
+    the tied weight's groups (here an even pair, and the widest tied group).
     ``wire_dtype``: the stage group's (``cost.precision``; default ``dtype``). ``curve``:
     the measured activations, if any (see the module docstring)."""
     r = _ranges(model)
@@ -707,9 +709,8 @@ def rank_memory(
     ``wire_dtype``: its stage group's (default ``dtype``); ``group_shares``: the shard
     fractions of its stage's ranks (default: an even pair); ``receive_share``: the share
     of a layer the per-layer reduce-scatter receives from each rank (default: even
-    shares); ``tied_group``: the tied
-    weight's group (its size, wire bytes per element and largest share) where the rank
-    holds a part of it (default: the most it takes)."""
+    shares); ``tied_group``: the tied weight's group (its size, wire bytes per element and
+    largest share) where the rank holds a part of it (default: the most it takes)."""
     r = _ranges(model)
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])

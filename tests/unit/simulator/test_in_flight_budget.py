@@ -21,7 +21,7 @@ from piebald.cost.memory import in_flight_micro_batches, ranks_to_end, stage_in_
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
 from piebald.simulator.engine import simulate
-from piebald.simulator.ops import Backward, Forward
+from piebald.simulator.ops import most_in_flight
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import build_schedule
 from piebald.specs.plan import Plan, Schedule
@@ -44,18 +44,6 @@ def _chain(num_stages: int, num_micro_batches: int, *, schedule: Schedule) -> Pl
         routes=[list(range(num_stages))] * num_micro_batches,
         schedule=schedule,
     )
-
-
-def _held_at_most(ops: tuple[object, ...]) -> int:
-    """The most micro-batches a rank's list has forwarded and not yet backwarded."""
-    held = peak = 0
-    for op in ops:
-        if isinstance(op, Forward):
-            held += 1
-            peak = max(peak, held)
-        elif isinstance(op, Backward):
-            held -= 1
-    return peak
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -176,7 +164,7 @@ def test_the_schedule_and_the_simulated_memory_keep_to_a_lowered_budget() -> Non
                 stage = lowered.stages[lowered.stage_of_rank[rank]]
                 assert stage.max_in_flight is not None
                 budget = stage.max_in_flight[stage.ranks.index(rank)]
-                assert _held_at_most(ops) <= budget
+                assert most_in_flight(ops) <= budget
             result = simulate(lowered, schedule=schedule)
             assert result.deadlock is None
             estimate = estimate_plan(lowered)

@@ -218,3 +218,5 @@ class _SendWaiter:
                 done.set_exception(error)
             else:
                 done.set_result(None)
+            # A work holds its tensor: drop it now, not when the next send arrives.
+            del item, work, stamp_work, done
