@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -532,6 +533,33 @@ def mailbox_releases_sends(rank: int, world_size: int) -> None:
             tensor, _ = mailbox.take(act, micro_batch=j)
             assert torch.equal(tensor, torch.full(shape, float(j)))
             mailbox.send(grad, micro_batch=j, peer=peer, tensor=-tensor)
+    mailbox.finish()
+    assert mailbox.sends_in_flight == 0
+
+
+def mailbox_gloo_sends_release_once_done(rank: int, world_size: int) -> None:
+    """On gloo a send never reports completion unless waited on; the mailbox's waiter
+    thread waits on each, so a gradient's payload (which nothing answers) is released at
+    the next send once its receiver has it, not held until the step ends."""
+    from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
+
+    grad = MessageKind.GRADIENT
+    shape = (2, 3)
+    mailbox = Mailbox(device=torch.device("cpu"), stamped=False)
+    if rank == 0:
+        for j in range(3):
+            mailbox.send(grad, micro_batch=j, peer=1, tensor=torch.full(shape, float(j)))
+        dist.barrier()  # the peer has taken all three
+        time.sleep(0.5)  # the waiter thread's turn
+        mailbox.send(grad, micro_batch=3, peer=1, tensor=torch.full(shape, 3.0))
+        assert mailbox.sends_in_flight == 1  # only the newest is still held
+    else:
+        for j in range(3):
+            mailbox.post_receive(grad, micro_batch=j, peer=0, shape=shape, dtype=torch.float32)
+            assert mailbox.take(grad, micro_batch=j)[0][0, 0].item() == float(j)
+        dist.barrier()
+        mailbox.post_receive(grad, micro_batch=3, peer=0, shape=shape, dtype=torch.float32)
+        assert mailbox.take(grad, micro_batch=3)[0][0, 0].item() == 3.0
     mailbox.finish()
     assert mailbox.sends_in_flight == 0
 
