@@ -85,6 +85,8 @@ def _blocks_memory(
     layer_start: int = 1,
     layer_end: int = 3,
     wire_dtype: Dtype | None = None,
+    group_shares: tuple[float, ...] | None = None,
+    receive_share: float | None = None,
 ) -> MemoryBreakdown:
     return rank_memory(
         MODEL,
@@ -101,6 +103,8 @@ def _blocks_memory(
         recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire_dtype=wire_dtype,
+        group_shares=group_shares,
+        receive_share=receive_share,
     )
 
 
@@ -217,20 +221,9 @@ def test_a_layer_reduce_scatter_receives_group_size_times_the_share(share: float
     """ZeRO-2: reducing a block, the rank holds the block's wire buffer, what it receives
     (2 ranks x ``share`` of the block) and its sum (``share``); even shares by default."""
     base = _blocks_memory(zero=ZeroMode.GRADIENTS, shard_fraction=share)
-    memory = rank_memory(
-        MODEL,
-        layer_start=1,
-        layer_end=3,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        optimizer=Optimizer.ADAMW,
+    memory = _blocks_memory(
         zero=ZeroMode.GRADIENTS,
         shard_fraction=share,
-        micro_batch_size=2,
-        seq_len=32,
-        num_in_flight=3,
-        recompute=False,
-        num_neighbor_stages=0,
         group_shares=(share, 1 - share),
         receive_share=share,
     )
