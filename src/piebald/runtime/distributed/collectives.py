@@ -17,12 +17,22 @@ again here, 16 MB fp32, 3 ranks at 50/30/20 on 2 cores):
   same padded path runs on gloo (equal sizes are fine there), which is how it is tested.
 
 A group of one rank communicates with nobody: the reduce-scatter returns its input slice
-and the all-gather does nothing. Every reduction is a plain SUM: the 1/num_tokens weight is
-in the loss (DESIGN s.3; gloo has no PREMUL_SUM and AVG would be wrong for uneven batches).
+and the all-gather does nothing.
+
+Gloo runs each collective on a worker thread, which lets go of the work, and so of its
+tensors, a moment after marking it complete: a buffer its caller drops right after the
+call could live on into what the caller allocates next (it did in about one call in ten,
+measured with ``Tensor._use_count``), which makes a rank's peak memory vary from run to
+run. On gloo every collective here therefore returns only once the backend holds none of
+its tensors (``_Held``), as on NCCL, where buffers are stream-ordered.
+
+Every reduction is a plain SUM: the 1/num_tokens weight is in the loss (DESIGN s.3; gloo
+has no PREMUL_SUM and AVG would be wrong for uneven batches).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
@@ -49,6 +59,32 @@ class CollectiveMethod(StrEnum):
     ALL_TO_ALL = "all_to_all"  # all_to_all_single with split sizes
     BROADCAST = "broadcast"  # all-gather only: one broadcast per owner
     LIST = "list"  # reduce-scatter only: list reduce_scatter
+
+
+# Longer than any worker thread takes to let go (well under a millisecond here), short
+# enough that a tensor someone else keeps costs one second, not a hang.
+_RELEASE_TIMEOUT_S = 1.0
+
+
+class _Held:
+    """The references a collective's tensors have before it starts; :meth:`released`
+    waits until the backend has dropped its own (gloo; NCCL holds none to wait for)."""
+
+    def __init__(self, group: CommGroup, *tensors: torch.Tensor) -> None:
+        self._tensors = tensors if group.backend == "gloo" else ()
+        self._counts = [_references(t) for t in self._tensors]
+
+    def released(self) -> None:
+        deadline = time.monotonic() + _RELEASE_TIMEOUT_S
+        while time.monotonic() < deadline and any(
+            _references(t) > n for t, n in zip(self._tensors, self._counts, strict=True)
+        ):
+            time.sleep(0)
+
+
+def _references(tensor: torch.Tensor) -> int:
+    """Owners of the tensor's C++ object (Python's wrapper, a backend's work, ...)."""
+    return int(tensor._use_count())  # type: ignore[attr-defined]  # untyped in torch 2.13
 
 
 def _check(full: torch.Tensor, ranges: Sequence[ShardRange], group: CommGroup) -> None:
@@ -85,6 +121,7 @@ def reduce_scatter_uneven(
     chosen = _resolve(method, group, gloo=CollectiveMethod.ALL_TO_ALL)
     if chosen == CollectiveMethod.ALL_TO_ALL:
         received = full.new_empty(group.size * mine.numel)
+        held = _Held(group, received, full)
         dist.all_to_all_single(
             received,
             full,
@@ -92,10 +129,14 @@ def reduce_scatter_uneven(
             input_split_sizes=[r.numel for r in ranges],
             group=pg,
         )
+        held.released()
         return received.view(group.size, mine.numel).sum(dim=0)
     if chosen == CollectiveMethod.LIST:
         out = full.new_empty(mine.numel)
-        dist.reduce_scatter(out, [full[r.start : r.end] for r in ranges], group=pg)
+        parts = [full[r.start : r.end] for r in ranges]
+        held = _Held(group, out, *parts)
+        dist.reduce_scatter(out, parts, group=pg)
+        held.released()
         return out
     if chosen == CollectiveMethod.PADDED:
         width = padded_shard_size(ranges)
@@ -103,7 +144,10 @@ def reduce_scatter_uneven(
         for i, r in enumerate(ranges):
             padded[i, : r.numel].copy_(full[r.start : r.end])
         out = full.new_empty(width)
-        dist.reduce_scatter_single(out, padded.view(-1), group=pg)
+        flat = padded.view(-1)
+        held = _Held(group, out, flat)
+        dist.reduce_scatter_single(out, flat, group=pg)
+        held.released()
         return out[: mine.numel]
     raise ValueError(
         f"reduce-scatter method {method.value!r}: expected auto, padded, all_to_all, list"
@@ -115,15 +159,21 @@ class PendingGather:
     blocks until every shard has landed in the buffer. Waiting twice is harmless."""
 
     def __init__(
-        self, works: Sequence[dist.Work] = (), finish: Callable[[], None] | None = None
+        self,
+        works: Sequence[dist.Work] = (),
+        finish: Callable[[], None] | None = None,
+        held: _Held | None = None,
     ) -> None:
         self._works = list(works)
         self._finish = finish
+        self._held = held
 
     def wait(self) -> None:
-        for work in self._works:
-            work.wait()
-        self._works = []
+        while self._works:
+            self._works.pop(0).wait()  # and dropped: a work holds its tensors
+        if self._held is not None:
+            held, self._held = self._held, None
+            held.released()
         if self._finish is not None:
             finish, self._finish = self._finish, None
             finish()
@@ -163,40 +213,48 @@ def _start_all_gather(
     mine = ranges[group.index_of(rank)]
     chosen = _resolve(method, group, gloo=CollectiveMethod.BROADCAST)
     if chosen == CollectiveMethod.BROADCAST:
+        # every rank sees the same ranges, so all skip the same empty owners
+        owners = [(owner, r) for owner, r in zip(group.ranks, ranges, strict=True) if r.numel]
+        slices = [full[r.start : r.end] for _, r in owners]
+        held = _Held(group, *slices)
         works = [
-            dist.broadcast(full[r.start : r.end], src=owner, group=pg, async_op=True)
-            for owner, r in zip(group.ranks, ranges, strict=True)
-            if r.numel  # every rank sees the same ranges, so all skip the same owners
+            dist.broadcast(piece, src=owner, group=pg, async_op=True)
+            for piece, (owner, _) in zip(slices, owners, strict=True)
         ]
-        return PendingGather([w for w in works if w is not None])
+        return PendingGather([w for w in works if w is not None], held=held)
     if chosen == CollectiveMethod.ALL_TO_ALL:
         sizes = [r.numel for r in ranges]
         gathered = full.new_empty(full.numel())
+        repeated = full[mine.start : mine.end].repeat(group.size)
+        held = _Held(group, gathered, repeated)
         work = dist.all_to_all_single(
             gathered,
-            full[mine.start : mine.end].repeat(group.size),
+            repeated,
             output_split_sizes=sizes,
             input_split_sizes=[mine.numel] * group.size,
             group=pg,
             async_op=True,
         )
+        del repeated  # the work holds it until done
 
         def copy_back() -> None:
             full.copy_(gathered)
 
-        return PendingGather([work] if work is not None else [], copy_back)
+        return PendingGather([work] if work is not None else [], copy_back, held)
     if chosen == CollectiveMethod.PADDED:
         width = padded_shard_size(ranges)
         send = full.new_zeros(width)
         send[: mine.numel].copy_(full[mine.start : mine.end])
         gathered = full.new_empty(group.size, width)
-        work = dist.all_gather_single(gathered.view(-1), send, group=pg, async_op=True)
+        flat = gathered.view(-1)
+        held = _Held(group, flat, send)
+        work = dist.all_gather_single(flat, send, group=pg, async_op=True)
 
         def unpad() -> None:
             for i, r in enumerate(ranges):
                 full[r.start : r.end].copy_(gathered[i, : r.numel])
 
-        return PendingGather([work] if work is not None else [], unpad)
+        return PendingGather([work] if work is not None else [], unpad, held)
     raise ValueError(
         f"all-gather method {method.value!r}: expected auto, padded, all_to_all, broadcast"
     )
