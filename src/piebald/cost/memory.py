@@ -42,7 +42,7 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
-from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec
+from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec, kept_bytes
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
@@ -277,8 +277,10 @@ class _LayerRanges:
     def kept_per_token(self, index: Any, *, dtype: Dtype, recompute: bool) -> Any:
         """Bytes per token a range keeps for its backward pass in ``dtype``."""
         if recompute:
-            return self.recompute_fixed[index] + self.recompute_values[index] * dtype.num_bytes
-        return self.activation_fixed[index] + self.activation_values[index] * dtype.num_bytes
+            fixed, values = self.recompute_fixed[index], self.recompute_values[index]
+        else:
+            fixed, values = self.activation_fixed[index], self.activation_values[index]
+        return kept_bytes(fixed=fixed, values=values, dtype_bytes=dtype.num_bytes)
 
 
 def _prefix(values: list[float]) -> npt.NDArray[np.float64]:
@@ -482,6 +484,17 @@ def _round_bytes(
     return np.where(numel > 0, (packed + exchanged) * chunk * wire_bytes, 0.0)
 
 
+def _bucket_step_end_bytes(
+    *, rounds_bytes: Any, stepped_numel: Any, chunk_numel: Any, adamw: bool
+) -> Any:
+    """One bucket at the step's end: its reduce-scatter rounds, then (not beside them)
+    AdamW's fp32 temporaries over what the rank steps of it."""
+    if not adamw:
+        return rounds_bytes
+    temporaries = adamw_temporary_elements(stepped_numel=stepped_numel, chunk_numel=chunk_numel)
+    return np.maximum(rounds_bytes, 4.0 * temporaries)
+
+
 def _activations_and_working(
     r: _LayerRanges,
     index: Any,
@@ -554,38 +567,40 @@ def _activations_and_working(
     # layer under ZeRO-2/3.
     optimizer_share = shard_fraction if _sharded(zero)[2] else 1.0
     own = r.params[index] - r.tied_params[index]
-    step_end = 0.0 * largest
+    rounds = 0.0 * largest
     if not zero.per_pass:
-        step_end = step_end + _round_bytes(
+        rounds = _round_bytes(
             numel=own,
             chunk=chunk,
             group_size=size,
             largest_share=max(shares),
             wire_bytes=wire.num_bytes,
         )
-    if adamw:
-        bucket = largest if zero.per_pass else own
-        stepped = bucket * optimizer_share
-        temporaries = adamw_temporary_elements(stepped_numel=stepped, chunk_numel=chunk)
-        step_end = np.maximum(step_end, 4.0 * temporaries)
+    stage_end = _bucket_step_end_bytes(
+        rounds_bytes=rounds,
+        stepped_numel=(largest if zero.per_pass else own) * optimizer_share,
+        chunk_numel=chunk,
+        adamw=adamw,
+    )
     # The tied weight's own bucket (a multi-stage plan): its group's rounds in its own
     # chunks (unknown group: an uneven pair on an fp32 wire, whose rounds hold the most),
     # then AdamW over a TIED_SHARE of it.
     tied = r.tied_params[index]
     tied_chunk = np.minimum(tied, STEP_CHUNK_ELEMENTS)
     tied_size, tied_wire_bytes, tied_share = tied_group or (2, 4, 1.0)
-    tied_rounds = _round_bytes(
-        numel=tied,
-        chunk=tied_chunk,
-        group_size=tied_size,
-        largest_share=tied_share,
-        wire_bytes=tied_wire_bytes,
+    tied_end = _bucket_step_end_bytes(
+        rounds_bytes=_round_bytes(
+            numel=tied,
+            chunk=tied_chunk,
+            group_size=tied_size,
+            largest_share=tied_share,
+            wire_bytes=tied_wire_bytes,
+        ),
+        stepped_numel=tied * TIED_SHARE * shard_fraction,
+        chunk_numel=tied_chunk,
+        adamw=adamw,
     )
-    step_end = np.maximum(step_end, tied_rounds)
-    if adamw:
-        stepped = tied * TIED_SHARE * shard_fraction
-        temporaries = adamw_temporary_elements(stepped_numel=stepped, chunk_numel=tied_chunk)
-        step_end = np.maximum(step_end, 4.0 * temporaries)
+    step_end = np.maximum(stage_end, tied_end)
     # During the passes, the largest of two moments (not their sum: they do not coexist).
     # Computing a layer: under ZeRO-3 it and the next layer gathered (in the compute dtype;
     # a group whose wire is wider gathers through one wire buffer), and the backward's

@@ -36,8 +36,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-__all__ = ["Family", "LayerKind", "LayerSpec", "ModelArch", "ModelSpec", "build_model_spec"]
+__all__ = [
+    "Family",
+    "LayerKind",
+    "LayerSpec",
+    "ModelArch",
+    "ModelSpec",
+    "build_model_spec",
+    "kept_bytes",
+]
 
 
 class Family(StrEnum):
@@ -132,12 +141,16 @@ class LayerSpec:
         """Bytes per token the layer keeps for its backward pass in a dtype of
         ``dtype_bytes`` (with ``recompute``: what a checkpointed layer keeps)."""
         if recompute:
-            return (
-                self.recompute_fixed_bytes_per_token + self.recompute_values_per_token * dtype_bytes
-            )
-        return (
-            self.activation_fixed_bytes_per_token + self.activation_values_per_token * dtype_bytes
-        )
+            fixed, values = self.recompute_fixed_bytes_per_token, self.recompute_values_per_token
+        else:
+            fixed, values = self.activation_fixed_bytes_per_token, self.activation_values_per_token
+        return float(kept_bytes(fixed=fixed, values=values, dtype_bytes=dtype_bytes))
+
+
+def kept_bytes(*, fixed: Any, values: Any, dtype_bytes: int) -> Any:
+    """``A + B x D`` (module docstring): bytes kept in fp32 or int64 plus values kept in
+    a training dtype of D bytes; for one layer or summed over a range of them."""
+    return fixed + values * dtype_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

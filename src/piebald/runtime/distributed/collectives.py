@@ -49,6 +49,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_sum",
     "barrier",
+    "received_share",
     "reduce_scatter_uneven",
 ]
 
@@ -101,6 +102,13 @@ def _resolve(method: CollectiveMethod, group: CommGroup, *, gloo: CollectiveMeth
     if method is not CollectiveMethod.AUTO:
         return method.value
     return CollectiveMethod.PADDED.value if group.backend == "nccl" else gloo.value
+
+
+def received_share(shares: Sequence[float], *, index: int, backend: str) -> float:
+    """The share of the buffer that :func:`reduce_scatter_uneven` (method AUTO) takes from
+    each rank of the group, for the rank at ``index``: every part padded to the largest
+    on NCCL, the rank's own part on gloo (``cost.memory`` prices group size x this)."""
+    return max(shares) if backend == "nccl" else shares[index]
 
 
 def reduce_scatter_uneven(

@@ -330,7 +330,7 @@ class FlatBucket:
             all_gather_uneven(
                 wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
             )
-            self._unpack(wire, parts, into=self.main_grad)
+            self._unpack(wire, parts, ranges, into=self.main_grad)
             del wire, reduced  # before the next round allocates its own
 
     def _reduce_round(
@@ -349,8 +349,8 @@ class FlatBucket:
     def _rounds(self) -> list[tuple[ShardRange, ...]]:
         """The step's collectives in rounds: round k moves the k-th ``chunk_numel / g``
         elements of every owner's range, so each round's wire buffer and receive buffer
-        hold about ``chunk_numel`` elements whatever the shares (``cost.memory`` prices
-        two such buffers). One round of the whole buffer without a chunk size."""
+        hold about ``chunk_numel`` elements whatever the shares (``cost.memory`` prices a
+        round's buffers). One round of the whole buffer without a chunk size."""
         widest = max(r.numel for r in self.ranges)
         if self.chunk_numel is None or widest == 0:
             return [self.ranges]
@@ -377,11 +377,18 @@ class FlatBucket:
         return buffer, packed
 
     @staticmethod
-    def _unpack(buffer: torch.Tensor, parts: tuple[ShardRange, ...], *, into: torch.Tensor) -> None:
-        """The inverse of :meth:`_pack`: each owner's part back to its place in ``into``."""
+    def _unpack(
+        buffer: torch.Tensor,
+        parts: tuple[ShardRange, ...],
+        packed: tuple[ShardRange, ...],
+        *,
+        into: torch.Tensor,
+    ) -> None:
+        """The inverse of :meth:`_pack`: each owner's part, at ``packed`` in ``buffer``,
+        back to its place in ``into``."""
         if buffer.data_ptr() == into.data_ptr():
             return
-        for part, at in zip(parts, back_to_back([p.numel for p in parts]), strict=True):
+        for part, at in zip(parts, packed, strict=True):
             into[part.start : part.end].copy_(buffer[at.start : at.end])
 
     def reduce_pass_gradients(self) -> None:
@@ -434,7 +441,7 @@ class FlatBucket:
                 all_gather_uneven(
                     wire, ranges, group=self.group, rank=self.rank, method=self.all_gather_method
                 )
-                self._unpack(wire, parts, into=self.params_flat)
+                self._unpack(wire, parts, ranges, into=self.params_flat)
                 del wire  # before the next round allocates its own
 
     def start_gather(self) -> None:

@@ -119,7 +119,7 @@ def build_reference_optimizer(
 class _ShardStepper:
     """The torch optimizer over the fp32 master a bucket steps (its shard, or all of it when
     replicated), in chunks of the bucket's ``chunk_numel`` so that the optimizer's
-    temporaries stay one chunk large (``cost.memory`` prices two of them)."""
+    temporaries stay about one chunk large (``cost.memory.adamw_temporary_elements``)."""
 
     def __init__(self, bucket: FlatBucket, config: OptimizerConfig) -> None:
         self.bucket = bucket

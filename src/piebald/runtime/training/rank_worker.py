@@ -33,7 +33,7 @@ from piebald.runtime.distributed.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from piebald.runtime.distributed.collectives import all_reduce, barrier
+from piebald.runtime.distributed.collectives import all_reduce, barrier, received_share
 from piebald.runtime.distributed.groups import CommGroup, build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
@@ -302,10 +302,7 @@ def predicted_tensor_bytes(
         position=position,
         num_in_flight=num_in_flight,
         curve=recorded_curve(plan),
-        # What this backend's per-layer reduce-scatter receives
-        # (runtime.distributed.collectives): the rank's own share on gloo, every part
-        # padded to the largest on NCCL.
-        receive_share=max(shares) if dist.get_backend() == "nccl" else shares[position],
+        receive_share=received_share(shares, index=position, backend=dist.get_backend()),
     )
     return memory.peak_bytes - memory.reserve_bytes
 
