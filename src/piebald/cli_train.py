@@ -50,6 +50,8 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
             "clamped_values": summary.clamped_values,
             "paced_operations": summary.paced_operations,
             "memory": summary.memory,
+            "eval_steps": list(summary.eval_steps),
+            "eval_losses": list(summary.eval_losses),
         }
         print(json.dumps(payload))
         return
@@ -97,6 +99,23 @@ def train(
     save_model: Annotated[
         Path | None, typer.Option(help="Write the trained weights here (one file, torch.save).")
     ] = None,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start from the weights of this Hugging Face directory (*.safetensors); "
+            "each rank reads only its own layers."
+        ),
+    ] = None,
+    eval_data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Token file for the evaluation loss: mean token loss over its consecutive "
+            "windows of seq-len + 1 tokens."
+        ),
+    ] = None,
+    eval_every: Annotated[
+        int, typer.Option(min=0, help="Evaluate every K steps (0: after the last step only).")
+    ] = 0,
     checkpoint_every: Annotated[
         int, typer.Option(min=0, help="Save every K steps (0: at the end only).")
     ] = 0,
@@ -167,6 +186,9 @@ def train(
             resume=resume,
             metrics_path=metrics,
             save_model_path=save_model,
+            init_from=init_from,
+            eval_data_path=eval_data,
+            eval_every=eval_every,
             time_scale=time_scale if emulate else None,
         ),
     )
@@ -210,6 +232,8 @@ def run_train(
             f"{config.save_model_path}: already exists; choose another --save-model file "
             "(nothing was overwritten)"
         )
+    if config.eval_data_path is None and config.eval_every:
+        raise _fail("--eval-every", config.eval_every, "an --eval-data file to evaluate on")
     if plan_file is None:
         if emulate:
             raise _fail("--emulate", True, "a --plan to emulate")
@@ -255,6 +279,14 @@ def run_train(
         from piebald.runtime.training.reduced import reduced_width_model
 
         runtime_model = reduced_width_model(plan.model, max_params=max_emulated_params)
+        if runtime_model is not plan.model and config.init_from is not None:
+            raise _fail(
+                "--init-from",
+                str(config.init_from),
+                f"a model that emulation runs at full width: {plan.model.name} has "
+                f"{plan.model.num_params:,} parameters, above --max-emulated-params "
+                f"{max_emulated_params:,}",
+            )
         if runtime_model is not plan.model:
             (errors if as_json else console).print(
                 f"emulating {plan.model.name} at reduced width: the processes train "

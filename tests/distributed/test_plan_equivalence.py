@@ -8,7 +8,9 @@ micro-batch counts, per-GPU micro-batch sizes in one-stage plans, uneven shard f
 under every ZeRO mode (ZeRO-2/3 layer by layer, in lockstep), a tied embedding/head within
 a stage and across stages, recompute, and both schedules.
 Each run is 5 optimizer steps of AdamW with clipping, once with a tag per message and once
-with every message on one tag (NCCL's matching: in posting order per pair).
+with every message on one tag (NCCL's matching: in posting order per pair), evaluating
+after steps 2, 4 and 5 on a file of three windows more than the global batch (two chunks,
+the second padded): the evaluation losses equal the reference's too.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from dist_harness import StageSpec, make_plan
 
+from piebald.runtime.data.token_file import write_token_file
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
@@ -144,18 +148,31 @@ PLANS = {
 def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path: Path) -> None:
     plan = PLANS[name]()
     assert len({plan.cluster.device_of(r).name for r in plan.used_ranks}) >= 2
+    window = plan.job.seq_len + 1
+    num_windows = plan.job.global_batch_size + 3  # two chunks, the second one padded
+    eval_ids = np.random.default_rng(11).integers(0, 256, size=num_windows * window + 5)
+    config = dataclasses.replace(
+        CONFIG,
+        eval_data_path=write_token_file(tmp_path / "eval.bin", eval_ids).path,
+        eval_every=2,
+    )
     reference = train_reference(
         plan.model,
         plan.job,
-        dataclasses.replace(CONFIG, save_model_path=tmp_path / "reference.pt"),
+        dataclasses.replace(config, save_model_path=tmp_path / "reference.pt"),
         print_line=lambda _: None,
     )
     run = emulate(
         plan,
-        dataclasses.replace(CONFIG, save_model_path=tmp_path / "plan.pt", one_tag=one_tag),
+        dataclasses.replace(config, save_model_path=tmp_path / "plan.pt", one_tag=one_tag),
         max_params=10**9,
         lines_to_stderr=True,
     )
+    assert run.eval_steps == reference.eval_steps == (2, 4, 5)
+    for step, mine, theirs in zip(
+        run.eval_steps, run.eval_losses, reference.eval_losses, strict=True
+    ):
+        assert mine == pytest.approx(theirs, rel=1e-5), f"evaluation after step {step}"
     assert run.steps == STEPS and len(run.losses) == STEPS
     assert all(math.isfinite(loss) for loss in run.losses)
     # The model learns: the check below compares two moving sequences, not two constants.

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli_runner import last_json, run_cli
 from piebald.examples import example_path
+from piebald.runtime.data.token_file import write_token_file
 
 JOB = ["--global-batch", "6", "--seq-len", "32"]
 TRAIN = ["--steps", "3", "--seed", "2", "--lr", "0.003"]
@@ -22,12 +24,25 @@ def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
         "plan", "--cluster", str(example_path()), "--model", "tiny", *JOB, "--out", str(plan)
     )
     assert code == 0, output
-    code, output = run_cli("train", "--model", "tiny", *JOB, *TRAIN, "--json")
+    eval_ids = np.random.default_rng(5).integers(0, 256, size=10 * 33)
+    evaluation = ["--eval-data", str(write_token_file(tmp_path / "eval.bin", eval_ids).path)]
+    evaluation += ["--eval-every", "2"]
+    code, output = run_cli("train", "--model", "tiny", *JOB, *TRAIN, *evaluation, "--json")
     assert code == 0, output
     reference = last_json(output)
+    assert list(reference)[-2:] == ["eval_steps", "eval_losses"]
+    assert reference["eval_steps"] == [2, 3]
     metrics = tmp_path / "metrics.jsonl"
     code, output = run_cli(
-        "train", "--plan", str(plan), "--emulate", *TRAIN, "--json", "--metrics", str(metrics)
+        "train",
+        "--plan",
+        str(plan),
+        "--emulate",
+        *TRAIN,
+        *evaluation,
+        "--json",
+        "--metrics",
+        str(metrics),
     )
     assert code == 0, output
     emulated = last_json(output)
@@ -37,6 +52,8 @@ def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert [line["loss"] for line in lines] == emulated["losses"]
+    assert emulated["eval_losses"] == pytest.approx(reference["eval_losses"], rel=1e-5)
+    assert [line["eval_loss"] for line in lines] == [None, *emulated["eval_losses"]]
 
 
 def test_train_errors_are_one_line(tmp_path: Path) -> None:
@@ -48,6 +65,11 @@ def test_train_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 2 and "takes no checkpoints" in output
     code, output = run_cli("train", "--model", "tiny", *JOB, "--resume")
     assert code == 2 and "--checkpoint-dir" in output and "Traceback" not in output
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--eval-every", "2")
+    assert code == 2 and "an --eval-data file" in output
+    short = write_token_file(tmp_path / "short.bin", np.arange(32)).path
+    code, output = run_cli("train", "--model", "tiny", *JOB, "--eval-data", str(short))
+    assert code == 2 and "one evaluation window" in output and "Traceback" not in output
     code, output = run_cli("train", "--model", "tiny", *JOB, "--compute-dtype", "bf16")
     assert code == 2 and "--compute-dtype" in output and "native or fp32" in output
     code, output = run_cli("train", "--model", "tiny", *JOB, "--compute-dtype", "native")

@@ -185,6 +185,54 @@ class PipelineExecutor:
             loss_sum=float(loss_sum.item()), optimizer=result, clamped_values=self._clamped
         )
 
+    def evaluate(self, *, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        """The summed token loss of one chunk of evaluation rows (this rank's share: 0 off
+        the last stage): the step's forward passes and activation messages only, in the
+        schedule's order, without gradients, pacing or optimizer step. Labels equal to
+        ``IGNORED_LABEL`` (padding rows) count nothing."""
+        mailbox = Mailbox(device=self.device, stamped=False, one_tag=self.one_tag)
+        outputs: dict[int, torch.Tensor] = {}
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.optimizer.gather_params(streamed=False)
+        with torch.no_grad():
+            for op in self.ops:
+                match op:
+                    case RecvActivation(micro_batch=j, peer=peer):
+                        mailbox.post_receive(
+                            MessageKind.ACTIVATION,
+                            micro_batch=j,
+                            peer=peer,
+                            shape=self._message_shape(j),
+                            dtype=self.wire_dtypes[peer],
+                        )
+                    case Forward(micro_batch=j):
+                        rows = self.rows[j]
+                        if self.stage_index == 0:
+                            x = inputs[rows.start : rows.stop].to(self.device)
+                        else:
+                            x = self._take(mailbox, MessageKind.ACTIVATION, j)
+                        if self.stream is not None:
+                            output = self.stream.forward(x)[-1].output
+                        else:
+                            output = self.part(x)
+                        if self.is_last:
+                            targets = labels[rows.start : rows.stop].to(self.device)
+                            total += token_loss_sum(output, targets).double()
+                        else:
+                            outputs[j] = output
+                    case SendActivation(micro_batch=j, peer=peer):
+                        mailbox.send(
+                            MessageKind.ACTIVATION,
+                            micro_batch=j,
+                            peer=peer,
+                            tensor=outputs.pop(j),
+                        )
+                    case _:
+                        pass  # gradients, their messages and the optimizer: training only
+            mailbox.finish()
+        self.optimizer.release_params(streamed=False)
+        return float(total.item())
+
     # --- passes ---------------------------------------------------------------------------
 
     def _take(self, mailbox: Mailbox, kind: MessageKind, j: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """What a training run is asked to do, besides the plan: steps, seed, optimizer settings,
-data, checkpoints, metrics, and emulation's time scale."""
+data, initial weights, evaluation, checkpoints, metrics, and emulation's time scale."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ class TrainConfig:
     resume: bool = False
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
     save_model_path: Path | None = None  # the trained weights, one file, global names
+    init_from: Path | None = None  # a Hugging Face directory whose weights start the run
+    eval_data_path: Path | None = None  # a token file for the evaluation loss
+    eval_every: int = 0  # evaluate after every K-th step (0: after the last step only)
     time_scale: float | None = None  # emulation: wall seconds per emulated second; None: real
     # native: each rank in its GPU's dtype (what the plan priced); fp32: everywhere, for an
     # exact comparison with the reference (``runtime.training.precision``).
@@ -41,6 +44,8 @@ class TrainConfig:
             raise ValueError(f"steps = {self.steps}; expected >= 1")
         if self.seed < 0:
             raise ValueError(f"seed = {self.seed}; expected >= 0")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every = {self.eval_every}; expected >= 0")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every = {self.checkpoint_every}; expected >= 0")
         if self.time_scale is not None and not self.time_scale > 0:

@@ -27,6 +27,7 @@ from torch.multiprocessing.spawn import ProcessExitedException, start_processes
 from piebald.errors import SpecError, error_fields
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.evaluation import eval_windows
 from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.rank_worker import checkpoint_to_resume, run_rank
 from piebald.runtime.training.reduced import reduced_width_model
@@ -107,6 +108,9 @@ def emulate(
     config = replace(config, device="cpu")
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
+    if config.eval_data_path is not None:
+        eval_tokens = load_tokens(config.eval_data_path, vocab_size=model.arch.vocab_size)
+        eval_windows(eval_tokens, seq_len=plan.job.seq_len, source=config.eval_data_path)
     checkpoint_to_resume(config)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     multiprocessing.set_forkserver_preload(["torch", "piebald.runtime.training.rank_worker"])
@@ -129,5 +133,4 @@ def emulate(
                 raise
             raise SpecError(**json.loads(reported[0].read_text())) from None
         data = json.loads((Path(scratch) / _SUMMARY).read_text())
-    data["losses"] = tuple(data["losses"])
-    return RunSummary(**data)
+    return RunSummary.from_dict(data)

@@ -14,10 +14,18 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from piebald.specs.units import format_bytes
 
-__all__ = ["MetricsWriter", "RunSummary", "StepMetrics", "format_step", "summarise"]
+__all__ = [
+    "MetricsWriter",
+    "RunSummary",
+    "StepMetrics",
+    "format_eval",
+    "format_step",
+    "summarise",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +39,7 @@ class StepMetrics:
     peak_memory_bytes: float
     skipped: bool  # fp16 overflow: no parameter changed
     clamped_values: int = 0  # activation values clamped to fp16's range (pipeline.boundary)
+    eval_loss: float | None = None  # after this step, when the run evaluated (evaluation.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,11 +59,20 @@ class RunSummary:
     # Per used rank: its measured peak of live tensor bytes over the run's steps and the
     # plan's prediction without the framework reserve (empty when not measured).
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
+    eval_steps: tuple[int, ...] = ()  # the steps after which the run evaluated
+    eval_losses: tuple[float, ...] = ()  # the evaluation loss after each of them
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
-        data["losses"] = list(self.losses)
+        for name in ("losses", "eval_steps", "eval_losses"):
+            data[name] = list(data[name])
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        """The inverse of ``as_dict`` (a summary handed between processes as JSON)."""
+        lists = {name: tuple(data[name]) for name in ("losses", "eval_steps", "eval_losses")}
+        return cls(**{**data, **lists})
 
 
 def format_step(metrics: StepMetrics) -> str:
@@ -69,6 +87,11 @@ def format_step(metrics: StepMetrics) -> str:
         f"tokens/s {metrics.tokens_per_s:>12,.0f}  MFU {metrics.mfu:6.1%}  "
         f"memory {format_bytes(metrics.peak_memory_bytes):>10}{skipped}{clamped}"
     )
+
+
+def format_eval(metrics: StepMetrics) -> str:
+    """The evaluation line printed after a step's line (when the step evaluated)."""
+    return f"eval  {metrics.step:>5}  loss {metrics.eval_loss:8.4f}"
 
 
 def summarise(
@@ -98,6 +121,8 @@ def summarise(
         clamped_values=sum(m.clamped_values for m in history),
         compute_dtype=compute_dtype,
         memory=dict(memory or {}),
+        eval_steps=tuple(m.step for m in history if m.eval_loss is not None),
+        eval_losses=tuple(m.eval_loss for m in history if m.eval_loss is not None),
     )
 
 

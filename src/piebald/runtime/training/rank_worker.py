@@ -38,17 +38,20 @@ from piebald.runtime.distributed.groups import CommGroup, build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.dtypes import torch_dtype
+from piebald.runtime.models.hf_weights import load_hf_weights
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
 from piebald.runtime.training.export import export_part_weights
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
     StepMetrics,
+    format_eval,
     format_step,
     summarise,
 )
@@ -142,6 +145,8 @@ def run_rank(
             seed=config.seed,
             device=device,
         )  # in fp32: the buckets keep fp32 masters and cast the parameters to the compute dtype
+        if config.init_from is not None:  # before the buckets copy the parameters
+            load_hf_weights(part, config.init_from)
         part.recompute = stage.recompute
         named, tied_name = global_named_parameters(part)
         buckets = build_buckets(groups, named_params=named, tied_name=tied_name, dtypes=dtypes)
@@ -169,6 +174,7 @@ def run_rank(
             one_tag=config.one_tag,
         )
         tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+        windows = _eval_windows(config, model=model, seq_len=plan.job.seq_len)
 
         first_step = 0
         latest = checkpoint_to_resume(config)
@@ -217,9 +223,23 @@ def run_rank(
                 skipped=outcome.optimizer.skipped,
                 clamped_values=int(reduced[1].item()),
             )
+            if windows is not None and eval_due(
+                step=step + 1, every=config.eval_every, steps=config.steps
+            ):
+                eval_loss = _evaluate(
+                    executor,
+                    windows,
+                    rows=plan.job.global_batch_size,
+                    group=groups.used,
+                    device=device,
+                )
+                metrics = replace(metrics, eval_loss=eval_loss)
+                started = time.perf_counter()  # evaluating is not part of the next step
             history.append(metrics)
             if leader:
                 print_line(format_step(metrics))
+                if metrics.eval_loss is not None:
+                    print_line(format_eval(metrics))
                 writer.write(metrics)
             every = config.checkpoint_every
             at_end = step + 1 == config.steps
@@ -273,6 +293,31 @@ def run_rank(
         if not history:
             summary = replace(summary, first_step=first_step)
         return RankRun(rank=rank, summary=summary)
+
+
+def _eval_windows(config: TrainConfig, *, model: ModelSpec, seq_len: int) -> EvalWindows | None:
+    if config.eval_data_path is None:
+        return None
+    tokens = load_tokens(config.eval_data_path, vocab_size=model.arch.vocab_size)
+    return eval_windows(tokens, seq_len=seq_len, source=config.eval_data_path)
+
+
+def _evaluate(
+    executor: PipelineExecutor,
+    windows: EvalWindows,
+    *,
+    rows: int,
+    group: CommGroup,
+    device: torch.device,
+) -> float:
+    """The evaluation loss (collective over the used ranks): every rank pushes the same
+    chunks of the global batch's size through its forward passes; the last stage's sums
+    are added up over the group."""
+    total = torch.zeros(1, dtype=torch.float64, device=device)
+    for inputs, labels in windows.chunks(rows=rows):
+        total += executor.evaluate(inputs=inputs, labels=labels)
+    all_reduce(total, group=group)
+    return float(total.item()) / windows.num_labels
 
 
 def predicted_tensor_bytes(

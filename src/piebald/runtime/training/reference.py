@@ -12,21 +12,25 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.distributed.optimizer import build_reference_optimizer
+from piebald.runtime.models.hf_weights import load_hf_weights
 from piebald.runtime.models.loss import token_loss_sum
-from piebald.runtime.models.stage_part import build_stage_part
+from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
+from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
 from piebald.runtime.training.export import part_weights, save_weights
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
     RunSummary,
     StepMetrics,
+    format_eval,
     format_step,
     summarise,
 )
@@ -62,10 +66,19 @@ def train_reference(
         model_part = build_stage_part(
             model, layer_start=0, layer_end=model.num_layers, seed=config.seed, device=device
         )
+        if config.init_from is not None:
+            load_hf_weights(model_part, config.init_from)
         named = list(model_part.named_parameters())
         optimizer = build_reference_optimizer(named, config.optimizer)
         params = [p for _, p in named]
         tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
+        windows = None
+        if config.eval_data_path is not None:
+            windows = eval_windows(
+                load_tokens(config.eval_data_path, vocab_size=model.arch.vocab_size),
+                seq_len=job.seq_len,
+                source=config.eval_data_path,
+            )
         tokens_in_batch = job.global_batch_size * job.seq_len
         writer = MetricsWriter(config.metrics_path)
         history: list[StepMetrics] = []
@@ -103,8 +116,14 @@ def train_reference(
                 peak_memory_bytes=meter.peak_bytes(),
                 skipped=False,
             )
+            if windows is not None and eval_due(
+                step=step + 1, every=config.eval_every, steps=config.steps
+            ):
+                metrics = replace(metrics, eval_loss=_evaluate(model_part, windows, rows=rows))
             history.append(metrics)
             print_line(format_step(metrics))
+            if metrics.eval_loss is not None:
+                print_line(format_eval(metrics))
             writer.write(metrics)
     if config.save_model_path is not None:
         save_weights(part_weights(model_part), config.save_model_path)
@@ -115,3 +134,14 @@ def train_reference(
         emulated=False,
         model_name=model.name,
     )
+
+
+def _evaluate(model_part: StagePart, windows: EvalWindows, *, rows: int) -> float:
+    """The evaluation loss (``evaluation``), ``rows`` windows per forward."""
+    device = next(model_part.parameters()).device
+    total = 0.0
+    with torch.no_grad():
+        for inputs, labels in windows.chunks(rows=rows):
+            logits = model_part(inputs.to(device))
+            total += float(token_loss_sum(logits, labels.to(device)).item())
+    return total / windows.num_labels
