@@ -1,12 +1,10 @@
 """Load Hugging Face safetensors weights (Llama family, GPT-2) into a stage part.
 
 Only the tensors of the part's layers are read, from the ``*.safetensors`` files of a local
-directory (one file or a sharded set); nothing is ever downloaded. Names are those of
-``LlamaForCausalLM`` ("model.layers.3.self_attn.q_proj.weight") and ``GPT2LMHeadModel``
-("transformer.h.3.attn.c_attn.weight"), with or without the "model."/"transformer." prefix
-(checkpoints saved from the bare ``LlamaModel``/``GPT2Model``, and OpenAI's GPT-2 files, have
-none). GPT-2 stores its linear maps as Conv1D, [in, out]: they are transposed to [out, in].
-A tied head reads the embedding table. Every problem is one line naming the file and tensor.
+directory (one file or a sharded set); nothing is ever downloaded. Which tensor goes where
+is ``hf_names``' table. A checkpoint holding tensors the model would leave unread, a
+missing tensor and a shape that differs are each refused in one line naming the file and
+tensor.
 
 Not modelled: RoPE frequency scaling (Llama 3.1+'s ``rope_scaling``/``rope_parameters``
 with a rope_type other than "default"), which ModelArch does not carry; such weights load,
@@ -18,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +23,19 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from piebald.errors import SpecError
+from piebald.runtime.models.hf_names import HfTensor, hf_tensors, unused_hf_names
 from piebald.runtime.models.stage_part import StagePart
-from piebald.specs.model import Family, ModelArch
+from piebald.specs.model import ModelSpec
 
-__all__ = ["load_hf_weights"]
+__all__ = ["check_hf_weights", "load_hf_weights"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Source:
-    local_name: str  # in the part's named_parameters()
-    hf_names: tuple[str, ...]  # candidates, first found wins
-    transpose: bool  # GPT-2 Conv1D
-
-
 def load_hf_weights(part: StagePart, directory: Path) -> None:
-    """Copy the weights of ``part``'s layers from the safetensors files in ``directory``."""
-    files = _index_tensors(Path(directory))
+    """Copy the weights of ``part``'s layers from the safetensors files in ``directory``,
+    which must hold exactly the whole model's tensors (``check_hf_weights``)."""
+    files = check_hf_weights(part.model, Path(directory))
     _warn_about_rope_scaling(Path(directory))
     parameters = dict(part.named_parameters())
     searched = f"{directory}/*.safetensors ({len(set(files.values()))} files)"
@@ -71,6 +63,34 @@ def load_hf_weights(part: StagePart, directory: Path) -> None:
                     f"for {source.local_name} of model {part.model.name!r}",
                 )
             parameter.copy_(tensor.to(dtype=parameter.dtype))
+
+
+def check_hf_weights(model: ModelSpec, directory: Path) -> dict[str, Path]:
+    """Tensor name -> file of the checkpoint in ``directory``, refused in one line when it
+    holds tensors ``model`` has no parameter for (another architecture, or a setting
+    piebald does not implement) or lacks one it needs; shapes are checked as they are read."""
+    files = _index_tensors(directory)
+    whole = hf_tensors(model.arch, layer_start=0, layer_end=model.num_layers, has_embedding=True)
+    for tensor in whole:
+        if not any(name in files for name in tensor.hf_names):
+            raise SpecError(
+                source=f"{directory}/*.safetensors",
+                field=tensor.hf_names[0],
+                has_value=False,
+                expected=f"a tensor for {tensor.local_name} of model {model.name!r} "
+                "(tensor missing)",
+            )
+    unused = unused_hf_names(model.arch, num_layers=model.num_layers, stored=set(files))
+    if unused:
+        shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        raise SpecError(
+            source=f"{directory}/*.safetensors",
+            field=unused[0],
+            has_value=False,
+            expected=f"only tensors of model {model.name!r}; {len(unused)} would be left "
+            f"unread ({shown}): is this checkpoint of another architecture?",
+        )
+    return files
 
 
 def _index_tensors(directory: Path) -> dict[str, Path]:
@@ -143,71 +163,10 @@ def _stored_shape(shape: torch.Size, transpose: bool) -> list[int]:
     return list(reversed(shape)) if transpose else list(shape)
 
 
-def _sources(part: StagePart) -> list[_Source]:
-    arch = part.model.arch
-    names = _gpt2_names if arch.family is Family.GPT2 else _llama_names
-    prefixes = ("transformer.", "") if arch.family is Family.GPT2 else ("model.", "")
-    sources = []
-    for index in range(part.layer_start, part.layer_end):
-        for local, hf_name, transpose in names(arch, index, part):
-            candidates = (
-                (hf_name,)
-                if hf_name == "lm_head.weight"
-                else tuple(prefix + hf_name for prefix in prefixes)
-            )
-            sources.append(
-                _Source(
-                    local_name=f"layers.{index}.{local}",
-                    hf_names=candidates,
-                    transpose=transpose,
-                )
-            )
-    return sources
-
-
-def _head_output(arch: ModelArch, part: StagePart, embedding_name: str) -> list[tuple[str, str]]:
-    """(local, hf) for the head's projection, if the head owns one: a tied replica reads the
-    embedding table (tied checkpoints do not store lm_head.weight)."""
-    if arch.tie_embeddings and part.has_embedding:
-        return []  # the head uses the embedding's parameter, loaded with layer 0
-    return [("output.weight", embedding_name if arch.tie_embeddings else "lm_head.weight")]
-
-
-def _llama_names(arch: ModelArch, index: int, part: StagePart) -> list[tuple[str, str, bool]]:
-    if index == 0:
-        return [("tok_embeddings.weight", "embed_tokens.weight", False)]
-    if index <= arch.num_blocks:
-        hf = f"layers.{index - 1}."
-        pairs = {
-            "attention_norm.weight": "input_layernorm.weight",
-            "attention.wq.weight": "self_attn.q_proj.weight",
-            "attention.wk.weight": "self_attn.k_proj.weight",
-            "attention.wv.weight": "self_attn.v_proj.weight",
-            "attention.wo.weight": "self_attn.o_proj.weight",
-            "ffn_norm.weight": "post_attention_layernorm.weight",
-            "feed_forward.w1.weight": "mlp.gate_proj.weight",
-            "feed_forward.w2.weight": "mlp.down_proj.weight",
-            "feed_forward.w3.weight": "mlp.up_proj.weight",
-        }
-        return [(local, hf + name, False) for local, name in pairs.items()]
-    head = [("norm.weight", "norm.weight"), *_head_output(arch, part, "embed_tokens.weight")]
-    return [(local, name, False) for local, name in head]
-
-
-def _gpt2_names(arch: ModelArch, index: int, part: StagePart) -> list[tuple[str, str, bool]]:
-    if index == 0:
-        return [
-            ("tok_embeddings.weight", "wte.weight", False),
-            ("pos_embeddings.weight", "wpe.weight", False),
-        ]
-    if index <= arch.num_blocks:
-        hf = f"h.{index - 1}."
-        names = []
-        for module in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
-            is_conv1d = not module.startswith("ln_")
-            names.append((f"{module}.weight", f"{hf}{module}.weight", is_conv1d))
-            names.append((f"{module}.bias", f"{hf}{module}.bias", False))
-        return names
-    head = [("norm.weight", "ln_f.weight"), ("norm.bias", "ln_f.bias")]
-    head += _head_output(arch, part, "wte.weight")
-    return [(local, name, False) for local, name in head]
+def _sources(part: StagePart) -> list[HfTensor]:
+    return hf_tensors(
+        part.model.arch,
+        layer_start=part.layer_start,
+        layer_end=part.layer_end,
+        has_embedding=part.has_embedding,
+    )

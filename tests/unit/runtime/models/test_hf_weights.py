@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from piebald.errors import SpecError
 from piebald.runtime.models import build_stage_part, load_hf_weights
+from piebald.runtime.models.hf_names import hf_tensors
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.presets import load_model
 
@@ -140,14 +141,30 @@ def test_weights_load_into_bf16_parts(tmp_path: Path) -> None:
     assert torch.equal(part.layer(0).tok_embeddings.weight, expected)
 
 
+def whole_checkpoint(model: ModelSpec, *, unprefixed: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model`` (random) under the names the table says, for the error
+    paths (the transformers tests above check the table itself)."""
+    whole = build_stage_part(model, layer_start=0, layer_end=model.num_layers, seed=5)
+    parameters = dict(whole.named_parameters())
+    tensors = {}
+    for tensor in hf_tensors(
+        model.arch, layer_start=0, layer_end=model.num_layers, has_embedding=True
+    ):
+        value = parameters[tensor.local_name].detach()
+        name = tensor.hf_names[-1] if unprefixed else tensor.hf_names[0]
+        tensors[name] = (value.t() if tensor.transpose else value).contiguous()
+    return tensors
+
+
 def test_unprefixed_names_load_too(tmp_path: Path) -> None:
     """OpenAI's GPT-2 files and bare LlamaModel checkpoints have no 'model.' prefix."""
     model = load_model("tiny")
-    table = torch.randn(256, 64)
-    save_file({"embed_tokens.weight": table}, str(tmp_path / "model.safetensors"))
+    tensors = whole_checkpoint(model, unprefixed=True)
+    assert "embed_tokens.weight" in tensors
+    save_file(tensors, str(tmp_path / "model.safetensors"))
     part = build_stage_part(model, layer_start=0, layer_end=1)
     load_hf_weights(part, tmp_path)
-    assert torch.equal(part.layer(0).tok_embeddings.weight, table)
+    assert torch.equal(part.layer(0).tok_embeddings.weight, tensors["embed_tokens.weight"])
 
 
 def test_loading_problems_are_one_line_naming_file_and_tensor(tmp_path: Path) -> None:
@@ -171,7 +188,11 @@ def test_loading_problems_are_one_line_naming_file_and_tensor(tmp_path: Path) ->
 
     wrong = tmp_path / "wrong"
     wrong.mkdir()
-    save_file({"model.embed_tokens.weight": torch.zeros(256, 32)}, str(wrong / "a.safetensors"))
+    tensors = whole_checkpoint(model)
+    save_file(
+        {**tensors, "model.embed_tokens.weight": torch.zeros(256, 32)},
+        str(wrong / "a.safetensors"),
+    )
     with pytest.raises(SpecError) as error:
         load_hf_weights(embedding, wrong)
     message = str(error.value)
@@ -179,13 +200,30 @@ def test_loading_problems_are_one_line_naming_file_and_tensor(tmp_path: Path) ->
     assert "wrong/a.safetensors: model.embed_tokens.weight: got [256, 32]" in message
     assert "expected shape [256, 64]" in message
 
-    head = build_stage_part(model, layer_start=model.num_layers - 1, layer_end=model.num_layers)
-    save_file({"model.norm.weight": torch.ones(64)}, str(wrong / "b.safetensors"))
+    # Any stage refuses a checkpoint that lacks a tensor of the whole model ...
+    lacking = tmp_path / "lacking"
+    lacking.mkdir()
+    save_file(
+        {k: v for k, v in tensors.items() if k != "lm_head.weight"}, str(lacking / "a.safetensors")
+    )
     with pytest.raises(SpecError) as error:
-        load_hf_weights(head, wrong)
+        load_hf_weights(embedding, lacking)
     message = str(error.value)
     assert "\n" not in message
-    assert "(2 files): lm_head.weight: expected a tensor of shape [256, 64]" in message
+    assert "lacking/*.safetensors: lm_head.weight: expected a tensor for layers.5.output" in message
+    assert "(tensor missing)" in message
+
+    # ... or that holds tensors no parameter reads (an attention bias tiny does not have).
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    unread = {f"model.layers.{i}.self_attn.q_proj.bias": torch.zeros(64) for i in range(4)}
+    save_file({**tensors, **unread}, str(extra / "a.safetensors"))
+    with pytest.raises(SpecError) as error:
+        load_hf_weights(embedding, extra)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "4 would be left unread (model.layers.0.self_attn.q_proj.bias" in message
+    assert "and 1 more" in message
 
 
 def test_gpt2_conv1d_shape_errors_name_the_stored_layout(tmp_path: Path) -> None:
@@ -200,12 +238,12 @@ def test_gpt2_conv1d_shape_errors_name_the_stored_layout(tmp_path: Path) -> None
         max_seq_len=4,
         tie_embeddings=True,
     )
-    block = build_stage_part(ModelSpec(name="g", arch=arch), layer_start=1, layer_end=2)
+    model = ModelSpec(name="g", arch=arch)
+    block = build_stage_part(model, layer_start=1, layer_end=2)
     # Our Linear is [24, 8]; HF's Conv1D stores [8, 24]. A file holding [24, 8] is wrong.
-    tensors = {f"h.0.{name}": t.detach().clone() for name, t in block.layer(1).state_dict().items()}
-    tensors["h.0.attn.c_attn.weight"] = torch.zeros(24, 8)
-    for name in ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"):
-        tensors[f"h.0.{name}"] = tensors[f"h.0.{name}"].t().contiguous()
+    tensors = whole_checkpoint(model)
+    assert tensors["transformer.h.0.attn.c_attn.weight"].shape == (8, 24)
+    tensors["transformer.h.0.attn.c_attn.weight"] = torch.zeros(24, 8)
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(
         SpecError, match=r"h.0.attn.c_attn.weight: got \[24, 8\]; expected shape \[8, 24\]"
@@ -217,7 +255,7 @@ def test_rope_scaling_in_config_json_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = load_model("tiny")
-    save_file({"model.embed_tokens.weight": torch.zeros(256, 64)}, str(tmp_path / "m.safetensors"))
+    save_file(whole_checkpoint(model), str(tmp_path / "m.safetensors"))
     part = build_stage_part(model, layer_start=0, layer_end=1)
     (tmp_path / "config.json").write_text('{"rope_scaling": {"rope_type": "default"}}')
     load_hf_weights(part, tmp_path)
