@@ -11,11 +11,12 @@ validation token file (``split``). Outputs, for ``--out PREFIX``:
 - ``PREFIX.<split>.bin.idx``: the document index (``token_file``'s format);
 - ``PREFIX.<split>.bin.json``: the sidecar, recording beside the token file's usual fields the
   tokenizer (its path, SHA-256 and vocabulary size), the EOS, the largest id, the number of
-  documents and the text field.
+  documents, the split, the text field and the input files.
 
-Memory is one batch of documents (and the largest single document), never the corpus. Every
-output is checked (and its directory proven writable) before any tokenizing, and written
-atomically (``token_writer``).
+Memory is one batch of documents (and the largest single document), never the corpus. The
+inputs are read twice: once to count the documents (the split needs the total; parquet files
+say it in their metadata), once to tokenize. Every output is checked (and its directory
+proven writable) before any tokenizing, and written atomically (``token_writer``).
 """
 
 from __future__ import annotations
