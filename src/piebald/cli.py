@@ -27,6 +27,7 @@ from piebald.cli_common import (
     run_comparison,
     user_errors,
 )
+from piebald.cli_data import data_app
 from piebald.cli_profile import ProfilesOption, profile_app, scored_with_cost_inputs, with_profiles
 from piebald.errors import SpecError
 from piebald.planner.compare import Comparison
@@ -251,6 +252,7 @@ app.command("launch")(cli_launch.launch)
 app.command("simulate")(cli_simulate.simulate)
 app.command("train")(cli_train.train)
 app.add_typer(profile_app, name="profile")
+app.add_typer(data_app, name="data")
 
 
 def main() -> None:

@@ -39,3 +39,18 @@ def test_core_imports_where_torch_cannot_be_imported() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert int(result.stdout) > 100_000_000
+
+
+def test_data_preparation_imports_where_torch_cannot_be_imported() -> None:
+    """``piebald data prepare`` tokenizes on a machine without torch."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "import piebald.runtime.data.prepare, piebald.cli_data\n"
+        "from piebald.runtime.data import open_token_file\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "ok"

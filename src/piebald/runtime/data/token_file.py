@@ -7,6 +7,13 @@ they are. The dtype comes from, in order: the ``dtype`` argument; a sidecar JSON
 always writes, e.g. ``{"format": "piebald.tokens", "version": 1, "dtype": "uint16",
 "num_tokens": 466195, "tokenizer": "bytes"}``; else uint16. The sidecar's token count is
 checked against the file size, which catches a file and a sidecar that do not belong together.
+
+Document boundaries (optional; ``piebald data prepare`` writes them): the sidecar's
+``"document_index"`` names a file beside the tokens (``train.bin`` -> ``train.bin.idx``) of
+``"num_documents"`` + 1 little-endian uint64 token offsets, 0 first and ``num_tokens`` last:
+document d is ``tokens[offsets[d]:offsets[d + 1]]``. A separate file rather than a JSON list
+because a corpus can hold millions of documents; files and sidecars without it (nanoGPT's,
+older piebald's) open as before, with ``document_offsets`` None.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from piebald.errors import SpecError
 from piebald.runtime.data.tokenizer import ByteTokenizer
 
 __all__ = [
+    "DOCUMENT_OFFSET_DTYPE",
     "TOKEN_DTYPES",
+    "TOKEN_FILE_FORMAT",
     "TokenFile",
     "check_token_ids",
+    "document_index_path",
     "metadata_path",
     "open_token_file",
     "write_text_token_file",
@@ -37,7 +47,8 @@ TOKEN_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {
     "uint16": np.uint16,
     "uint32": np.uint32,
 }
-_FORMAT = "piebald.tokens"
+TOKEN_FILE_FORMAT = "piebald.tokens"  # the sidecar's "format"
+DOCUMENT_OFFSET_DTYPE = np.dtype("<u8")  # the document index's entries
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -46,16 +57,31 @@ class TokenFile:
     dtype: str  # a key of TOKEN_DTYPES
     tokens: np.ndarray  # read-only memory map, 1-D [num_tokens]
     tokenizer: str  # as the sidecar names it; "" when unknown
+    # Read-only memory map, uint64 [num_documents + 1]: document d spans
+    # tokens[offsets[d]:offsets[d + 1]]; None when the sidecar records no document index.
+    document_offsets: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def num_documents(self) -> int | None:
+        if self.document_offsets is None:
+            return None
+        return int(self.document_offsets.shape[0]) - 1
 
 
 def metadata_path(path: str | Path) -> Path:
     """The sidecar JSON of a token file: ``train.bin`` -> ``train.bin.json``."""
     path = Path(path)
     return path.with_name(path.name + ".json")
+
+
+def document_index_path(path: str | Path) -> Path:
+    """The document index of a token file: ``train.bin`` -> ``train.bin.idx``."""
+    path = Path(path)
+    return path.with_name(path.name + ".idx")
 
 
 def open_token_file(path: str | Path, *, dtype: str | None = None) -> TokenFile:
@@ -98,8 +124,53 @@ def open_token_file(path: str | Path, *, dtype: str | None = None) -> TokenFile:
         )
     tokens = np.memmap(path, dtype=TOKEN_DTYPES[chosen], mode="r")
     return TokenFile(
-        path=path, dtype=chosen, tokens=tokens, tokenizer=str(metadata.get("tokenizer", ""))
+        path=path,
+        dtype=chosen,
+        tokens=tokens,
+        tokenizer=str(metadata.get("tokenizer", "")),
+        document_offsets=_read_document_offsets(path, metadata, num_tokens=num_tokens),
     )
+
+
+def _read_document_offsets(
+    path: Path, metadata: dict[str, Any], *, num_tokens: int
+) -> np.ndarray | None:
+    """The document index the sidecar names, checked against the tokens; None if it names none."""
+    name = metadata.get("document_index")
+    if name is None:
+        return None
+    sidecar = metadata_path(path)
+    index = path.with_name(str(name))
+    num_documents = metadata.get("num_documents")
+    if not isinstance(num_documents, int) or isinstance(num_documents, bool) or num_documents < 1:
+        raise SpecError(
+            source=str(sidecar),
+            field="num_documents",
+            value=num_documents,
+            expected="a positive integer beside document_index",
+        )
+    expected_bytes = (num_documents + 1) * DOCUMENT_OFFSET_DTYPE.itemsize
+    if not index.is_file() or index.stat().st_size != expected_bytes:
+        raise SpecError(
+            source=str(index),
+            field="size",
+            value=index.stat().st_size if index.is_file() else "no such file",
+            expected=f"{expected_bytes} bytes: {num_documents} + 1 uint64 offsets, as "
+            f"{sidecar.name} records",
+        )
+    offsets = np.memmap(index, dtype=DOCUMENT_OFFSET_DTYPE, mode="r")
+    # Ends first (cheap), then the order of every boundary: a slice of a document must never
+    # run backwards or past the tokens.
+    ordered = bool(np.all(offsets[1:] >= offsets[:-1]))
+    if int(offsets[0]) != 0 or int(offsets[-1]) != num_tokens or not ordered:
+        raise SpecError(
+            source=str(index),
+            field="offsets",
+            value=f"{int(offsets[0])}..{int(offsets[-1])}",
+            expected=f"non-decreasing token offsets from 0 to {num_tokens}, the tokens "
+            f"{path.name} holds",
+        )
+    return offsets
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:
@@ -112,12 +183,12 @@ def _read_metadata(path: Path) -> dict[str, Any]:
         raise SpecError(
             source=str(sidecar), field="", has_value=False, expected=f"readable JSON ({error})"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+    if not isinstance(data, dict) or data.get("format") != TOKEN_FILE_FORMAT:
         raise SpecError(
             source=str(sidecar),
             field="format",
             value=data.get("format") if isinstance(data, dict) else data,
-            expected=repr(_FORMAT),
+            expected=repr(TOKEN_FILE_FORMAT),
         )
     if data.get("dtype") not in TOKEN_DTYPES:
         raise SpecError(
@@ -155,7 +226,7 @@ def write_token_file(
     if low < 0 or high > limit:
         raise ValueError(f"token ids span {low}..{high}; {chosen} holds 0..{limit}")
     metadata = {
-        "format": _FORMAT,
+        "format": TOKEN_FILE_FORMAT,
         "version": 1,
         "dtype": chosen,
         "num_tokens": int(values.size),

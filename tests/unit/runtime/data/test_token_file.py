@@ -1,5 +1,6 @@
 """Token files: round trips in both dtypes, nanoGPT files without a sidecar, the dtype rule,
-atomic writes that never replace a file silently, and one-line errors for bad files."""
+atomic writes that never replace a file silently, one-line errors for bad files, and the
+optional document index (written document by document, checked against the tokens)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from piebald.errors import SpecError
 from piebald.runtime.data import (
     ByteTokenizer,
     check_token_ids,
+    document_index_path,
     metadata_path,
     open_token_file,
     write_text_token_file,
     write_token_file,
 )
+from piebald.runtime.data.token_writer import TokenFileWriter
 
 
 @pytest.mark.parametrize(
@@ -121,3 +124,50 @@ def test_token_ids_must_fit_the_models_vocabulary(tmp_path: Path) -> None:
     check_token_ids(tokens, vocab_size=301)
     with pytest.raises(SpecError, match=r"t.bin: tokens: got 300; expected token ids below .* 256"):
         check_token_ids(tokens, vocab_size=256)
+
+
+def test_document_index_round_trip_and_files_without_one(tmp_path: Path) -> None:
+    documents = [np.array([5, 6, 7]), np.array([], dtype=np.int64), np.array([70000, 1])]
+    writer = TokenFileWriter(tmp_path / "d.bin", dtype="uint32")
+    writer.add_documents(documents[:2])
+    writer.add_documents(documents[2:])
+    written = writer.commit(tokenizer="test", metadata={"extra": 1})
+    offsets = written.document_offsets
+    assert offsets is not None and written.num_documents == 3
+    assert offsets.tolist() == [0, 3, 3, 5]
+    assert document_index_path(tmp_path / "d.bin").stat().st_size == 8 * 4
+    assert written.tokens.tolist() == np.concatenate(documents).tolist()
+    sidecar = json.loads(metadata_path(tmp_path / "d.bin").read_text())
+    assert sidecar["max_token_id"] == 70000 and sidecar["extra"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "d.bin.idx", "d.bin.json"]
+    # Files from write_token_file, nanoGPT, and sidecars older than the index: no documents.
+    plain = write_token_file(tmp_path / "plain.bin", np.arange(4))
+    assert plain.document_offsets is None and plain.num_documents is None
+    old = tmp_path / "old.bin"
+    np.arange(4, dtype=np.uint16).tofile(old)
+    metadata_path(old).write_text(
+        '{"format": "piebald.tokens", "version": 1, "dtype": "uint16", "num_tokens": 4, '
+        '"tokenizer": "bytes"}'
+    )
+    assert open_token_file(old).num_documents is None
+
+
+def test_a_document_index_that_does_not_fit_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "d.bin"
+    writer = TokenFileWriter(path, dtype="uint16")
+    writer.add_documents([np.arange(4), np.arange(3)])
+    writer.commit(tokenizer="test", metadata={})
+    index = document_index_path(path)
+    good = index.read_bytes()
+    index.write_bytes(good[:-8])
+    with pytest.raises(SpecError, match=r"d.bin.idx: size: got 16; expected 24 bytes: 2 \+ 1"):
+        open_token_file(path)
+    index.write_bytes(np.array([0, 5, 6], dtype="<u8").tobytes())
+    with pytest.raises(SpecError, match=r"d.bin.idx: offsets: got '0..6'; expected .* 0 to 7"):
+        open_token_file(path)
+    index.write_bytes(np.array([0, 8, 7], dtype="<u8").tobytes())
+    with pytest.raises(SpecError, match=r"offsets: got '0..7'; expected non-decreasing"):
+        open_token_file(path)
+    index.unlink()
+    with pytest.raises(SpecError, match=r"d.bin.idx: size: got 'no such file'"):
+        open_token_file(path)

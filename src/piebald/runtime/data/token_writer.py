@@ -1,0 +1,181 @@
+"""Writing a token file document by document, without holding the corpus in memory.
+
+The ids and the document index (see ``token_file``) stream into temporary files in the
+target's directory; ``commit`` fsyncs them, writes the sidecar the same way, then renames the
+three into place (tokens, index, sidecar last) and fsyncs the directory. A crash or an error
+leaves the previous files, or none, never a half-written one under the real name; and a
+sidecar that does not belong to the tokens beside it is caught by ``open_token_file``'s token
+count check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from piebald.errors import SpecError
+from piebald.runtime.data.token_file import (
+    DOCUMENT_OFFSET_DTYPE,
+    TOKEN_DTYPES,
+    TOKEN_FILE_FORMAT,
+    TokenFile,
+    document_index_path,
+    metadata_path,
+    open_token_file,
+)
+
+__all__ = ["TokenFileWriter", "check_output_paths", "output_paths", "token_dtype_for"]
+
+
+def token_dtype_for(vocab_size: int, *, source: str) -> str:
+    """uint16 when every id of a ``vocab_size`` vocabulary fits (nanoGPT's choice), else uint32."""
+    for name, dtype in TOKEN_DTYPES.items():  # narrowest first
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return name
+    raise SpecError(
+        source=source,
+        field="vocabulary",
+        value=vocab_size,
+        expected=f"ids that fit uint32 (a vocabulary of at most {2**32} tokens)",
+    )
+
+
+def output_paths(path: Path) -> tuple[Path, Path, Path]:
+    """The files a token file with a document index is: tokens, index, sidecar."""
+    return path, document_index_path(path), metadata_path(path)
+
+
+def check_output_paths(paths: Iterable[Path], *, overwrite: bool) -> None:
+    """Refuse existing outputs unless ``overwrite``, and even then anything but a regular file.
+
+    Then prove the directories writable (creating them if needed) before any work is done.
+    """
+    for path in paths:
+        if path.is_symlink() or path.exists():
+            if not overwrite:
+                raise FileExistsError(
+                    f"{path} exists; not overwriting it (pass --force to replace)"
+                )
+            if path.is_symlink() or not path.is_file():
+                raise SpecError(
+                    source=str(path),
+                    field="",
+                    has_value=False,
+                    expected="a regular file to replace (--force replaces nothing else)",
+                )
+    for directory in {path.parent for path in paths}:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(dir=directory, prefix=".piebald-write-test.")
+            os.close(handle)
+            os.unlink(name)
+        except OSError as error:
+            raise SpecError(
+                source=str(directory),
+                field="",
+                has_value=False,
+                expected=f"a writable directory for the outputs ({error.strerror})",
+            ) from None
+
+
+class TokenFileWriter:
+    """Appends documents to a new token file; ``commit`` puts it in place, ``discard`` not."""
+
+    def __init__(self, path: Path, *, dtype: str) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.max_token_id = -1  # none yet
+        self._limit = int(np.iinfo(TOKEN_DTYPES[dtype]).max)
+        self._temporaries: list[Path] = []
+        self._tokens = self._open_temporary(path)
+        self._index = self._open_temporary(document_index_path(path))
+        self._index.write(np.zeros(1, dtype=DOCUMENT_OFFSET_DTYPE).tobytes())
+
+    def add_documents(self, documents: Sequence[Sequence[int] | np.ndarray]) -> None:
+        """Append whole documents (their ids, in order); an id the dtype cannot hold is refused."""
+        if not documents:
+            return
+        lengths = np.fromiter((len(ids) for ids in documents), dtype=np.int64, count=len(documents))
+        ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in documents])
+        if ids.size:
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high > self._limit:
+                raise ValueError(
+                    f"token ids span {low}..{high}; {self.dtype} holds 0..{self._limit}"
+                )
+            self.max_token_id = max(self.max_token_id, high)
+            self._tokens.write(ids.astype(TOKEN_DTYPES[self.dtype]).tobytes())
+        ends = self.num_tokens + np.cumsum(lengths)
+        self._index.write(ends.astype(DOCUMENT_OFFSET_DTYPE).tobytes())
+        self.num_tokens += int(ids.size)
+        self.num_documents += len(documents)
+
+    def commit(self, *, tokenizer: str, metadata: Mapping[str, Any]) -> TokenFile:
+        """Finish the files and rename them into place; ``metadata`` adds sidecar fields."""
+        if self.num_tokens == 0:
+            raise ValueError(f"{self.path}: no tokens to write")
+        sidecar = {
+            "format": TOKEN_FILE_FORMAT,
+            "version": 1,
+            "dtype": self.dtype,
+            "num_tokens": self.num_tokens,
+            "tokenizer": tokenizer,
+            "num_documents": self.num_documents,
+            "document_index": document_index_path(self.path).name,
+            "max_token_id": self.max_token_id,
+            **metadata,
+        }
+        meta = self._open_temporary(metadata_path(self.path))
+        meta.write((json.dumps(sidecar, indent=1) + "\n").encode())
+        temporaries = list(self._temporaries)
+        for stream in (self._tokens, self._index, meta):
+            _close_synced(stream)
+        for temporary, target in zip(temporaries, output_paths(self.path), strict=True):
+            os.replace(temporary, target)
+        self._temporaries.clear()
+        _sync_directory(self.path.parent)
+        return open_token_file(self.path)
+
+    def discard(self) -> None:
+        """Remove the temporary files (after an error); the real names are untouched."""
+        for stream in (self._tokens, self._index):
+            stream.close()
+        for temporary in self._temporaries:
+            temporary.unlink(missing_ok=True)
+        self._temporaries.clear()
+
+    def _open_temporary(self, target: Path) -> IO[bytes]:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        self._temporaries.append(Path(name))
+        # mkstemp makes the file private (0600); the outputs get the usual mode (umask).
+        os.fchmod(handle, 0o666 & ~_umask())
+        return os.fdopen(handle, "wb")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _close_synced(stream: IO[bytes]) -> None:
+    stream.flush()
+    os.fsync(stream.fileno())
+    stream.close()
+
+
+def _sync_directory(directory: Path) -> None:
+    # The renames are durable only once the directory entry is on disk too.
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
