@@ -1,0 +1,100 @@
+"""Write a Hugging Face model directory: ``config.json`` and the weights as safetensors,
+one ``model.safetensors`` or, above a shard size, ``model-0000K-of-0000N.safetensors``
+with the ``model.safetensors.index.json`` that maps every tensor to its file (the layout
+``save_pretrained`` writes, so ``from_pretrained`` and vLLM read it as they read any model).
+
+The directory is built under a temporary name beside its destination, every file synced,
+then renamed into place: an interrupted export never leaves a partial model under the
+user's name, and an existing destination is never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+__all__ = ["DEFAULT_SHARD_BYTES", "INDEX_NAME", "SINGLE_FILE", "write_hf_model"]
+
+DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size, "5GB"
+SINGLE_FILE = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def write_hf_model(
+    directory: Path,
+    *,
+    tensors: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> None:
+    """Create ``directory`` holding ``config`` and ``tensors`` (under their Hugging Face
+    names); refuses a destination that exists."""
+    directory = Path(directory)
+    if directory.exists() or directory.is_symlink():
+        raise FileExistsError(f"{directory}: already exists (nothing was overwritten)")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    scratch = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)  # a leftover of this pid's earlier try
+    scratch.mkdir()
+    try:
+        _write_json(scratch / "config.json", dict(config))
+        shards = _shards(tensors, max_shard_bytes=max_shard_bytes)
+        names = (
+            [SINGLE_FILE]
+            if len(shards) == 1
+            else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+        )
+        weight_map: dict[str, str] = {}
+        for file_name, shard in zip(names, shards, strict=True):
+            save_file(
+                {name: tensor.contiguous() for name, tensor in shard.items()},
+                str(scratch / file_name),
+                metadata={"format": "pt"},
+            )
+            _fsync(scratch / file_name)
+            weight_map.update(dict.fromkeys(shard, file_name))
+        if len(shards) > 1:
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
+            _write_json(scratch / INDEX_NAME, index)
+        scratch.rename(directory)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def _shards(
+    tensors: Mapping[str, torch.Tensor], *, max_shard_bytes: int
+) -> list[dict[str, torch.Tensor]]:
+    """Tensors in order, a new shard whenever the next one would pass ``max_shard_bytes``
+    (a tensor larger than that gets a shard of its own)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
