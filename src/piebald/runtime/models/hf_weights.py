@@ -8,19 +8,13 @@ directory (one file or a sharded set); nothing is ever downloaded. Names are tho
 none). GPT-2 stores its linear maps as Conv1D, [in, out]: they are transposed to [out, in].
 A tied head reads the embedding table. Every problem is one line naming the file and tensor.
 
-Not modelled: RoPE frequency scaling (Llama 3.1+'s ``rope_scaling``/``rope_parameters``
-with a rope_type other than "default"), which ModelArch does not carry; such weights load,
-but positions are encoded with unscaled frequencies, so the loader logs a warning when the
-directory's config.json asks for scaling.
+Qwen2 and Llama models with biases also read the ``.bias`` tensors their ModelArch has.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -30,8 +24,6 @@ from piebald.runtime.models.stage_part import StagePart
 from piebald.specs.model import Family, ModelArch
 
 __all__ = ["load_hf_weights"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,7 +36,6 @@ class _Source:
 def load_hf_weights(part: StagePart, directory: Path) -> None:
     """Copy the weights of ``part``'s layers from the safetensors files in ``directory``."""
     files = _index_tensors(Path(directory))
-    _warn_about_rope_scaling(Path(directory))
     parameters = dict(part.named_parameters())
     searched = f"{directory}/*.safetensors ({len(set(files.values()))} files)"
     with torch.no_grad():
@@ -103,29 +94,6 @@ def _index_tensors(directory: Path) -> dict[str, Path]:
                 expected=f"a safetensors file ({error})",
             ) from None
     return names
-
-
-def _warn_about_rope_scaling(directory: Path) -> None:
-    try:
-        config: Any = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return  # the config is optional here; the ModelSpec came from elsewhere
-    if not isinstance(config, dict):
-        return
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if not isinstance(rope, dict):
-            continue
-        rope_type = rope.get("rope_type", rope.get("type")) or "default"
-        if rope_type != "default":
-            logger.warning(
-                "%s: %s asks for %r RoPE scaling, which piebald does not model; positions "
-                "use unscaled frequencies, so outputs differ from the original model's",
-                directory / "config.json",
-                key,
-                rope_type,
-            )
-            return
 
 
 def _read(path: Path, name: str) -> torch.Tensor:
@@ -189,7 +157,24 @@ def _llama_names(arch: ModelArch, index: int, part: StagePart) -> list[tuple[str
             "feed_forward.w2.weight": "mlp.down_proj.weight",
             "feed_forward.w3.weight": "mlp.up_proj.weight",
         }
-        return [(local, hf + name, False) for local, name in pairs.items()]
+        biases = [
+            (f"attention.{ours}.bias", f"self_attn.{theirs}.bias")
+            for ours, theirs, present in (
+                ("wq", "q_proj", arch.attention_qkv_bias),
+                ("wk", "k_proj", arch.attention_qkv_bias),
+                ("wv", "v_proj", arch.attention_qkv_bias),
+                ("wo", "o_proj", arch.attention_out_bias),
+            )
+            if present
+        ]
+        if arch.mlp_bias:
+            biases += [
+                ("feed_forward.w1.bias", "mlp.gate_proj.bias"),
+                ("feed_forward.w2.bias", "mlp.down_proj.bias"),
+                ("feed_forward.w3.bias", "mlp.up_proj.bias"),
+            ]
+        named = [*pairs.items(), *biases]
+        return [(local, hf + name, False) for local, name in named]
     head = [("norm.weight", "norm.weight"), *_head_output(arch, part, "embed_tokens.weight")]
     return [(local, name, False) for local, name in head]
 
