@@ -34,7 +34,7 @@ from piebald.planner.strategies import STRATEGIES
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec
+from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.presets import load_model
 
@@ -129,11 +129,11 @@ def progress_bar(description: str) -> Iterator[Callable[[float, str], None]]:
 def inputs_from(
     cluster: Path, model: str, global_batch: int, seq_len: int, precision: Dtype
 ) -> tuple[ClusterSpec, ModelSpec, JobSpec]:
-    return (
-        load_cluster(cluster),
-        load_model(model),
-        job_from(global_batch=global_batch, seq_len=seq_len, precision=precision),
-    )
+    cluster_spec, model_spec = load_cluster(cluster), load_model(model)
+    job = job_from(global_batch=global_batch, seq_len=seq_len, precision=precision)
+    # Before any work: a model that cannot run these sequences is a --seq-len mistake.
+    check_job_fits_model(job, model_spec)
+    return cluster_spec, model_spec, job
 
 
 def run_comparison(

@@ -36,17 +36,28 @@ def layer_signature(arch: ModelArch, kind: LayerKind) -> str:
     """A readable name of the computation a layer of ``kind`` does in ``arch``.
 
     Embedding: table size and width (GPT-2 adds learned positions). Block: width, heads,
-    key/value heads, head width, MLP width. Head: width, vocabulary, tied or not (a tied
-    head's weight gradient goes to the embedding's table).
+    key/value heads, head width, MLP width, biases if any. Head: width, vocabulary, tied or
+    not (a tied head's weight gradient goes to the embedding's table).
     """
     family, h = arch.family.value, arch.hidden_size
     if kind is LayerKind.EMBEDDING:
         positions = f"-p{arch.max_seq_len}" if arch.family is Family.GPT2 else ""
         return f"embedding-{family}-v{arch.vocab_size}-h{h}{positions}"
     if kind is LayerKind.BLOCK:
+        # Biases (Qwen2, Llama's attention_bias/mlp_bias) add work; named only when present,
+        # so the signatures of bias-free blocks, and their profiles, stay as they were.
+        biases = "".join(
+            suffix
+            for suffix, present in (
+                ("-bqkv", arch.attention_qkv_bias),
+                ("-bo", arch.attention_out_bias),
+                ("-bmlp", arch.mlp_bias),
+            )
+            if present
+        )
         return (
             f"block-{family}-h{h}-a{arch.num_heads}-kv{arch.num_kv_heads}"
-            f"-d{arch.resolved_head_dim}-f{arch.ffn_hidden_size}"
+            f"-d{arch.resolved_head_dim}-f{arch.ffn_hidden_size}{biases}"
         )
     tied = "tied" if arch.tie_embeddings else "untied"
     return f"head-{family}-h{h}-v{arch.vocab_size}-{tied}"

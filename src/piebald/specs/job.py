@@ -11,7 +11,14 @@ from piebald.specs.devices import Dtype
 from piebald.specs.fields import Fields
 from piebald.specs.model import Family, ModelSpec
 
-__all__ = ["JobSpec", "Optimizer", "check_job_fits_model", "job_from_dict", "job_to_dict"]
+__all__ = [
+    "JobSpec",
+    "Optimizer",
+    "check_job_fits_model",
+    "check_seq_len",
+    "job_from_dict",
+    "job_to_dict",
+]
 
 
 class Optimizer(StrEnum):
@@ -63,12 +70,32 @@ def job_from_dict(data: object, *, source: str) -> JobSpec:
 
 
 def check_job_fits_model(job: JobSpec, model: ModelSpec, *, source: str = "--seq-len") -> None:
-    """GPT-2 has learned positions: it cannot run sequences longer than it was built for."""
-    if model.arch.family is Family.GPT2 and job.seq_len > model.arch.max_seq_len:
+    """The job's sequences are ones the model computes as it was built to (check_seq_len)."""
+    check_seq_len(model, seq_len=job.seq_len, source=source)
+
+
+def check_seq_len(model: ModelSpec, *, seq_len: int, source: str = "--seq-len") -> None:
+    """A SpecError naming ``source`` if ``model`` cannot run sequences of ``seq_len`` tokens.
+
+    GPT-2 has learned positions: nothing beyond max_seq_len. Mistral and Qwen2 with a sliding
+    window attend to the last ``sliding_window`` tokens only, which piebald's runtime does
+    not implement (it attends to all earlier tokens): the two agree while a sequence fits
+    in the window, so longer sequences are refused rather than trained differently.
+    """
+    arch = model.arch
+    if arch.family is Family.GPT2 and seq_len > arch.max_seq_len:
         raise SpecError(
             source=source,
             field="",
-            value=job.seq_len,
-            expected=f"at most {model.arch.max_seq_len} for {model.name} "
-            "(GPT-2 has learned positions)",
+            value=seq_len,
+            expected=f"at most {arch.max_seq_len} for {model.name} (GPT-2 has learned positions)",
+        )
+    if arch.sliding_window is not None and seq_len > arch.sliding_window:
+        raise SpecError(
+            source=source,
+            field="",
+            value=seq_len,
+            expected=f"at most {arch.sliding_window} for {model.name}: its sliding attention "
+            f"window is {arch.sliding_window} tokens, which piebald does not implement (it "
+            "attends to every earlier token, the same computation only within the window)",
         )

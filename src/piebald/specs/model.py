@@ -8,7 +8,9 @@ Formulas (h = hidden size, h_kv = key/value width = kv heads x head dim, f = MLP
 V = vocabulary, s = sequence length):
 
 * Parameters, GPT-2 block: 12h^2 + 13h (QKV 3h^2+3h, proj h^2+h, MLP 8h^2+5h, two LayerNorms
-  4h). Llama block: 2h^2 + 2h*h_kv (Q, O, K, V) + 3hf (gate, up, down) + 2h (two RMSNorms).
+  4h). Llama block: 2h^2 + 2h*h_kv (Q, O, K, V) + 3hf (gate, up, down) + 2h (two RMSNorms),
+  plus the biases an architecture has: q_width + 2h_kv on Q, K, V (Qwen2, Llama's
+  attention_bias), h on O (Llama's attention_bias), 2f + h on the MLP (Llama's mlp_bias).
 * Forward FLOPs per token: 2 per matmul weight, plus 4*s*h per block for the attention
   scores and the weighted sum (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12LHQT per
   token for training = 3 x forward). Backward is 2 x forward.
@@ -38,8 +40,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from piebald.specs.rope_scaling import RopeScaling
+
 __all__ = [
     "Family",
+    "HfModelType",
     "LayerKind",
     "LayerSpec",
     "ModelArch",
@@ -51,7 +56,23 @@ __all__ = [
 
 class Family(StrEnum):
     GPT2 = "gpt2"
-    LLAMA = "llama"  # Llama and Mistral: RMSNorm, RoPE, SwiGLU, grouped-query attention
+    # Llama, Mistral and Qwen2: RMSNorm, RoPE, SwiGLU, grouped-query attention
+    LLAMA = "llama"
+
+
+class HfModelType(StrEnum):
+    """The Hugging Face ``model_type`` an architecture is written out as."""
+
+    GPT2 = "gpt2"
+    LLAMA = "llama"
+    MISTRAL = "mistral"  # a Llama with an optional sliding attention window
+    QWEN2 = "qwen2"  # a Llama with biases on Q, K and V (and an optional sliding window)
+
+
+_HF_MODEL_TYPES = {
+    Family.GPT2: (HfModelType.GPT2,),
+    Family.LLAMA: (HfModelType.LLAMA, HfModelType.MISTRAL, HfModelType.QWEN2),
+}
 
 
 class LayerKind(StrEnum):
@@ -73,9 +94,19 @@ class ModelArch:
     vocab_size: int
     max_seq_len: int
     tie_embeddings: bool
-    head_dim: int = 0  # 0: hidden_size // num_heads
+    # 0: hidden_size // num_heads (a head_dim equal to that is stored as 0, so that two
+    # descriptions of one architecture compare equal).
+    head_dim: int = 0
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    attention_qkv_bias: bool = False  # biases on the Q, K, V projections (Qwen2)
+    attention_out_bias: bool = False  # a bias on the output projection (Llama attention_bias)
+    mlp_bias: bool = False  # biases on gate, up and down (Llama mlp_bias)
+    # Tokens a query attends to, itself included (Mistral, Qwen2); None: every earlier one.
+    sliding_window: int | None = None
+    # None: the family's own (gpt2, llama); set on construction, so never None afterwards.
+    hf_model_type: HfModelType | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -100,6 +131,48 @@ class ModelArch:
                 f"ModelArch.hidden_size ({self.hidden_size}) must be a multiple "
                 f"of num_heads ({self.num_heads}) when head_dim is not given"
             )
+        if self.head_dim < 0:
+            raise ValueError(f"ModelArch.head_dim = {self.head_dim}; expected >= 0")
+        if self.head_dim and self.head_dim * self.num_heads == self.hidden_size:
+            object.__setattr__(self, "head_dim", 0)
+        if self.hf_model_type is None:
+            object.__setattr__(self, "hf_model_type", _HF_MODEL_TYPES[self.family][0])
+        self._check_variant()
+
+    def _check_variant(self) -> None:
+        """The options each Hugging Face model type can express (hf_config_from_arch writes
+        them back, so an architecture none of them describes is refused here)."""
+        kind = self.hf_model_type
+        if kind not in _HF_MODEL_TYPES[self.family]:
+            raise ValueError(
+                f"ModelArch.hf_model_type = {kind}; expected one of "
+                f"{[t.value for t in _HF_MODEL_TYPES[self.family]]} for family {self.family}"
+            )
+        biases = (self.attention_qkv_bias, self.attention_out_bias, self.mlp_bias)
+        allowed = {
+            HfModelType.GPT2: {(False, False, False)},  # its biases come with the family
+            HfModelType.LLAMA: {(q, q, m) for q in (False, True) for m in (False, True)},
+            HfModelType.MISTRAL: {(False, False, False)},
+            HfModelType.QWEN2: {(True, False, False)},
+        }[kind]
+        if biases not in allowed:
+            raise ValueError(
+                f"ModelArch (attention_qkv_bias, attention_out_bias, mlp_bias) = {biases}; "
+                f"expected one of {sorted(allowed)} for {kind}"
+            )
+        if self.sliding_window is not None:
+            if kind not in (HfModelType.MISTRAL, HfModelType.QWEN2):
+                raise ValueError(f"ModelArch.sliding_window is for mistral and qwen2, not {kind}")
+            if self.sliding_window < 1:
+                raise ValueError(f"ModelArch.sliding_window = {self.sliding_window}; expected >= 1")
+        if self.family is Family.GPT2 and self.rope_scaling is not None:
+            raise ValueError("ModelArch.rope_scaling is for the Llama family (GPT-2 has no RoPE)")
+
+    @property
+    def model_type(self) -> HfModelType:
+        """The Hugging Face model type (hf_model_type, resolved)."""
+        assert self.hf_model_type is not None  # set by __post_init__
+        return self.hf_model_type
 
     @property
     def resolved_head_dim(self) -> int:
@@ -203,7 +276,12 @@ def _block_params(arch: ModelArch) -> tuple[int, int]:
         weights = 4 * h * h + 2 * h * f
         return weights + (3 * h + h + f + h) + 4 * h, weights  # biases, two LayerNorms
     weights = 2 * h * arch.q_width + 2 * h * arch.kv_width + 3 * h * f
-    return weights + 2 * h, weights
+    biases = (
+        (arch.q_width + 2 * arch.kv_width if arch.attention_qkv_bias else 0)
+        + (h if arch.attention_out_bias else 0)
+        + (2 * f + h if arch.mlp_bias else 0)
+    )
+    return weights + biases + 2 * h, weights
 
 
 def _block_activations(arch: ModelArch) -> tuple[float, float]:

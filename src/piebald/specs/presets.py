@@ -1,4 +1,5 @@
-"""Built-in model presets and loading a Hugging Face ``config.json`` (GPT-2, Llama, Mistral).
+"""Built-in model presets, loading a Hugging Face ``config.json`` (GPT-2, Llama, Mistral,
+Qwen2; read by specs/hf_config.py), and the model as plan files embed it.
 
 Preset numbers are those of the published ``config.json`` of each model on the Hugging
 Face hub (openai-community/gpt2*, meta-llama/*, mistralai/Mistral-7B-v0.1); nothing is
@@ -13,7 +14,14 @@ from typing import Any
 
 from piebald.errors import SpecError
 from piebald.specs.fields import Fields, suggest
-from piebald.specs.model import Family, ModelArch, ModelSpec
+from piebald.specs.hf_config import arch_from_hf_config
+from piebald.specs.model import Family, HfModelType, ModelArch, ModelSpec
+from piebald.specs.rope_scaling import (
+    RopeScaling,
+    RopeType,
+    rope_scaling_from_dict,
+    rope_scaling_to_dict,
+)
 
 __all__ = ["PRESETS", "arch_from_hf_config", "load_model", "model_from_dict", "model_to_dict"]
 
@@ -44,6 +52,9 @@ def _llama(
     tied: bool,
     theta: float,
     eps: float = 1e-5,
+    rope_scaling: RopeScaling | None = None,
+    sliding_window: int | None = None,
+    hf_model_type: HfModelType = HfModelType.LLAMA,
 ) -> ModelArch:
     return ModelArch(
         family=Family.LLAMA,
@@ -57,7 +68,20 @@ def _llama(
         tie_embeddings=tied,
         norm_eps=eps,
         rope_theta=theta,
+        rope_scaling=rope_scaling,
+        sliding_window=sliding_window,
+        hf_model_type=hf_model_type,
     )
+
+
+# Llama 3.1 and 3.2's published rope_scaling (meta-llama/Llama-3.2-1B config.json).
+_LLAMA_3_2_ROPE = RopeScaling(
+    rope_type=RopeType.LLAMA3,
+    factor=32.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
 
 
 PRESETS: dict[str, ModelArch] = {
@@ -87,6 +111,7 @@ PRESETS: dict[str, ModelArch] = {
         seq=131072,
         tied=True,
         theta=500000.0,
+        rope_scaling=_LLAMA_3_2_ROPE,
     ),
     "llama-3.2-3b": _llama(
         blocks=28,
@@ -98,6 +123,7 @@ PRESETS: dict[str, ModelArch] = {
         seq=131072,
         tied=True,
         theta=500000.0,
+        rope_scaling=_LLAMA_3_2_ROPE,
     ),
     "llama-3-8b": _llama(
         blocks=32,
@@ -155,68 +181,10 @@ PRESETS: dict[str, ModelArch] = {
         seq=32768,
         tied=False,
         theta=10000.0,
+        sliding_window=4096,
+        hf_model_type=HfModelType.MISTRAL,
     ),
 }
-
-_LLAMA_TYPES = ("llama", "mistral")
-
-
-def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
-    """A GPT-2, Llama or Mistral ``config.json`` mapping as a :class:`ModelArch`."""
-    config = Fields(data, source=source)
-    model_type = config.choice("model_type", ("gpt2", *_LLAMA_TYPES))
-    if model_type == "gpt2":
-        hidden = config.integer("n_embd", minimum=1)
-        heads = config.integer("n_head", minimum=1)
-        arch_kwargs: dict[str, Any] = dict(
-            family=Family.GPT2,
-            num_blocks=config.integer("n_layer", minimum=1),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=heads,
-            ffn_hidden_size=config.integer("n_inner", default=4 * hidden, minimum=1),
-            vocab_size=config.integer("vocab_size", minimum=1),
-            max_seq_len=config.integer("n_positions", minimum=1),
-            tie_embeddings=config.boolean("tie_word_embeddings", default=True),
-            norm_eps=config.number("layer_norm_epsilon", default=1e-5, strictly_positive=True),
-        )
-        heads_field = "n_head"
-    else:
-        heads = config.integer("num_attention_heads", minimum=1)
-        # transformers 5 writes rope_theta inside "rope_parameters"; older files at the top.
-        theta = 10000.0
-        if config.has("rope_parameters"):
-            rope = config.sub("rope_parameters")
-            theta = rope.number("rope_theta", default=theta, strictly_positive=True)
-        arch_kwargs = dict(
-            family=Family.LLAMA,
-            num_blocks=config.integer("num_hidden_layers", minimum=1),
-            hidden_size=config.integer("hidden_size", minimum=1),
-            num_heads=heads,
-            num_kv_heads=config.integer("num_key_value_heads", default=heads, minimum=1),
-            ffn_hidden_size=config.integer("intermediate_size", minimum=1),
-            vocab_size=config.integer("vocab_size", minimum=1),
-            max_seq_len=config.integer("max_position_embeddings", default=4096, minimum=1),
-            tie_embeddings=config.boolean("tie_word_embeddings", default=False),
-            head_dim=config.integer("head_dim", default=0, minimum=0),
-            norm_eps=config.number("rms_norm_eps", default=1e-5, strictly_positive=True),
-            rope_theta=config.number("rope_theta", default=theta, strictly_positive=True),
-        )
-        heads_field = "num_attention_heads"
-        kv_heads = arch_kwargs["num_kv_heads"]
-        if heads % kv_heads:
-            raise config.error(
-                "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})"
-            )
-    try:
-        return ModelArch(**arch_kwargs)
-    except ValueError as error:
-        raise SpecError(
-            source=source,
-            field=heads_field,
-            has_value=False,
-            expected=f"a head count that divides the hidden size ({error})",
-        ) from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -261,10 +229,19 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
         "head_dim": arch.head_dim,
         "norm_eps": arch.norm_eps,
         "rope_theta": arch.rope_theta,
+        "rope_scaling": (
+            None if arch.rope_scaling is None else rope_scaling_to_dict(arch.rope_scaling)
+        ),
+        "attention_qkv_bias": arch.attention_qkv_bias,
+        "attention_out_bias": arch.attention_out_bias,
+        "mlp_bias": arch.mlp_bias,
+        "sliding_window": arch.sliding_window,
+        "hf_model_type": arch.model_type.value,
     }
 
 
 def model_from_dict(data: object, *, source: str) -> ModelSpec:
+    """The model of a plan file; fields newer than the file take their defaults."""
     fields = Fields(data, source=source, path="model")
     fields.reject_unknown(model_to_dict(ModelSpec(name="x", arch=PRESETS["tiny"])).keys())
     counts = {
@@ -286,8 +263,28 @@ def model_from_dict(data: object, *, source: str) -> ModelSpec:
             head_dim=fields.integer("head_dim", default=0, minimum=0),
             norm_eps=fields.number("norm_eps", strictly_positive=True),
             rope_theta=fields.number("rope_theta", strictly_positive=True),
+            rope_scaling=(
+                rope_scaling_from_dict(fields.sub("rope_scaling"))
+                if fields.has("rope_scaling")
+                else None
+            ),
+            attention_qkv_bias=fields.boolean("attention_qkv_bias", default=False),
+            attention_out_bias=fields.boolean("attention_out_bias", default=False),
+            mlp_bias=fields.boolean("mlp_bias", default=False),
+            sliding_window=(
+                fields.integer("sliding_window", minimum=1)
+                if fields.has("sliding_window")
+                else None
+            ),
+            hf_model_type=(
+                HfModelType(fields.choice("hf_model_type", [t.value for t in HfModelType]))
+                if fields.has("hf_model_type")
+                else None
+            ),
             **counts,
         )
+    except SpecError:
+        raise
     except ValueError as error:
         raise SpecError(
             source=source,

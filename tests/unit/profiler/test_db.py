@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ from piebald.profiler.db import (
     write_profile,
 )
 from piebald.profiler.fit import fit_alpha_beta
+from piebald.profiler.keys import layer_signature
 from piebald.profiler.records import NetworkKey, NetworkKind, NetworkProfile
-from piebald.specs.model import LayerKind
+from piebald.specs.model import HfModelType, LayerKind
+from piebald.specs.presets import PRESETS
 
 from .conftest import MakeProfile, provenance
 
@@ -169,3 +172,14 @@ def test_merge_refuses_a_broken_source(tmp_path: Path, profile_of: MakeProfile) 
     with pytest.raises(SpecError, match="version"):
         merge_profile_dbs([tmp_path / "src"], tmp_path / "into")
     assert not (tmp_path / "into").exists()
+
+
+def test_blocks_with_biases_get_their_own_signature() -> None:
+    """A Qwen2 block does more work than a Llama block of the same shape: their profiles must
+    not be shared; a bias-free block keeps the signature older profile files carry."""
+    llama = PRESETS["tiny"]
+    qwen2 = replace(llama, hf_model_type=HfModelType.QWEN2, attention_qkv_bias=True)
+    biased = replace(llama, attention_qkv_bias=True, attention_out_bias=True, mlp_bias=True)
+    assert layer_signature(llama, LayerKind.BLOCK) == "block-llama-h64-a4-kv2-d16-f176"
+    assert layer_signature(qwen2, LayerKind.BLOCK) == "block-llama-h64-a4-kv2-d16-f176-bqkv"
+    assert layer_signature(biased, LayerKind.BLOCK).endswith("-bqkv-bo-bmlp")

@@ -106,7 +106,7 @@ def test_hugging_face_config_matches_preset(directory: str, preset: str) -> None
     from_file = load_model(str(HF / directory / "config.json"))
     from_dir = load_model(str(HF / directory))
     assert from_file.arch == from_dir.arch
-    assert from_file.num_params == load_model(preset).num_params
+    assert from_file.arch == load_model(preset).arch  # the window of mistral-7b included
     assert from_file.name == directory
 
 

@@ -3,7 +3,8 @@ weight loader (``hf_weights``) reads by and the exporter (``training.export``) w
 
 piebald names a parameter ``layers.{i}.{module}`` (layer 0 the embedding, 1..N the blocks,
 N+1 the final norm and head); Hugging Face names are those of ``LlamaForCausalLM``
-("model.layers.3.self_attn.q_proj.weight"; Mistral and Qwen2 alike) and ``GPT2LMHeadModel``
+("model.layers.3.self_attn.q_proj.weight"; Mistral and Qwen2 alike, with the ``.bias``
+tensors an architecture has) and ``GPT2LMHeadModel``
 ("transformer.h.3.attn.c_attn.weight"). A loader also accepts the names without the
 "model."/"transformer." prefix (checkpoints of the bare ``LlamaModel``/``GPT2Model`` and
 OpenAI's GPT-2 files); the exporter writes the first, prefixed, name. GPT-2 stores its
@@ -96,7 +97,24 @@ def _llama_names(
             "feed_forward.w2.weight": "mlp.down_proj.weight",
             "feed_forward.w3.weight": "mlp.up_proj.weight",
         }
-        return [(local, hf + name, False) for local, name in pairs.items()]
+        biases = [
+            (f"attention.{ours}.bias", f"self_attn.{theirs}.bias")
+            for ours, theirs, present in (
+                ("wq", "q_proj", arch.attention_qkv_bias),
+                ("wk", "k_proj", arch.attention_qkv_bias),
+                ("wv", "v_proj", arch.attention_qkv_bias),
+                ("wo", "o_proj", arch.attention_out_bias),
+            )
+            if present
+        ]
+        if arch.mlp_bias:
+            biases += [
+                ("feed_forward.w1.bias", "mlp.gate_proj.bias"),
+                ("feed_forward.w2.bias", "mlp.down_proj.bias"),
+                ("feed_forward.w3.bias", "mlp.up_proj.bias"),
+            ]
+        named = [*pairs.items(), *biases]
+        return [(local, hf + name, False) for local, name in named]
     head = [
         ("norm.weight", "norm.weight"),
         *_head_output(arch, has_embedding=has_embedding, embedding="embed_tokens.weight"),

@@ -5,19 +5,11 @@ directory (one file or a sharded set); nothing is ever downloaded. Which tensor 
 is ``hf_names``' table. A checkpoint holding tensors the model would leave unread, a
 missing tensor and a shape that differs are each refused in one line naming the file and
 tensor.
-
-Not modelled: RoPE frequency scaling (Llama 3.1+'s ``rope_scaling``/``rope_parameters``
-with a rope_type other than "default"), which ModelArch does not carry; such weights load,
-but positions are encoded with unscaled frequencies, so the loader logs a warning when the
-directory's config.json asks for scaling.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -29,14 +21,11 @@ from piebald.specs.model import ModelSpec
 
 __all__ = ["check_hf_weights", "load_hf_weights"]
 
-logger = logging.getLogger(__name__)
-
 
 def load_hf_weights(part: StagePart, directory: Path) -> None:
     """Copy the weights of ``part``'s layers from the safetensors files in ``directory``,
     which must hold exactly the whole model's tensors (``check_hf_weights``)."""
     files = check_hf_weights(part.model, Path(directory))
-    _warn_about_rope_scaling(Path(directory))
     parameters = dict(part.named_parameters())
     searched = f"{directory}/*.safetensors ({len(set(files.values()))} files)"
     with torch.no_grad():
@@ -123,29 +112,6 @@ def _index_tensors(directory: Path) -> dict[str, Path]:
                 expected=f"a safetensors file ({error})",
             ) from None
     return names
-
-
-def _warn_about_rope_scaling(directory: Path) -> None:
-    try:
-        config: Any = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return  # the config is optional here; the ModelSpec came from elsewhere
-    if not isinstance(config, dict):
-        return
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if not isinstance(rope, dict):
-            continue
-        rope_type = rope.get("rope_type", rope.get("type")) or "default"
-        if rope_type != "default":
-            logger.warning(
-                "%s: %s asks for %r RoPE scaling, which piebald does not model; positions "
-                "use unscaled frequencies, so outputs differ from the original model's",
-                directory / "config.json",
-                key,
-                rope_type,
-            )
-            return
 
 
 def _read(path: Path, name: str) -> torch.Tensor:

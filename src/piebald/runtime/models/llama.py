@@ -1,9 +1,10 @@
-"""One Llama-family transformer block (Llama 2/3, Mistral): RMSNorm, rotary positions,
-grouped-query attention, SwiGLU MLP.
+"""One Llama-family transformer block (Llama 2/3, Mistral, Qwen2): RMSNorm, rotary
+positions (models/rope.py), grouped-query attention, SwiGLU MLP; biases where the
+architecture has them (Qwen2 on Q, K, V; Llama's attention_bias and mlp_bias).
 
 Shapes: b batch, s sequence, h hidden, n query heads, k key/value heads, d head dim,
 f MLP width. The numerics follow Hugging Face's ``LlamaForCausalLM`` (rotate-half RoPE,
-fp32 norm statistics, default RoPE without scaling), so its safetensors load as they are.
+fp32 norm statistics, the same RoPE frequencies), so its safetensors load as they are.
 """
 
 from __future__ import annotations
@@ -13,34 +14,10 @@ from torch import nn
 from torch.nn import functional
 
 from piebald.runtime.models.norms import RMSNorm
+from piebald.runtime.models.rope import Rope, apply_rope, rope_tables
 from piebald.specs.model import ModelArch
 
 __all__ = ["Attention", "FeedForward", "LlamaBlock", "Rope", "apply_rope", "rope_tables"]
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [s, d], fp32
-
-
-def rope_tables(*, seq_len: int, head_dim: int, theta: float, device: torch.device) -> Rope:
-    """cos and sin of the rotary angles (Su et al. 2021, RoFormer, eq. 34), rotate-half layout.
-
-    Frequency i is theta^(-2i/d) for i < d/2; position m turns pair i by m * theta^(-2i/d).
-    The two halves of the head dimension form the pairs (dimension j with j + d/2), as in
-    Hugging Face's Llama, instead of the interleaved pairs of the paper.
-    """
-    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / theta**exponents  # [d/2]
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)  # [s]
-    angles = torch.outer(positions, inv_freq)  # [s, d/2]
-    angles = torch.cat((angles, angles), dim=-1)  # [s, d]
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate queries or keys x [b, heads, s, d] by their positions."""
-    cos, sin = (table.to(x.dtype) for table in rope)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [b, heads, s, d]
-    return x * cos + rotated * sin
 
 
 class Attention(nn.Module):
@@ -53,10 +30,11 @@ class Attention(nn.Module):
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.resolved_head_dim
         h = arch.hidden_size
-        self.wq = nn.Linear(h, arch.q_width, bias=False)  # h -> n*d
-        self.wk = nn.Linear(h, arch.kv_width, bias=False)  # h -> k*d
-        self.wv = nn.Linear(h, arch.kv_width, bias=False)  # h -> k*d
-        self.wo = nn.Linear(arch.q_width, h, bias=False)  # n*d -> h
+        qkv_bias = arch.attention_qkv_bias
+        self.wq = nn.Linear(h, arch.q_width, bias=qkv_bias)  # h -> n*d
+        self.wk = nn.Linear(h, arch.kv_width, bias=qkv_bias)  # h -> k*d
+        self.wv = nn.Linear(h, arch.kv_width, bias=qkv_bias)  # h -> k*d
+        self.wo = nn.Linear(arch.q_width, h, bias=arch.attention_out_bias)  # n*d -> h
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
         b, s, _ = x.shape
@@ -80,9 +58,9 @@ class FeedForward(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         h, f = arch.hidden_size, arch.ffn_hidden_size
-        self.w1 = nn.Linear(h, f, bias=False)  # gate
-        self.w2 = nn.Linear(f, h, bias=False)  # down
-        self.w3 = nn.Linear(h, f, bias=False)  # up
+        self.w1 = nn.Linear(h, f, bias=arch.mlp_bias)  # gate
+        self.w2 = nn.Linear(f, h, bias=arch.mlp_bias)  # down
+        self.w3 = nn.Linear(h, f, bias=arch.mlp_bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
         gated = functional.silu(self.w1(x)) * self.w3(x)  # [b, s, f]

@@ -122,6 +122,7 @@ class StagePart(nn.Module):
             head_dim=arch.resolved_head_dim,
             theta=arch.rope_theta,
             device=x.device,
+            scaling=arch.rope_scaling,
         )
 
     def run_layer(self, index: int, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:

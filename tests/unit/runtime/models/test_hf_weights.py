@@ -249,17 +249,3 @@ def test_gpt2_conv1d_shape_errors_name_the_stored_layout(tmp_path: Path) -> None
         SpecError, match=r"h.0.attn.c_attn.weight: got \[24, 8\]; expected shape \[8, 24\]"
     ):
         load_hf_weights(block, tmp_path)
-
-
-def test_rope_scaling_in_config_json_is_warned_about(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    model = load_model("tiny")
-    save_file(whole_checkpoint(model), str(tmp_path / "m.safetensors"))
-    part = build_stage_part(model, layer_start=0, layer_end=1)
-    (tmp_path / "config.json").write_text('{"rope_scaling": {"rope_type": "default"}}')
-    load_hf_weights(part, tmp_path)
-    assert "RoPE scaling" not in caplog.text
-    (tmp_path / "config.json").write_text('{"rope_scaling": {"rope_type": "llama3", "factor": 32}}')
-    load_hf_weights(part, tmp_path)
-    assert "'llama3' RoPE scaling, which piebald does not model" in caplog.text

@@ -1,0 +1,185 @@
+"""Reading a Hugging Face ``config.json`` (GPT-2, Llama, Mistral, Qwen2) as a ModelArch.
+
+Fields are read as transformers 5 reads them (its ``GPT2Config``, ``LlamaConfig``,
+``MistralConfig``, ``Qwen2Config`` and the modeling code that uses them), defaults included:
+a field left out means what it means to transformers. Every setting that would make
+transformers compute something piebald's runtime does not (another activation, per-layer
+attention scaling, an unsupported RoPE variant, partial rotary embeddings, ...) is refused
+as one line naming the file, the field and the value, instead of training a different model
+silently.
+
+Accepted but not modelled: dropout (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop``,
+``attention_dropout``): piebald trains without dropout, and a model's outputs in evaluation
+do not depend on it. Fields that only concern generation, tokenizers, heads other than the
+causal LM head or tensor-parallel hints are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from piebald.errors import SpecError
+from piebald.specs.fields import Fields
+from piebald.specs.model import Family, HfModelType, ModelArch
+from piebald.specs.rope_scaling import rope_dict_from_hf, rope_scaling_from_hf
+
+__all__ = ["arch_from_hf_config"]
+
+_LLAMA_TYPES = {
+    "llama": HfModelType.LLAMA,
+    "mistral": HfModelType.MISTRAL,
+    "qwen2": HfModelType.QWEN2,
+}
+# transformers' defaults for fields a config.json may leave out.
+_MAX_POSITIONS = {HfModelType.LLAMA: 2048, HfModelType.MISTRAL: 4096 * 32, HfModelType.QWEN2: 32768}
+_KV_HEADS = {HfModelType.MISTRAL: 8, HfModelType.QWEN2: 32}  # Llama: one per query head
+_DEFAULT_SLIDING_WINDOW = 4096  # MistralConfig and Qwen2Config
+_QWEN2_MAX_WINDOW_LAYERS = 28
+# Both are GELU's tanh approximation (Hendrycks and Gimpel 2016), which runtime/gpt2.py uses.
+_GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+# GPT-2 switches that change the attention piebald computes, with the value it implements.
+_GPT2_SWITCHES = {
+    "scale_attn_weights": (True, "scores scaled by 1/sqrt(head dim)"),
+    "scale_attn_by_inverse_layer_idx": (False, "no per-layer attention scaling"),
+    "reorder_and_upcast_attn": (False, "attention as GPT2Attention computes it by default"),
+    "add_cross_attention": (False, "a decoder-only model"),
+}
+
+
+def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
+    """A GPT-2, Llama, Mistral or Qwen2 ``config.json`` mapping as a :class:`ModelArch`."""
+    config = Fields(data, source=source)
+    model_type = config.choice("model_type", ("gpt2", *_LLAMA_TYPES))
+    kwargs = _gpt2(config) if model_type == "gpt2" else _llama(config, _LLAMA_TYPES[model_type])
+    try:
+        return ModelArch(**kwargs)
+    except ValueError as error:  # the fields were checked one by one; this is their mix
+        raise SpecError(
+            source=source,
+            field="",
+            has_value=False,
+            expected=f"a consistent architecture ({error})",
+        ) from None
+
+
+def _gpt2(config: Fields) -> dict[str, Any]:
+    activation = config.raw("activation_function", "gelu_new")
+    if activation not in _GPT2_ACTIVATIONS:
+        raise config.error(
+            "activation_function", activation, f"one of {list(_GPT2_ACTIVATIONS)} (tanh GELU)"
+        )
+    for name, (wanted, meaning) in _GPT2_SWITCHES.items():
+        if config.boolean(name, default=wanted) != wanted:
+            raise config.error(
+                name, config.raw(name), f"{str(wanted).lower()} (piebald implements {meaning})"
+            )
+    hidden = config.integer("n_embd", minimum=1)
+    heads = config.integer("n_head", minimum=1)
+    if hidden % heads:
+        raise config.error("n_head", heads, f"a divisor of n_embd ({hidden})")
+    return dict(
+        family=Family.GPT2,
+        hf_model_type=HfModelType.GPT2,
+        num_blocks=config.integer("n_layer", minimum=1),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=config.integer("n_inner", default=4 * hidden, minimum=1),
+        vocab_size=config.integer("vocab_size", minimum=1),
+        max_seq_len=config.integer("n_positions", minimum=1),
+        tie_embeddings=config.boolean("tie_word_embeddings", default=True),
+        norm_eps=config.number("layer_norm_epsilon", default=1e-5, strictly_positive=True),
+    )
+
+
+def _llama(config: Fields, kind: HfModelType) -> dict[str, Any]:
+    activation = config.raw("hidden_act", "silu")
+    if activation != "silu":
+        raise config.error("hidden_act", activation, "'silu' (piebald's SwiGLU MLP)")
+    hidden = config.integer("hidden_size", minimum=1)
+    heads = config.integer("num_attention_heads", minimum=1)
+    kv_heads = config.integer("num_key_value_heads", default=_KV_HEADS.get(kind, heads), minimum=1)
+    if heads % kv_heads:
+        raise config.error(
+            "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})"
+        )
+    head_dim = config.integer("head_dim", default=0, minimum=0)
+    if not head_dim and hidden % heads:
+        raise config.error("num_attention_heads", heads, f"a divisor of hidden_size ({hidden})")
+    num_blocks = config.integer("num_hidden_layers", minimum=1)
+    max_positions = config.integer(
+        "max_position_embeddings", default=_MAX_POSITIONS[kind], minimum=1
+    )
+    # transformers folds a top-level partial_rotary_factor into the rope dict.
+    partial = config.number("partial_rotary_factor", default=1.0)
+    if partial != 1.0:
+        raise config.error("partial_rotary_factor", partial, "1.0 (piebald rotates whole heads)")
+    rope, rope_theta = rope_dict_from_hf(config)
+    if rope_theta is None:  # the rope dict's theta wins over a top-level one, as in transformers
+        rope_theta = config.number("rope_theta", default=10000.0, strictly_positive=True)
+    scaling = None
+    if rope is not None:
+        override = (
+            config.integer("original_max_position_embeddings", minimum=1)
+            if config.has("original_max_position_embeddings")
+            else None
+        )
+        scaling = rope_scaling_from_hf(
+            rope, max_position_embeddings=max_positions, original_override=override
+        )
+    attention_bias = kind is HfModelType.LLAMA and config.boolean("attention_bias", default=False)
+    return dict(
+        family=Family.LLAMA,
+        hf_model_type=kind,
+        num_blocks=num_blocks,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        ffn_hidden_size=config.integer("intermediate_size", minimum=1),
+        vocab_size=config.integer("vocab_size", minimum=1),
+        max_seq_len=max_positions,
+        tie_embeddings=config.boolean("tie_word_embeddings", default=False),
+        head_dim=head_dim,
+        norm_eps=config.number("rms_norm_eps", default=1e-6, strictly_positive=True),
+        rope_theta=rope_theta,
+        rope_scaling=scaling,
+        attention_qkv_bias=attention_bias or kind is HfModelType.QWEN2,
+        attention_out_bias=attention_bias,
+        mlp_bias=kind is HfModelType.LLAMA and config.boolean("mlp_bias", default=False),
+        sliding_window=_sliding_window(config, kind, num_blocks=num_blocks),
+    )
+
+
+def _sliding_window(config: Fields, kind: HfModelType, *, num_blocks: int) -> int | None:
+    """The attention window transformers applies (None: full causal attention).
+
+    Mistral slides on every layer when ``sliding_window`` is set; a file without the field
+    gets MistralConfig's 4096, an explicit null none. Qwen2 slides only with
+    ``use_sliding_window``, on the layers ``layer_types`` marks (by default those from
+    ``max_window_layers`` on); a model with a window on some layers is treated as having it.
+    """
+    if kind is HfModelType.LLAMA:
+        return None  # LlamaConfig has no window; transformers ignores the field
+    if kind is HfModelType.QWEN2:
+        if not config.boolean("use_sliding_window", default=False):
+            return None
+        if config.has("layer_types"):
+            layer_types = config.items("layer_types")
+            allowed = ("full_attention", "sliding_attention")
+            if len(layer_types) != num_blocks or any(t not in allowed for t in layer_types):
+                raise config.error(
+                    "layer_types",
+                    layer_types,
+                    f"{num_blocks} entries (num_hidden_layers), each one of {list(allowed)}",
+                )
+            slides = "sliding_attention" in layer_types
+        else:
+            first = config.integer("max_window_layers", default=_QWEN2_MAX_WINDOW_LAYERS, minimum=0)
+            slides = first < num_blocks
+        if not slides:
+            return None
+    if "sliding_window" not in config.data:
+        return _DEFAULT_SLIDING_WINDOW
+    if not config.has("sliding_window"):  # an explicit null
+        return None
+    return config.integer("sliding_window", minimum=1)
