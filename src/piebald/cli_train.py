@@ -20,7 +20,7 @@ import typer
 from piebald.cli_common import console, errors, user_errors
 from piebald.errors import SpecError
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec
+from piebald.specs.job import JobSpec, check_seq_len
 from piebald.specs.plan_io import load_plan
 from piebald.specs.presets import load_model
 
@@ -97,7 +97,11 @@ def train(
     ] = None,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="Save checkpoints here.")] = None,
     save_model: Annotated[
-        Path | None, typer.Option(help="Write the trained weights here (one file, torch.save).")
+        Path | None,
+        typer.Option(
+            help="Write the trained model here: a new Hugging Face directory (config.json, "
+            "safetensors) that transformers and vLLM load."
+        ),
     ] = None,
     init_from: Annotated[
         Path | None,
@@ -211,6 +215,7 @@ def run_train(
 ) -> None:
     from dataclasses import replace
 
+    from piebald.runtime.models.hf_weights import check_hf_weights
     from piebald.runtime.training.precision import ComputeDtype
 
     if device not in (None, "cpu", "cuda"):
@@ -229,7 +234,7 @@ def run_train(
         raise _fail("--resume", True, "a --checkpoint-dir holding the checkpoints to resume from")
     if config.save_model_path is not None and config.save_model_path.exists():
         raise FileExistsError(
-            f"{config.save_model_path}: already exists; choose another --save-model file "
+            f"{config.save_model_path}: already exists; choose another --save-model directory "
             "(nothing was overwritten)"
         )
     if config.eval_data_path is None and config.eval_every:
@@ -258,6 +263,9 @@ def run_train(
         from piebald.runtime.training.reference import train_reference
 
         spec = load_model(model)
+        check_seq_len(spec, seq_len=seq_len)
+        if config.init_from is not None:
+            check_hf_weights(spec, config.init_from)
         # The reference computes in fp32 on every device: it is what plans are compared with.
         job = JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=Dtype.FP32)
         summary = train_reference(
@@ -272,6 +280,8 @@ def run_train(
     if model is not None or global_batch is not None or seq_len is not None:
         raise _fail("--model", model, "no --model/--global-batch/--seq-len with --plan")
     plan = load_plan(plan_file)
+    if config.init_from is not None:
+        check_hf_weights(plan.model, config.init_from)
     if emulate:
         if device == "cuda":
             raise _fail("--device", device, "cpu with --emulate (emulation runs CPU processes)")

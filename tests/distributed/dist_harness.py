@@ -100,12 +100,15 @@ def make_plan(
     schedule: Schedule = Schedule.ONE_F_ONE_B,
     gpu_types: Sequence[str] | None = None,
     seq_len: int = 32,
+    model: ModelSpec | None = None,
 ) -> Plan:
-    """A plan for the 6-layer ``tiny`` model (embedding, 4 blocks, head), micro-batch size 1
-    unless a stage says otherwise, routes by weighted round robin in every stage; rank r is
-    a ``gpu_types[r]`` (default: all A100-80GB), consecutive equal types forming a node."""
-    arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
-    model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
+    """A plan for ``model`` (default: the 6-layer ``tiny`` model, embedding, 4 blocks, head,
+    tied or not), micro-batch size 1 unless a stage says otherwise, routes by weighted round
+    robin in every stage; rank r is a ``gpu_types[r]`` (default: all A100-80GB), consecutive
+    equal types forming a node."""
+    if model is None:
+        arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
+        model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
     types = list(gpu_types) if gpu_types is not None else ["A100-80GB"] * num_gpus
     assert len(types) == num_gpus, "one GPU type per rank"
     runs = [(name, len(list(group))) for name, group in itertools.groupby(types)]

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from dist_harness import StageSpec, make_plan
+from safetensors.torch import load_file
 
 from piebald.runtime.data.token_file import write_token_file
 from piebald.runtime.distributed.optimizer import OptimizerConfig
@@ -159,12 +160,12 @@ def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path
     reference = train_reference(
         plan.model,
         plan.job,
-        dataclasses.replace(config, save_model_path=tmp_path / "reference.pt"),
+        dataclasses.replace(config, save_model_path=tmp_path / "reference"),
         print_line=lambda _: None,
     )
     run = emulate(
         plan,
-        dataclasses.replace(config, save_model_path=tmp_path / "plan.pt", one_tag=one_tag),
+        dataclasses.replace(config, save_model_path=tmp_path / "plan", one_tag=one_tag),
         max_params=10**9,
         lines_to_stderr=True,
     )
@@ -179,8 +180,8 @@ def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path
     assert reference.losses[-1] < reference.losses[0] - 0.05
     for step, (mine, theirs) in enumerate(zip(run.losses, reference.losses, strict=True)):
         assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-4), f"step {step + 1}"
-    mine = torch.load(tmp_path / "plan.pt", weights_only=True)
-    theirs = torch.load(tmp_path / "reference.pt", weights_only=True)
+    mine = load_file(str(tmp_path / "plan" / "model.safetensors"))
+    theirs = load_file(str(tmp_path / "reference" / "model.safetensors"))
     assert sorted(mine) == sorted(theirs)
     for param_name, value in theirs.items():
         torch.testing.assert_close(mine[param_name], value, rtol=1e-4, atol=1e-5, msg=param_name)

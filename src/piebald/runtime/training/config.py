@@ -23,7 +23,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only at the end of the run (when a directory is given)
     resume: bool = False
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
-    save_model_path: Path | None = None  # the trained weights, one file, global names
+    save_model_path: Path | None = None  # the trained model, a Hugging Face directory
     init_from: Path | None = None  # a Hugging Face directory whose weights start the run
     eval_data_path: Path | None = None  # a token file for the evaluation loss
     eval_every: int = 0  # evaluate after every K-th step (0: after the last step only)

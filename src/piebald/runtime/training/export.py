@@ -1,26 +1,35 @@
-"""Write the trained model's weights as one file: every parameter once, under its global
-name (``layers.3.attention.wq.weight``), as one process holding the whole model would name
-it. Stage parts write their pieces, the leader merges them; a tied head's replica is left
-out (the whole model's head uses the embedding's table).
+"""Write the trained model as a Hugging Face directory (``--save-model DIR``): the
+``config.json`` of the architecture it was trained as and its weights as safetensors,
+every tensor under its Hugging Face name, so ``AutoModelForCausalLM.from_pretrained(DIR)``
+(and vLLM) load it with no missing or unexpected key.
 
-The file is written next to its final path and renamed into place, so an interrupted
-export never leaves a partial file under the user's name.
+Under a plan, the first rank of each stage writes its part's parameters (a ZeRO-3 stage
+gathers them first) to a piece beside the destination, and the leader merges the pieces;
+a tied head's replica is left out (the embedding's table is the tensor). Parameters are
+written in the dtype they trained in; a model whose stages trained in different 16-bit
+types (bf16 beside fp16) is written in fp32, which holds both exactly. The directory is
+built under a temporary name and renamed into place (``hf_export``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from piebald.runtime.distributed.collectives import barrier
 from piebald.runtime.distributed.groups import ProcessGroups
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
+from piebald.runtime.models.hf_export import write_hf_model
+from piebald.runtime.models.hf_names import hf_tensors
 from piebald.runtime.models.stage_part import StagePart
+from piebald.specs.hf_config_write import hf_config_from_arch
+from piebald.specs.model import ModelSpec
 
-__all__ = ["export_part_weights", "part_weights", "save_weights"]
+__all__ = ["export_part_weights", "part_weights", "save_hf_model"]
 
 
 def part_weights(part: StagePart) -> dict[str, torch.Tensor]:
@@ -33,37 +42,54 @@ def part_weights(part: StagePart) -> dict[str, torch.Tensor]:
     }
 
 
-def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
-    """``torch.save`` to a temporary name beside ``path``, then rename onto it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        torch.save(weights, f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+def save_hf_model(
+    weights: Mapping[str, torch.Tensor], *, model: ModelSpec, directory: Path
+) -> None:
+    """Write the whole model's ``weights`` (global piebald names) as a Hugging Face
+    directory; every parameter of ``model`` must be there, and nothing else."""
+    arch = model.arch
+    table = hf_tensors(arch, layer_start=0, layer_end=model.num_layers, has_embedding=True)
+    expected = {tensor.local_name for tensor in table}
+    if set(weights) != expected:
+        missing = sorted(expected - set(weights))[:3]
+        extra = sorted(set(weights) - expected)[:3]
+        raise ValueError(f"weights of {model.name}: missing {missing}, unexpected {extra}")
+    dtype = _common_dtype({t.dtype for t in weights.values()})
+    tensors = {}
+    for tensor in table:
+        value = weights[tensor.local_name].to(dtype)
+        tensors[tensor.hf_names[0]] = value.t() if tensor.transpose else value
+    config = hf_config_from_arch(arch)
+    # transformers 5 reads ``torch_dtype`` as ``dtype``; older readers know only this name.
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    write_hf_model(directory, tensors=tensors, config=config)
 
 
 def export_part_weights(
-    path: Path,
+    directory: Path,
     *,
     part: StagePart,
     optimizer: ShardedOptimizer,
     groups: ProcessGroups,
     rank: int,
 ) -> None:
-    """Collective over the used ranks: merge every stage's weights into ``path``."""
+    """Collective over the used ranks: merge every stage's weights into ``directory``."""
     assert groups.stage is not None and groups.stage_index is not None
-    pieces = path.with_name(f".{path.name}.parts")
+    pieces = directory.with_name(f".{directory.name}.parts")
     optimizer.gather_params()  # ZeRO-3 stages hold shards at rest
     if rank == groups.stage.ranks[0]:
         pieces.mkdir(parents=True, exist_ok=True)
-        save_weights(part_weights(part), pieces / f"stage-{groups.stage_index}.pt")
+        save_file(part_weights(part), str(pieces / f"stage-{groups.stage_index}.safetensors"))
     optimizer.release_params()
     barrier(groups.used)
     if rank == groups.used.ranks[0]:
         merged: dict[str, torch.Tensor] = {}
-        for piece in sorted(pieces.glob("stage-*.pt")):
-            merged.update(torch.load(piece, weights_only=True))
-        save_weights(merged, path)
+        for piece in sorted(pieces.glob("stage-*.safetensors")):
+            merged.update(load_file(str(piece)))
         shutil.rmtree(pieces)
+        save_hf_model(merged, model=part.model, directory=directory)
+
+
+def _common_dtype(dtypes: set[torch.dtype]) -> torch.dtype:
+    """The one dtype every parameter is written in (module docstring)."""
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32

@@ -24,7 +24,7 @@ from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
-from piebald.runtime.training.export import part_weights, save_weights
+from piebald.runtime.training.export import part_weights, save_hf_model
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
@@ -126,7 +126,7 @@ def train_reference(
                 print_line(format_eval(metrics))
             writer.write(metrics)
     if config.save_model_path is not None:
-        save_weights(part_weights(model_part), config.save_model_path)
+        save_hf_model(part_weights(model_part), model=model, directory=config.save_model_path)
     return summarise(
         history,
         steps=config.steps,
