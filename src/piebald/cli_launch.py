@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -23,35 +24,56 @@ def launch(
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     hosts: Annotated[
         str | None,
-        typer.Option(help="Comma-separated host of each node, in the cluster file's order."),
+        typer.Option(
+            help="Comma-separated host of each node, in the cluster file's order "
+            "(default: the cluster file's hosts)."
+        ),
     ] = None,
+    gpus: Annotated[
+        bool,
+        typer.Option(
+            "--gpus/--no-gpus",
+            help="With --slurm: request each node's GPUs (--no-gpus: a CPU-only cluster).",
+        ),
+    ] = True,
     master_port: Annotated[int, typer.Option(help="Rendezvous port.")] = DEFAULT_PORT,
     train_args: Annotated[
-        str, typer.Option(help="Arguments passed on to `piebald train`, e.g. '--steps 100'.")
+        str,
+        typer.Option(
+            help="Arguments passed on to `piebald train`, shell-quoted, e.g. '--steps 100'."
+        ),
     ] = "",
 ) -> None:
     """Print (or write) the torchrun command of every node of the plan's cluster."""
     loaded = load_plan(plan)
     host_list = [h.strip() for h in hosts.split(",")] if hosts else None
     try:
+        train_words = shlex.split(train_args)
+    except ValueError as error:  # an unclosed quote
+        raise SpecError(
+            source="--train-args", field="", value=train_args, expected=f"shell words ({error})"
+        ) from None
+    try:
         launches = node_launches(
             loaded.cluster,
             plan_path=str(plan),
             hosts=host_list,
             master_port=master_port,
-            train_args=train_args.split(),
+            train_args=train_words,
         )
-    except ValueError as error:
+        if slurm:
+            text = slurm_script(launches, plan_name=plan.name, request_gpus=gpus)
+        elif out is not None:
+            text = shell_script(launches, plan_name=plan.name, workdir=str(Path.cwd()))
+        else:
+            text = None
+    except ValueError as error:  # the hosts: how many, or one named twice
         raise SpecError(source="--hosts", field="", value=hosts, expected=str(error)) from None
-    if slurm:
-        text = slurm_script(launches, plan_name=plan.name)
-    elif out is not None:
-        text = shell_script(launches, plan_name=plan.name, workdir=str(Path.cwd()))
-    else:
+    if text is None:
         for item in launches:
             console.print(
                 f"# node {item.node_rank} ({item.node_name}, {item.num_gpus} GPUs, "
-                f"ranks {item.first_rank}-{item.first_rank + item.num_gpus - 1}) on {item.host}",
+                f"{item.ranks}) on {item.host}",
                 highlight=False,
             )
             print(item.shell_line())

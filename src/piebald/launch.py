@@ -10,6 +10,10 @@ each data-parallel group inside one NIC class): RoCE nodes use GID index 3 (RoCE
 Ethernet-only nodes have InfiniBand verbs turned off, every node sees exactly its GPUs, and
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` lets gloo groups reconnect after a restart
 (research/torch_distributed.md).
+
+Both scripts start every node in the background and wait on each; the first node that
+fails stops the others and the script exits with its status. A bare ``wait`` returns 0
+whatever its children did, so Slurm would record a failed training as COMPLETED.
 """
 
 from __future__ import annotations
@@ -24,12 +28,42 @@ __all__ = ["NodeLaunch", "node_launches", "shell_script", "slurm_script"]
 
 DEFAULT_PORT = 29500
 
+# Waits on every node's background process (pids in the array `pids`). It polls bash's own
+# job table rather than using `wait -n`: bash before 5.1 can miss a job that ended before
+# the call, and a pid from `kill -0` may have been reused by then.
+_WAIT_FAIL_FAST = r"""
+# Wait on every node; the first to fail stops the others and sets the exit status.
+remaining=("${pids[@]}")
+while ((${#remaining[@]})); do
+  running=" $(jobs -pr | tr '\n' ' ') "
+  still=()
+  for pid in "${remaining[@]}"; do
+    if [[ $running == *" $pid "* ]]; then
+      still+=("$pid")
+      continue
+    fi
+    status=0
+    wait "$pid" || status=$?
+    if ((status != 0)); then
+      echo "piebald launch: node ${node_of[$pid]} exited with status $status;" \
+        "stopping the other nodes" >&2
+      kill "${remaining[@]}" 2>/dev/null || true
+      wait || true
+      exit "$status"
+    fi
+  done
+  remaining=(${still[@]+"${still[@]}"})
+  if ((${#remaining[@]})); then sleep 1; fi
+done
+"""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeLaunch:
     node_name: str
     node_rank: int
-    host: str  # a host name, or a shell expression that yields one
+    host: str  # the named host, else the node's name in the cluster file
+    host_named: bool  # named by --hosts or the cluster file's hosts
     first_rank: int
     num_gpus: int
     environment: Mapping[str, str]
@@ -37,8 +71,15 @@ class NodeLaunch:
 
     def shell_line(self) -> str:
         """The command as one line of shell, environment first."""
-        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.environment.items())
-        return f"{env} {shlex.join(self.command)}"
+        return f"{_env_words(self.environment)} {shlex.join(self.command)}"
+
+    @property
+    def ranks(self) -> str:
+        return f"ranks {self.first_rank}-{self.first_rank + self.num_gpus - 1}"
+
+
+def _env_words(environment: Mapping[str, str]) -> str:
+    return " ".join(f"{key}={shlex.quote(value)}" for key, value in environment.items())
 
 
 def _environment(cluster: ClusterSpec, node_index: int) -> dict[str, str]:
@@ -63,15 +104,21 @@ def node_launches(
     master_port: int = DEFAULT_PORT,
     train_args: Sequence[str] = (),
 ) -> list[NodeLaunch]:
-    """One launch per node of ``cluster``, in rank order; ``hosts`` names them (default:
-    the node names of the cluster file), the first host runs the rendezvous."""
+    """One launch per node of ``cluster``, in rank order. ``hosts`` names them; without it
+    the cluster file's ``hosts``, else the node names. The first host runs the rendezvous."""
     names = [node.name for node in cluster.nodes]
     if hosts is not None and len(hosts) != len(names):
         raise ValueError(
             f"{len(names)} hosts, one per node of cluster {cluster.name!r} "
             f"({', '.join(names)}), not {len(hosts)}"
         )
-    hosts = list(hosts) if hosts is not None else names
+    from_file = [node.host for node in cluster.nodes]
+    if hosts is not None:
+        chosen, named = list(hosts), True
+    elif all(host is not None for host in from_file):
+        chosen, named = [host for host in from_file if host is not None], True
+    else:
+        chosen, named = names, False
     launches = []
     for node in cluster.nodes:
         command = (
@@ -79,7 +126,7 @@ def node_launches(
             f"--nnodes={len(cluster.nodes)}",
             f"--nproc-per-node={node.num_gpus}",
             f"--node-rank={node.index}",
-            f"--master-addr={hosts[0]}",
+            f"--master-addr={chosen[0]}",
             f"--master-port={master_port}",
             "-m",
             "piebald",
@@ -92,7 +139,8 @@ def node_launches(
             NodeLaunch(
                 node_name=node.name,
                 node_rank=node.index,
-                host=hosts[node.index],
+                host=chosen[node.index],
+                host_named=named,
                 first_rank=node.first_rank,
                 num_gpus=node.num_gpus,
                 environment=_environment(cluster, node.index),
@@ -104,52 +152,136 @@ def node_launches(
 
 def shell_script(launches: Sequence[NodeLaunch], *, plan_name: str, workdir: str) -> str:
     """A script that starts every node over ssh in ``workdir`` (a directory every node
-    shares, holding the plan), rank 0's node first."""
+    shares, holding the plan), rank 0's node first, and fails as soon as one node fails."""
     lines = [
         "#!/usr/bin/env bash",
         f"# Launch plan {plan_name}: one torchrun per node; node i gets --node-rank i, so",
         "# global ranks match the plan. Run from a directory every node shares.",
         "set -euo pipefail",
+        "pids=()",
+        "declare -A node_of",
         "",
     ]
     for launch in launches:
-        ranks = f"ranks {launch.first_rank}-{launch.first_rank + launch.num_gpus - 1}"
-        lines.append(f"# node {launch.node_rank}: {launch.node_name}, {ranks}")
+        lines.append(f"# node {launch.node_rank}: {launch.node_name}, {launch.ranks}")
         remote = f"cd {shlex.quote(workdir)} && {launch.shell_line()}"
-        lines.append(f"ssh {shlex.quote(launch.host)} {shlex.quote(remote)} &")
-    lines += ["wait", ""]
+        # -tt: the remote torchrun gets a terminal, so killing this ssh (when another node
+        # fails) hangs it up and torchrun stops its workers instead of running on.
+        lines.append(f"ssh -tt {shlex.quote(launch.host)} {shlex.quote(remote)} &")
+        lines.append(f"pids+=($!); node_of[$!]={launch.node_rank}")
+    lines.append(_WAIT_FAIL_FAST)
     return "\n".join(lines)
 
 
-def slurm_script(
-    launches: Sequence[NodeLaunch], *, plan_name: str, job_name: str = "piebald"
-) -> str:
-    """An sbatch script: one allocation of all nodes; node i of the plan runs on the i-th
-    host of the allocation with its own GPU count (one ``srun`` step per node)."""
-    lines = [
-        "#!/usr/bin/env bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={len(launches)}",
-        "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --exclusive",
-        f"# Plan {plan_name}. Node i of the plan runs on the i-th host of the allocation:",
-        "# order the allocation (e.g. --nodelist) so that hosts match the cluster file.",
-        "set -euo pipefail",
-        'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        'master="${hosts[0]}"',
-        "",
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Component:
+    """Nodes that Slurm can allocate with one request: the same number of GPUs each."""
+
+    gpus_per_node: int
+    launches: tuple[NodeLaunch, ...]
+
+
+def _components(launches: Sequence[NodeLaunch], *, request_gpus: bool) -> list[_Component]:
+    """One component per GPU count, in order of first appearance (so node 0, which runs
+    the rendezvous, is in component 0); one component in all when no GPUs are requested."""
+    if not request_gpus:
+        return [_Component(gpus_per_node=0, launches=tuple(launches))]
+    counts = list(dict.fromkeys(launch.num_gpus for launch in launches))
+    return [
+        _Component(
+            gpus_per_node=count,
+            launches=tuple(launch for launch in launches if launch.num_gpus == count),
+        )
+        for count in counts
     ]
-    for launch in launches:
-        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in launch.environment.items())
-        # The rendezvous host is known only inside the allocation: left to the shell.
-        args = " ".join(
-            '--master-addr="$master"' if part.startswith("--master-addr=") else shlex.quote(part)
-            for part in launch.command
-        )
-        lines.append(f"# node {launch.node_rank}: {launch.node_name} ({launch.num_gpus} GPUs)")
-        lines.append(
-            f'srun --nodes=1 --ntasks=1 --nodelist="${{hosts[{launch.node_rank}]}}" '
-            f"env {env} {args} &"
-        )
-    lines += ["wait", ""]
+
+
+def slurm_script(
+    launches: Sequence[NodeLaunch],
+    *,
+    plan_name: str,
+    job_name: str = "piebald",
+    request_gpus: bool = True,
+) -> str:
+    """An sbatch script: one ``srun`` step per node with its own GPU count.
+
+    Nodes with the same GPU count form one allocation request (``--gpus-per-node``); a
+    cluster with several counts becomes a heterogeneous job, one component per count
+    (``#SBATCH hetjob``, ``srun --het-group=K``). Named hosts (``--hosts`` or the cluster
+    file's ``hosts``) are requested with ``--nodelist`` and node i runs on host i; without
+    them node i runs on the i-th host of its component's allocation. ``request_gpus=False``
+    asks for no GPUs (a CPU-only cluster; torchrun still starts one process per planned GPU).
+    """
+    named = all(launch.host_named for launch in launches)
+    if named:
+        seen: set[str] = set()
+        for launch in launches:
+            if launch.host in seen:
+                raise ValueError(
+                    f"host {launch.host!r} named for two nodes; Slurm allocates a host once "
+                    "(one host per node of the cluster)"
+                )
+            seen.add(launch.host)
+    components = _components(launches, request_gpus=request_gpus)
+    hetjob = len(components) > 1
+    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name}"]
+    for index, component in enumerate(components):
+        if index:
+            lines.append("#SBATCH hetjob")
+        lines += [
+            f"#SBATCH --nodes={len(component.launches)}",
+            "#SBATCH --ntasks-per-node=1",
+            "#SBATCH --exclusive",
+        ]
+        if component.gpus_per_node:
+            lines.append(f"#SBATCH --gpus-per-node={component.gpus_per_node}")
+        if named:
+            lines.append(f"#SBATCH --nodelist={','.join(item.host for item in component.launches)}")
+    placement = (
+        "# Node i of the plan runs on host i of the cluster file (or --hosts)."
+        if named
+        else "# Node i of the plan runs on the i-th host of its component's allocation."
+    )
+    shape = f", a heterogeneous job of {len(components)} components (one per GPU count)"
+    lines += [
+        f"# Plan {plan_name}: {len(launches)} nodes{shape if hetjob else ''}.",
+        placement,
+        "set -euo pipefail",
+        "pids=()",
+        "declare -A node_of",
+    ]
+    if not named:
+        for index in range(len(components)):
+            nodelist = f"SLURM_JOB_NODELIST_HET_GROUP_{index}" if hetjob else "SLURM_JOB_NODELIST"
+            lines.append(f'mapfile -t hosts{index} < <(scontrol show hostnames "${nodelist}")')
+        lines.append('master="${hosts0[0]}"')
+    lines.append("")
+    for index, component in enumerate(components):
+        for position, launch in enumerate(component.launches):
+            host = shlex.quote(launch.host) if named else f'"${{hosts{index}[{position}]}}"'
+            environment = dict(launch.environment)
+            if component.gpus_per_node:
+                # Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it gave the step, which need
+                # not be the first ones of the node.
+                environment.pop("CUDA_VISIBLE_DEVICES", None)
+            args = " ".join(
+                '--master-addr="$master"'
+                if part.startswith("--master-addr=") and not named
+                else shlex.quote(part)
+                for part in launch.command
+            )
+            step = ["srun"]
+            if hetjob:
+                step.append(f"--het-group={index}")
+            step += ["--nodes=1", "--ntasks=1"]
+            if component.gpus_per_node:
+                step.append(f"--gpus-per-node={component.gpus_per_node}")
+            step.append(f"--nodelist={host}")
+            lines.append(
+                f"# node {launch.node_rank}: {launch.node_name}, {launch.ranks} "
+                f"({launch.num_gpus} GPUs)"
+            )
+            lines.append(f"{' '.join(step)} env {_env_words(environment)} {args} &")
+            lines.append(f"pids+=($!); node_of[$!]={launch.node_rank}")
+    lines.append(_WAIT_FAIL_FAST)
     return "\n".join(lines)

@@ -58,7 +58,8 @@ class Nic:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeGroup:
-    """``count`` identical nodes, each with ``gpus_per_node`` GPUs of one type."""
+    """``count`` identical nodes, each with ``gpus_per_node`` GPUs of one type; ``hosts``
+    names the host of each node (empty: the file names none)."""
 
     name: str
     count: int
@@ -69,6 +70,13 @@ class NodeGroup:
     nic: Nic
     ethernet_bytes_per_s: float
     site: str
+    hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.hosts and len(self.hosts) != self.count:
+            raise ValueError(
+                f"node group {self.name!r}: {len(self.hosts)} hosts for {self.count} nodes"
+            )
 
     @property
     def ethernet_link_bytes_per_s(self) -> float:
@@ -102,6 +110,7 @@ class Node:
     index_in_group: int
     first_rank: int
     num_gpus: int
+    host: str | None = None  # from the cluster file's ``hosts``, where it names them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +152,7 @@ class ClusterSpec:
                         index_in_group=index_in_group,
                         first_rank=len(gpus),
                         num_gpus=group.gpus_per_node,
+                        host=group.hosts[index_in_group] if group.hosts else None,
                     )
                 )
                 for local_index in range(group.gpus_per_node):

@@ -31,6 +31,8 @@ __all__ = ["MAX_GPUS", "cluster_to_dict", "load_cluster", "parse_cluster"]
 
 MAX_GPUS = 131_072  # far beyond any plan we search; guards against a typo like count: 1e9
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Host names go into shell lines and Slurm node lists unquoted: no spaces, commas, brackets.
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 _GROUP_FIELDS = (
     "name",
     "count",
@@ -41,6 +43,7 @@ _GROUP_FIELDS = (
     "nic",
     "ethernet",
     "site",
+    "hosts",
 )
 _TOP_FIELDS = ("name", "gpu_types", "nodes", "sites")
 
@@ -102,8 +105,32 @@ def _parse_nic(group: Fields, ethernet_bytes_per_s: float) -> Nic:
     )
 
 
+def _parse_hosts(group: Fields, count: int, seen: set[str]) -> tuple[str, ...]:
+    """The group's ``hosts``: one plain host name per node, none named twice in the file."""
+    if not group.has("hosts"):
+        return ()
+    hosts = group.items("hosts")
+    if len(hosts) != count:
+        raise group.error(
+            "hosts", hosts, f"{count} host names, one per node of the group (count: {count})"
+        )
+    for host in hosts:
+        if not isinstance(host, str) or not _HOST_RE.match(host):
+            raise group.error(
+                "hosts", host, "a host name of letters, digits, '_', '.' or '-' (at most 253)"
+            )
+        if host in seen:
+            raise group.error("hosts", host, "a host not named before in this file")
+        seen.add(host)
+    return tuple(hosts)
+
+
 def _parse_group(
-    group: Fields, types: dict[str, DeviceType], used: set[str], total_gpus: int
+    group: Fields,
+    types: dict[str, DeviceType],
+    used: set[str],
+    total_gpus: int,
+    hosts_seen: set[str],
 ) -> NodeGroup:
     group.reject_unknown(_GROUP_FIELDS)
     name = group.string("name")
@@ -133,6 +160,7 @@ def _parse_group(
     else:
         intra = group.rate_bytes_per_s("intra_link", default="16GB/s")  # unused: one GPU
     site = group.string("site", default="default")
+    hosts = _parse_hosts(group, count, hosts_seen)
     return NodeGroup(
         name=name,
         count=count,
@@ -143,6 +171,7 @@ def _parse_group(
         nic=_parse_nic(group, ethernet),
         ethernet_bytes_per_s=ethernet,
         site=site,
+        hosts=hosts,
     )
 
 
@@ -193,12 +222,25 @@ def parse_cluster(data: object, *, source: str) -> ClusterSpec:
     types = {**builtin_catalog(), **custom}  # a custom type may redefine a catalog name
     groups: list[NodeGroup] = []
     used: set[str] = set()
+    hosts_seen: set[str] = set()
     for group_fields in top.sub_list("nodes", non_empty=True):
         group = _parse_group(
-            group_fields, types, used, sum(g.count * g.gpus_per_node for g in groups)
+            group_fields, types, used, sum(g.count * g.gpus_per_node for g in groups), hosts_seen
         )
         used.add(group.name)
         groups.append(group)
+    # A launch places every node on its host or none: a file naming only some is a mistake.
+    named = [group.name for group in groups if group.hosts]
+    if named:
+        for index, group in enumerate(groups):
+            if not group.hosts:
+                raise SpecError(
+                    source=source,
+                    field=f"nodes[{index}].hosts",
+                    has_value=False,
+                    expected=f"the hosts of this group too (group {named[0]!r} names its "
+                    "hosts; name every group's hosts or none)",
+                )
     sites = list(dict.fromkeys(group.site for group in groups))
     links = _parse_site_links(top, sites)
     used_custom = tuple(
@@ -241,6 +283,7 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
             },
             "ethernet": _rate(group.ethernet_bytes_per_s),
             "site": group.site,
+            **({"hosts": list(group.hosts)} if group.hosts else {}),
         }
         for group in cluster.node_groups
     ]

@@ -87,6 +87,15 @@ nodes:
 """
 
 
+NAMED_HOSTS = """\
+name: named
+nodes:
+  - {name: a100, count: 2, gpu: A100-80GB, gpus_per_node: 4, intra_link: 600GB/s,
+     hosts: [gpu-07.lab, gpu-03.lab]}
+  - {name: t4, gpu: T4, gpus_per_node: 1, hosts: [old_box-1]}
+"""
+
+
 def load_text(tmp_path: Path, text: str, name: str = "cluster.yaml") -> ClusterSpec:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
@@ -320,6 +329,16 @@ nodes:
     assert builtin_catalog()["A100-80GB"].memory_bytes == pytest.approx(80 * GIB)
 
 
+def test_hosts_name_each_node_in_file_order(tmp_path: Path) -> None:
+    cluster = load_text(tmp_path, NAMED_HOSTS)
+    assert [(node.name, node.host) for node in cluster.nodes] == [
+        ("a100-0", "gpu-07.lab"),
+        ("a100-1", "gpu-03.lab"),
+        ("t4-0", "old_box-1"),
+    ]
+    assert all(node.host is None for node in load_text(tmp_path, THREE_GROUPS).nodes)
+
+
 # --- round trip ----------------------------------------------------------------------------
 
 
@@ -350,11 +369,14 @@ def _assert_same_cluster(actual: ClusterSpec, expected: ClusterSpec) -> None:
         assert got.nic == want.nic
         assert got.ethernet_bytes_per_s == want.ethernet_bytes_per_s
         assert got.site == want.site
+        assert got.hosts == want.hosts
     assert actual.nodes == expected.nodes
     assert [gpu.rank for gpu in actual.gpus] == [gpu.rank for gpu in expected.gpus]
 
 
-@pytest.mark.parametrize("text", [THREE_GROUPS, ETHERNET_ONLY, THREE_SITES, CUSTOM_TYPE])
+@pytest.mark.parametrize(
+    "text", [THREE_GROUPS, ETHERNET_ONLY, THREE_SITES, CUSTOM_TYPE, NAMED_HOSTS]
+)
 def test_cluster_to_dict_round_trip(tmp_path: Path, text: str) -> None:
     cluster = load_text(tmp_path, text)
     # Through JSON, as a plan file embeds it.

@@ -167,6 +167,46 @@ CASES = [
         "<top level>",
         ("mapping",),
     ),
+    # hosts: one plain host name per node, none twice in the file, on every group or none.
+    Case(
+        "hosts-count",
+        "name: x\nnodes:\n  - {name: a, count: 2, gpu: T4, gpus_per_node: 1, hosts: [n1]}\n",
+        "nodes[0].hosts",
+        ("['n1']", "2 host names, one per node"),
+    ),
+    Case(
+        "hosts-not-a-list",
+        "name: x\nnodes:\n  - {name: a, gpu: T4, gpus_per_node: 1, hosts: n1}\n",
+        "nodes[0].hosts",
+        ("'n1'", "a list"),
+    ),
+    Case(
+        "hosts-bad-characters",
+        "name: x\nnodes:\n  - {name: a, count: 2, gpu: T4, gpus_per_node: 1,"
+        " hosts: [n1, 'n2;rm -rf']}\n",
+        "nodes[0].hosts",
+        ("'n2;rm -rf'", "host name of letters, digits"),
+    ),
+    Case(
+        "hosts-not-strings",
+        "name: x\nnodes:\n  - {name: a, gpu: T4, gpus_per_node: 1, hosts: [7]}\n",
+        "nodes[0].hosts",
+        ("got 7", "host name"),
+    ),
+    Case(
+        "hosts-duplicate-across-groups",
+        "name: x\nnodes:\n  - {name: a, count: 2, gpu: T4, gpus_per_node: 1, hosts: [n1, n2]}\n"
+        "  - {name: b, gpu: L4, gpus_per_node: 1, hosts: [n2]}\n",
+        "nodes[1].hosts",
+        ("'n2'", "not named before"),
+    ),
+    Case(
+        "hosts-on-some-groups-only",
+        "name: x\nnodes:\n  - {name: a, gpu: T4, gpus_per_node: 1, hosts: [n1]}\n"
+        "  - {name: b, gpu: L4, gpus_per_node: 1}\n",
+        "nodes[1].hosts",
+        ("group 'a' names its hosts", "every group's hosts or none"),
+    ),
 ]
 
 
