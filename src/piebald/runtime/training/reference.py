@@ -22,6 +22,7 @@ from piebald.runtime.models.stage_part import build_stage_part
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.export import part_weights, save_weights
+from piebald.runtime.training.lr_schedule import lr_at
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
@@ -67,7 +68,7 @@ def train_reference(
         params = [p for _, p in named]
         tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
         tokens_in_batch = job.global_batch_size * job.seq_len
-        writer = MetricsWriter(config.metrics_path)
+        writer = MetricsWriter(config.metrics_path, tensorboard_dir=config.tensorboard_dir)
         history: list[StepMetrics] = []
         for step in range(config.steps):
             started = time.perf_counter()
@@ -88,8 +89,9 @@ def train_reference(
                 loss_sum += float(loss.item())
             max_norm = config.optimizer.max_grad_norm
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+            lr = lr_at(step, lr=config.optimizer.lr, schedule=config.lr_schedule)
             for group in optimizer.param_groups:
-                group["lr"] = config.optimizer.lr
+                group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step_s = time.perf_counter() - started
@@ -97,6 +99,7 @@ def train_reference(
                 step=step + 1,
                 loss=loss_sum,
                 grad_norm=float(norm),
+                lr=lr,
                 step_time_s=step_s,
                 tokens_per_s=tokens_in_batch / step_s,
                 mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
@@ -106,6 +109,7 @@ def train_reference(
             history.append(metrics)
             print_line(format_step(metrics))
             writer.write(metrics)
+        writer.close()
     if config.save_model_path is not None:
         save_weights(part_weights(model_part), config.save_model_path)
     return summarise(
