@@ -2,6 +2,9 @@
 plan's cluster on local CPU processes (``--emulate``), or, without a plan, train in one
 process as the reference every plan must reproduce.
 
+Every flag can also come from a TOML job file, ``--config job.toml`` (``cli_job_file``); the
+flags given on the command line win.
+
 torch is imported inside the command, never at import time: ``piebald --help`` and the
 planning commands stay fast on machines without it.
 """

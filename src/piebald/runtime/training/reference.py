@@ -2,8 +2,9 @@
 
 The whole model in one process, the same initialisation (per layer, from the seed), the
 same batches (from (seed, step)), the same loss (token cross-entropies summed and divided
-by the tokens of the global batch), torch's AdamW (or SGD) with the same parameter groups,
-and ``clip_grad_norm_``. ``micro_batch_size`` splits the batch for memory only: gradients
+by the tokens of the global batch), torch's AdamW (or SGD) with the same parameter groups
+(weight decay on matrices only) and the same learning rate each step (``lr_schedule``), and
+``clip_grad_norm_``. ``micro_batch_size`` splits the batch for memory only: gradients
 accumulate, so the result does not depend on it beyond float rounding.
 """
 
