@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# Pinned: here this takes the local CPU wheel; never let pip pick a newer CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[train,data,dev]"
+	$(BIN)/pip install --quiet -e ".[train,data,tensorboard,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -2,6 +2,9 @@
 plan's cluster on local CPU processes (``--emulate``), or, without a plan, train in one
 process as the reference every plan must reproduce.
 
+Every flag can also come from a TOML job file, ``--config job.toml`` (``cli_job_file``); the
+flags given on the command line win.
+
 torch is imported inside the command, never at import time: ``piebald --help`` and the
 planning commands stay fast on machines without it.
 """
@@ -12,12 +15,14 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from piebald.cli_common import console, errors, user_errors
+from piebald.cli_job_file import ConfigOption
 from piebald.errors import SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec, check_seq_len
@@ -26,6 +31,7 @@ from piebald.specs.presets import load_model
 
 if TYPE_CHECKING:
     from piebald.runtime.training.config import TrainConfig
+    from piebald.runtime.training.lr_schedule import LrSchedule
     from piebald.runtime.training.metrics import RunSummary
 
 __all__ = ["train"]
@@ -77,7 +83,11 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
         )
 
 
+_OPTIMIZER = "Optimizer and learning rate"
+
+
 def train(
+    job_file: ConfigOption = None,
     plan_file: Annotated[
         Path | None, typer.Option("--plan", help="Plan JSON (from `piebald plan --out`).")
     ] = None,
@@ -94,6 +104,13 @@ def train(
     ] = None,
     metrics: Annotated[
         Path | None, typer.Option(help="Append one JSON object per step here.")
+    ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the step metrics as TensorBoard scalars into this directory "
+            "(needs the tensorboard extra)."
+        ),
     ] = None,
     checkpoint_dir: Annotated[Path | None, typer.Option(help="Save checkpoints here.")] = None,
     save_model: Annotated[
@@ -132,11 +149,55 @@ def train(
     time_scale: Annotated[
         float, typer.Option(min=1e-6, help="Emulation: wall seconds per emulated second.")
     ] = 1.0,
-    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate (constant).")] = 1e-3,
+    lr: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="Peak learning rate (after warmup).", rich_help_panel=_OPTIMIZER
+        ),
+    ] = 1e-3,
+    warmup_steps: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Rise linearly to --lr over this many steps (step k: lr*(k+1)/(N+1)).",
+            rich_help_panel=_OPTIMIZER,
+        ),
+    ] = 0,
+    lr_decay: Annotated[
+        str,
+        typer.Option(
+            help="After warmup: constant, cosine or linear down to --min-lr.",
+            rich_help_panel=_OPTIMIZER,
+        ),
+    ] = "constant",
+    decay_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The step at which the decay reaches --min-lr (default: --steps).",
+            rich_help_panel=_OPTIMIZER,
+        ),
+    ] = None,
+    min_lr: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Floor of the cosine and linear decays (a learning rate, not a fraction).",
+            rich_help_panel=_OPTIMIZER,
+        ),
+    ] = 0.0,
+    weight_decay: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="AdamW's decoupled decay, on matrices only (not on norms or biases).",
+            rich_help_panel=_OPTIMIZER,
+        ),
+    ] = 0.0,
     max_grad_norm: Annotated[
-        float, typer.Option(min=0.0, help="Clip at this norm (0: off).")
+        float,
+        typer.Option(min=0.0, help="Clip at this norm (0: off).", rich_help_panel=_OPTIMIZER),
     ] = 1.0,
-    weight_decay: Annotated[float, typer.Option(min=0.0)] = 0.0,
     max_emulated_params: Annotated[
         int, typer.Option(min=1, help="Emulate larger models at reduced width.")
     ] = 50_000_000,
@@ -165,6 +226,7 @@ def train(
     from piebald.runtime.distributed.optimizer import OptimizerConfig
     from piebald.runtime.training.config import TrainConfig
 
+    del job_file  # its keys are already the defaults of the options above (cli_job_file)
     run_train(
         plan_file=plan_file,
         emulate=emulate,
@@ -176,6 +238,12 @@ def train(
         max_emulated_params=max_emulated_params,
         compute_dtype=compute_dtype,
         as_json=as_json,
+        schedule=ScheduleFlags(
+            warmup_steps=warmup_steps,
+            lr_decay=lr_decay,
+            decay_steps=decay_steps,
+            min_lr=min_lr,
+        ),
         config=TrainConfig(
             steps=steps,
             seed=seed,
@@ -189,6 +257,7 @@ def train(
             checkpoint_every=checkpoint_every,
             resume=resume,
             metrics_path=metrics,
+            tensorboard_dir=tensorboard,
             save_model_path=save_model,
             init_from=init_from,
             eval_data_path=eval_data,
@@ -212,6 +281,7 @@ def run_train(
     compute_dtype: str | None,
     as_json: bool,
     config: TrainConfig,
+    schedule: ScheduleFlags | None = None,
 ) -> None:
     from dataclasses import replace
 
@@ -220,6 +290,13 @@ def run_train(
 
     if device not in (None, "cpu", "cuda"):
         raise _fail("--device", device, "cpu or cuda")
+    if schedule is not None:
+        config = replace(config, lr_schedule=_lr_schedule(schedule, config=config))
+    if config.tensorboard_dir is not None:
+        from piebald.runtime.training.tensorboard import MISSING_PACKAGE, tensorboard_available
+
+        if not tensorboard_available():
+            raise _fail("--tensorboard", str(config.tensorboard_dir), MISSING_PACKAGE)
     choices = [c.value for c in ComputeDtype]
     if compute_dtype is not None and compute_dtype not in choices:
         raise _fail("--compute-dtype", compute_dtype, " or ".join(choices))
@@ -315,6 +392,43 @@ def run_train(
         device=device,
         compute_dtype_given=compute_dtype is not None,
         as_json=as_json,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleFlags:
+    """The learning-rate schedule's flags as given (checked by :func:`_lr_schedule`)."""
+
+    warmup_steps: int = 0
+    lr_decay: str = "constant"
+    decay_steps: int | None = None
+    min_lr: float = 0.0
+
+
+def _lr_schedule(flags: ScheduleFlags, *, config: TrainConfig) -> LrSchedule:
+    from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
+
+    choices = [d.value for d in LrDecay]
+    if flags.lr_decay not in choices:
+        raise _fail("--lr-decay", flags.lr_decay, " or ".join(choices))
+    decay = LrDecay(flags.lr_decay)
+    peak = config.optimizer.lr
+    if decay is not LrDecay.CONSTANT and flags.min_lr > peak:
+        raise _fail("--min-lr", flags.min_lr, f"at most --lr ({peak:g}): the decay's floor")
+    decay_steps = flags.decay_steps if flags.decay_steps is not None else config.steps
+    if decay is not LrDecay.CONSTANT and decay_steps <= flags.warmup_steps:
+        given = "--decay-steps" if flags.decay_steps is not None else "--steps"
+        raise _fail(
+            given,
+            decay_steps,
+            f"a step after --warmup-steps ({flags.warmup_steps}), where the {decay.value} "
+            "decay reaches --min-lr",
+        )
+    return LrSchedule(
+        warmup_steps=flags.warmup_steps,
+        decay=decay,
+        decay_steps=decay_steps if decay is not LrDecay.CONSTANT else None,
+        min_lr=flags.min_lr,
     )
 
 

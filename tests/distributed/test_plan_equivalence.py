@@ -10,12 +10,15 @@ a stage and across stages, recompute, and both schedules.
 Each run is 5 optimizer steps of AdamW with clipping, once with a tag per message and once
 with every message on one tag (NCCL's matching: in posting order per pair), evaluating
 after steps 2, 4 and 5 on a file of three windows more than the global batch (two chunks,
-the second padded): the evaluation losses equal the reference's too.
+the second padded): the evaluation losses equal the reference's too. Two plans also
+train with weight decay (matrices only, cut across uneven shards) under a warmup and cosine
+schedule: the same learning rate each step as the reference, and the same result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from piebald.runtime.data.token_file import write_token_file
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
+from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
 from piebald.runtime.training.reference import train_reference
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
@@ -36,6 +40,11 @@ pytestmark = pytest.mark.distributed
 
 STEPS = 5
 CONFIG = TrainConfig(steps=STEPS, seed=3, optimizer=OptimizerConfig(lr=3e-3, max_grad_norm=1.0))
+SCHEDULED = dataclasses.replace(
+    CONFIG,
+    optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.5, max_grad_norm=1.0),
+    lr_schedule=LrSchedule(warmup_steps=1, decay=LrDecay.COSINE, decay_steps=3, min_lr=3e-4),
+)
 
 
 def _one_stage_mixed_sizes() -> Plan:
@@ -144,28 +153,60 @@ PLANS = {
 }
 
 
+def _lrs(path: Path) -> list[float]:
+    return [json.loads(line)["lr"] for line in path.read_text().splitlines()]
+
+
 @pytest.mark.parametrize("one_tag", [False, True], ids=["tagged", "one tag (NCCL matching)"])
 @pytest.mark.parametrize("name", list(PLANS))
 def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path: Path) -> None:
-    plan = PLANS[name]()
+    _assert_trains_like_one_process(PLANS[name](), CONFIG, one_tag=one_tag, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "1 stage, 3 ranks, sizes 2/1/1, ZeRO-3, recompute, tied",
+        "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3",
+    ],
+)
+def test_weight_decay_and_lr_schedule_train_like_one_process(name: str, tmp_path: Path) -> None:
+    _assert_trains_like_one_process(PLANS[name](), SCHEDULED, one_tag=False, tmp_path=tmp_path)
+    lrs = _lrs(tmp_path / "plan.jsonl")
+    assert lrs == _lrs(tmp_path / "reference.jsonl")  # the same floats, step for step
+    assert len(set(lrs)) == STEPS - 1  # warmup, peak, half way, the floor (held)
+
+
+def _assert_trains_like_one_process(
+    plan: Plan, config: TrainConfig, *, one_tag: bool, tmp_path: Path
+) -> None:
     assert len({plan.cluster.device_of(r).name for r in plan.used_ranks}) >= 2
     window = plan.job.seq_len + 1
     num_windows = plan.job.global_batch_size + 3  # two chunks, the second one padded
     eval_ids = np.random.default_rng(11).integers(0, 256, size=num_windows * window + 5)
     config = dataclasses.replace(
-        CONFIG,
+        config,
         eval_data_path=write_token_file(tmp_path / "eval.bin", eval_ids).path,
         eval_every=2,
     )
     reference = train_reference(
         plan.model,
         plan.job,
-        dataclasses.replace(config, save_model_path=tmp_path / "reference"),
+        dataclasses.replace(
+            config,
+            save_model_path=tmp_path / "reference",
+            metrics_path=tmp_path / "reference.jsonl",
+        ),
         print_line=lambda _: None,
     )
     run = emulate(
         plan,
-        dataclasses.replace(config, save_model_path=tmp_path / "plan", one_tag=one_tag),
+        dataclasses.replace(
+            config,
+            save_model_path=tmp_path / "plan",
+            metrics_path=tmp_path / "plan.jsonl",
+            one_tag=one_tag,
+        ),
         max_params=10**9,
         lines_to_stderr=True,
     )

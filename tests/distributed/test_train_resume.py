@@ -1,10 +1,12 @@
 """Checkpoint and resume under a plan: a run stopped after step 2 and resumed gives bit for
-bit the losses of the uninterrupted run; a directory holding checkpoints is never reused
-without --resume."""
+bit the losses of the uninterrupted run, its learning-rate schedule (warmup, linear decay)
+and weight decay continuing where they stopped; a directory holding checkpoints is never
+reused without --resume."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from dist_harness import StageSpec, make_plan
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
+from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
 from piebald.specs.plan import Schedule, ZeroMode
 
 pytestmark = pytest.mark.distributed
@@ -35,11 +38,26 @@ PLAN = make_plan(
 )
 
 
+def _lrs(path: Path) -> list[float]:
+    return [json.loads(line)["lr"] for line in path.read_text().splitlines()]
+
+
 def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
-    config = TrainConfig(steps=4, seed=5, optimizer=OptimizerConfig(lr=3e-3))
-    whole = emulate(PLAN, config, max_params=10**9, lines_to_stderr=True)
+    config = TrainConfig(
+        steps=4,
+        seed=5,
+        optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.1),
+        lr_schedule=LrSchedule(warmup_steps=1, decay=LrDecay.LINEAR, decay_steps=4),
+    )
+    whole = emulate(
+        PLAN,
+        dataclasses.replace(config, metrics_path=tmp_path / "whole.jsonl"),
+        max_params=10**9,
+        lines_to_stderr=True,
+    )
 
     checkpoints = tmp_path / "ckpt"
+    config = dataclasses.replace(config, metrics_path=tmp_path / "parts.jsonl")
     first = emulate(
         PLAN,
         dataclasses.replace(config, steps=2, checkpoint_dir=checkpoints, checkpoint_every=1),
@@ -56,6 +74,8 @@ def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     assert resumed.first_step == 2
     assert first.losses + resumed.losses == whole.losses  # exact, not approximate
     assert len(set(whole.losses)) == 4  # the losses move, so equality means something
+    whole_lrs, parts_lrs = (_lrs(tmp_path / name) for name in ("whole.jsonl", "parts.jsonl"))
+    assert parts_lrs == whole_lrs and len(set(whole_lrs)) == 4  # went on at step 3
 
     with pytest.raises(FileExistsError, match="--resume"):
         emulate(

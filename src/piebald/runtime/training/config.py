@@ -1,5 +1,6 @@
-"""What a training run is asked to do, besides the plan: steps, seed, optimizer settings,
-data, initial weights, evaluation, checkpoints, metrics, and emulation's time scale."""
+"""What a training run is asked to do, besides the plan: steps, seed, optimizer settings and
+learning-rate schedule, data, initial weights, evaluation, checkpoints, metrics (JSONL,
+TensorBoard), and emulation's time scale."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from piebald.runtime.distributed.optimizer import OptimizerConfig
+from piebald.runtime.training.lr_schedule import LrSchedule
 from piebald.runtime.training.precision import ComputeDtype
 
 __all__ = ["TrainConfig"]
@@ -17,12 +19,15 @@ class TrainConfig:
     steps: int  # the run ends after this step (a resumed run continues up to it)
     seed: int = 0  # model initialisation and the batches of every step
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # The lr of each step around optimizer.lr (its peak): lr_schedule.lr_at(step, ...).
+    lr_schedule: LrSchedule = field(default_factory=LrSchedule)
     data_path: Path | None = None  # a token file; None: the shipped corpus, byte-tokenised
     device: str = "cpu"  # "cpu" or "cuda" (one GPU per process: cuda:LOCAL_RANK)
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0  # 0: only at the end of the run (when a directory is given)
     resume: bool = False
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
+    tensorboard_dir: Path | None = None  # the same scalars as TensorBoard events (leader)
     save_model_path: Path | None = None  # the trained model, a Hugging Face directory
     init_from: Path | None = None  # a Hugging Face directory whose weights start the run
     eval_data_path: Path | None = None  # a token file for the evaluation loss

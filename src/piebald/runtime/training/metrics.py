@@ -5,7 +5,8 @@ Tokens/s are the global batch's tokens over the step's wall time; under emulatio
 time is divided by the time scale first, so the number describes the emulated cluster. MFU is
 model FLOP/s (3 x forward, no recompute) over the used GPUs' dense peaks, as the planner
 reports it. Memory is the largest peak of live tensor bytes over the used ranks
-(``memory_meter``: CUDA's allocator statistics on GPUs, counted storages on CPU).
+(``memory_meter``: CUDA's allocator statistics on GPUs, counted storages on CPU). ``lr`` is
+the learning rate the step applied (``lr_schedule``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from piebald.runtime.training.tensorboard import TensorBoardWriter
 from piebald.specs.units import format_bytes
 
 __all__ = [
@@ -33,6 +35,7 @@ class StepMetrics:
     step: int  # 1-based: the number of optimizer steps taken once this one is done
     loss: float
     grad_norm: float
+    lr: float  # the learning rate this step applied (``lr_schedule.lr_at``)
     step_time_s: float  # wall seconds, or emulated seconds under emulation
     tokens_per_s: float
     mfu: float
@@ -84,6 +87,7 @@ def format_step(metrics: StepMetrics) -> str:
     )
     return (
         f"step {metrics.step:>5}  loss {metrics.loss:8.4f}  grad norm {metrics.grad_norm:8.4f}  "
+        f"lr {metrics.lr:9.3e}  "
         f"tokens/s {metrics.tokens_per_s:>12,.0f}  MFU {metrics.mfu:6.1%}  "
         f"memory {format_bytes(metrics.peak_memory_bytes):>10}{skipped}{clamped}"
     )
@@ -127,15 +131,30 @@ def summarise(
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to a file (never truncates what is there)."""
+    """Appends one JSON object per step to a file (never truncates what is there) and, with
+    a ``tensorboard_dir``, the same numbers as TensorBoard scalars ``train/<field>`` (the
+    booleans as 0/1; the evaluation loss as ``eval/loss``) at the same step."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(
+        self, path: Path | None, *, tensorboard_dir: Path | None = None, first_step: int = 0
+    ) -> None:
         self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+        self.tensorboard = TensorBoardWriter(tensorboard_dir, first_step=first_step)
 
     def write(self, metrics: StepMetrics) -> None:
-        if self.path is None:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(asdict(metrics)) + "\n")
+        record = asdict(metrics)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        step = record.pop("step")
+        scalars = {
+            "eval/loss" if name == "eval_loss" else f"train/{name}": float(value)
+            for name, value in record.items()
+            if value is not None  # eval_loss, on steps that did not evaluate
+        }
+        self.tensorboard.write_scalars(step=step, scalars=scalars)
+
+    def close(self) -> None:
+        self.tensorboard.close()

@@ -12,11 +12,13 @@ memory (a max). The leader (the lowest used rank) prints and records them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,6 +48,7 @@ from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
 from piebald.runtime.training.export import export_part_weights
+from piebald.runtime.training.lr_schedule import lr_at
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
@@ -71,6 +74,8 @@ __all__ = [
 ]
 
 StepPrinter = Callable[[str], None]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +117,27 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
             "that run, or choose another --checkpoint-dir (nothing was overwritten)"
         )
     return latest
+
+
+def _warn_if_schedule_changed(
+    saved: Mapping[str, Any], *, config: TrainConfig, checkpoint: Path
+) -> None:
+    """The schedule is a function of the step and of this run's settings, so a resumed
+    run continues it exactly when the settings are the same; different ones (a longer
+    --steps with the default --decay-steps, say) are allowed, but said."""
+    now = {"lr": config.optimizer.lr, "lr_schedule": config.lr_schedule.as_dict()}
+    then = {key: saved.get(key) for key in now}
+    if "lr_schedule" in saved and then != now:
+        logger.warning(
+            "%s was trained with learning rate %s and schedule %s; this run continues with "
+            "%s and %s (pass the same --lr, --warmup-steps, --lr-decay, --decay-steps and "
+            "--min-lr to continue the schedule unchanged)",
+            checkpoint,
+            then["lr"],
+            then["lr_schedule"],
+            now["lr"],
+            now["lr_schedule"],
+        )
 
 
 def run_rank(
@@ -182,7 +208,13 @@ def run_rank(
             info = load_checkpoint(latest, optimizer=optimizer, group=groups.used, rank=rank)
             first_step = info.step
         leader = rank == groups.used.ranks[0]
-        writer = MetricsWriter(config.metrics_path if leader else None)
+        if latest is not None and leader:
+            _warn_if_schedule_changed(info.extra, config=config, checkpoint=latest)
+        writer = MetricsWriter(
+            config.metrics_path if leader else None,
+            tensorboard_dir=config.tensorboard_dir if leader else None,
+            first_step=first_step,
+        )
         history: list[StepMetrics] = []
         measured_peak = 0
         time_scale = config.time_scale or 1.0
@@ -198,7 +230,9 @@ def run_rank(
                     seq_len=plan.job.seq_len,
                 )
             meter.start_step()
-            outcome = executor.run_step(inputs=inputs, labels=labels)
+            # The same float as the reference's: a pure function of the step (resume too).
+            lr = lr_at(step, lr=config.optimizer.lr, schedule=config.lr_schedule)
+            outcome = executor.run_step(inputs=inputs, labels=labels, lr=lr)
             step_peak = meter.peak_bytes()
             measured_peak = max(measured_peak, step_peak)
             # On the rank's device: NCCL reduces GPU tensors only.
@@ -216,6 +250,7 @@ def run_rank(
                 step=step + 1,
                 loss=float(reduced[0].item()),
                 grad_norm=outcome.optimizer.grad_norm,
+                lr=lr,
                 step_time_s=step_s,
                 tokens_per_s=tokens_per_s,
                 mfu=model_flops_utilization(plan, tokens_per_s=tokens_per_s),
@@ -252,9 +287,15 @@ def run_rank(
                     optimizer=optimizer,
                     group=groups.used,
                     rank=rank,
-                    extra={"seed": config.seed, "plan_model": plan.model.name},
+                    extra={
+                        "seed": config.seed,
+                        "plan_model": plan.model.name,
+                        "lr": config.optimizer.lr,
+                        "lr_schedule": config.lr_schedule.as_dict(),
+                    },
                 )
                 started = time.perf_counter()  # the save is not part of the next step's time
+        writer.close()
         if config.save_model_path is not None:
             export_part_weights(
                 config.save_model_path, part=part, optimizer=optimizer, groups=groups, rank=rank

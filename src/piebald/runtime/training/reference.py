@@ -2,8 +2,9 @@
 
 The whole model in one process, the same initialisation (per layer, from the seed), the
 same batches (from (seed, step)), the same loss (token cross-entropies summed and divided
-by the tokens of the global batch), torch's AdamW (or SGD) with the same parameter groups,
-and ``clip_grad_norm_``. ``micro_batch_size`` splits the batch for memory only: gradients
+by the tokens of the global batch), torch's AdamW (or SGD) with the same parameter groups
+(weight decay on matrices only) and the same learning rate each step (``lr_schedule``), and
+``clip_grad_norm_``. ``micro_batch_size`` splits the batch for memory only: gradients
 accumulate, so the result does not depend on it beyond float rounding.
 """
 
@@ -25,6 +26,7 @@ from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
 from piebald.runtime.training.export import part_weights, save_hf_model
+from piebald.runtime.training.lr_schedule import lr_at
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.runtime.training.metrics import (
     MetricsWriter,
@@ -80,7 +82,7 @@ def train_reference(
                 source=config.eval_data_path,
             )
         tokens_in_batch = job.global_batch_size * job.seq_len
-        writer = MetricsWriter(config.metrics_path)
+        writer = MetricsWriter(config.metrics_path, tensorboard_dir=config.tensorboard_dir)
         history: list[StepMetrics] = []
         for step in range(config.steps):
             started = time.perf_counter()
@@ -101,8 +103,9 @@ def train_reference(
                 loss_sum += float(loss.item())
             max_norm = config.optimizer.max_grad_norm
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+            lr = lr_at(step, lr=config.optimizer.lr, schedule=config.lr_schedule)
             for group in optimizer.param_groups:
-                group["lr"] = config.optimizer.lr
+                group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step_s = time.perf_counter() - started
@@ -110,6 +113,7 @@ def train_reference(
                 step=step + 1,
                 loss=loss_sum,
                 grad_norm=float(norm),
+                lr=lr,
                 step_time_s=step_s,
                 tokens_per_s=tokens_in_batch / step_s,
                 mfu=0.0,  # no GPU peak to compare with: the reference runs on any device
@@ -125,6 +129,7 @@ def train_reference(
             if metrics.eval_loss is not None:
                 print_line(format_eval(metrics))
             writer.write(metrics)
+        writer.close()
     if config.save_model_path is not None:
         save_hf_model(part_weights(model_part), model=model, directory=config.save_model_path)
     return summarise(

@@ -1,0 +1,61 @@
+"""TensorBoard event files beside the metrics JSONL (``--tensorboard DIR``).
+
+Written with tensorboardX, the light writer (numpy and protobuf; torch's own
+``torch.utils.tensorboard`` needs the whole ``tensorboard`` server package), installed by
+the ``tensorboard`` extra: ``pip install 'piebald[tensorboard]'``. It is imported only when
+a directory is given, so training without it never needs it.
+
+Each writer opens a new event file (a random suffix: a run resumed in the same second as
+the last one started does not reopen, and truncate, that one's file). A run resumed from
+the checkpoint of step k purges what an earlier run logged after step k, as it retrains
+those steps (TensorBoard's ``purge_step``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MISSING_PACKAGE", "TensorBoardWriter", "tensorboard_available"]
+
+MISSING_PACKAGE = (
+    "the tensorboardX package (pip install 'piebald[tensorboard]', or pip install tensorboardX)"
+)
+
+
+def tensorboard_available() -> bool:
+    return importlib.util.find_spec("tensorboardX") is not None
+
+
+class TensorBoardWriter:
+    """Scalars per step into ``directory`` (created if missing); with ``None``, nothing."""
+
+    def __init__(self, directory: Path | None, *, first_step: int = 0) -> None:
+        self._writer: Any = None
+        if directory is None:
+            return
+        from tensorboardX import SummaryWriter
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self._writer = SummaryWriter(
+            logdir=str(directory),
+            # Metrics steps are 1-based: a resumed run's first is first_step + 1.
+            purge_step=first_step + 1 if first_step else None,
+            filename_suffix=f".{uuid.uuid4().hex[:8]}",
+        )
+
+    def write_scalars(self, *, step: int, scalars: Mapping[str, float]) -> None:
+        """One value per tag at ``step``, flushed now: a crashed run keeps what it logged."""
+        if self._writer is None:
+            return
+        for tag, value in scalars.items():
+            self._writer.add_scalar(tag, float(value), global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
