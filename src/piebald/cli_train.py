@@ -41,7 +41,7 @@ def _fail(field: str, value: object, expected: str) -> SpecError:
     return SpecError(source="piebald train", field=field, value=value, expected=expected)
 
 
-def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
+def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None) -> None:
     if as_json:
         payload = {
             "steps": summary.steps,
@@ -79,6 +79,11 @@ def _print_summary(summary: RunSummary, *, as_json: bool) -> None:
             f"emulation: {summary.overruns} of {summary.paced_operations} operations "
             f"({share:.0%}) took longer here than on the emulated GPU"
             + ("; raise --time-scale for an emulated timing" if share > 0.05 else ""),
+            highlight=False,
+        )
+    if saved_to is not None:
+        console.print(
+            f"model written to {saved_to}: a Hugging Face directory (config.json, safetensors)",
             highlight=False,
         )
 
@@ -352,7 +357,7 @@ def run_train(
             micro_batch_size=micro_batch_size,
             print_line=_line_printer(as_json),
         )
-        _print_summary(summary, as_json=as_json)
+        _print_summary(summary, as_json=as_json, saved_to=config.save_model_path)
         return
     if model is not None or global_batch is not None or seq_len is not None:
         raise _fail("--model", model, "no --model/--global-batch/--seq-len with --plan")
@@ -384,7 +389,7 @@ def run_train(
         summary = emulate_plan(
             plan, config, max_params=max_emulated_params, lines_to_stderr=as_json
         )
-        _print_summary(summary, as_json=as_json)
+        _print_summary(summary, as_json=as_json, saved_to=config.save_model_path)
         return
     _train_distributed(
         plan_file,
@@ -481,4 +486,4 @@ def _train_distributed(
     finally:
         dist.destroy_process_group()
     if result.summary is not None:
-        _print_summary(result.summary, as_json=as_json)
+        _print_summary(result.summary, as_json=as_json, saved_to=config.save_model_path)

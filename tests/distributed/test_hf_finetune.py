@@ -3,7 +3,8 @@ Llama with llama3 RoPE scaling and a random Qwen2, saved by transformers, go thr
 ``piebald train --model DIR --init-from DIR ... --save-model OUT`` (single process, and an
 emulated two-stage plan). With lr 0 the evaluation loss is transformers' loss on the same
 windows and OUT reloads in transformers with no missing or unexpected key and the source's
-weights; with lr > 0 the reloaded model's logits are piebald's."""
+weights (its tokenizer files and token ids carried over); with lr > 0 the reloaded model's
+logits are piebald's."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def llama3_scaled() -> torch.nn.Module:
             "original_max_position_embeddings": 8,
         },
         tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     return transformers.LlamaForCausalLM(config)
 
@@ -67,6 +70,7 @@ def qwen2() -> torch.nn.Module:
         vocab_size=VOCAB,
         max_position_embeddings=64,
         tie_word_embeddings=False,
+        eos_token_id=3,
     )
     return transformers.Qwen2ForCausalLM(config)
 
@@ -82,6 +86,9 @@ def saved_source(name: str, directory: Path) -> torch.nn.Module:
             parameter.add_(0.05 * torch.randn_like(parameter))
     model.eval()
     model.save_pretrained(directory)
+    # What a downloaded model directory also holds, and a fine-tuned one must keep.
+    (directory / "tokenizer.json").write_text('{"stands in for": "a tokenizer"}\n')
+    (directory / "tokenizer_config.json").write_text('{"eos_token": "</s>"}\n')
     return model
 
 
@@ -135,7 +142,11 @@ def test_finetune_round_trip(name: str, tmp_path: Path) -> None:
     assert math.isfinite(expected) and expected > 0
     reloaded = reload(out)
     assert type(reloaded) is type(source)
-    assert json.loads((out / "config.json").read_text())["model_type"] == source.config.model_type
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == source.config.model_type
+    assert config["eos_token_id"] == source.config.eos_token_id is not None
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (source_dir / name).read_bytes(), name
     theirs = source.state_dict()
     assert sorted(reloaded.state_dict()) == sorted(theirs)
     for key, value in reloaded.state_dict().items():

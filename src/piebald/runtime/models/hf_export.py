@@ -20,11 +20,48 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["DEFAULT_SHARD_BYTES", "INDEX_NAME", "SINGLE_FILE", "write_hf_model"]
+__all__ = [
+    "CARRIED_FILES",
+    "DEFAULT_SHARD_BYTES",
+    "INDEX_NAME",
+    "SINGLE_FILE",
+    "TOKEN_ID_KEYS",
+    "carried_over",
+    "write_hf_model",
+]
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size, "5GB"
 SINGLE_FILE = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# What a fine-tuned model keeps of the directory it started from: its tokenizer (the files
+# tokenizers, sentencepiece and transformers save), chat template and generation settings,
+# and the special tokens' ids in config.json. The weights and the architecture are the run's.
+CARRIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def carried_over(source: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """The files (name -> path) and config.json token ids of ``source`` that a model
+    trained from it keeps (``CARRIED_FILES``, ``TOKEN_ID_KEYS``); whatever is absent is
+    left out."""
+    files = {name: source / name for name in CARRIED_FILES if (source / name).is_file()}
+    try:
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = {}
+    ids = {key: config[key] for key in TOKEN_ID_KEYS if isinstance(config, dict) and key in config}
+    return files, ids
 
 
 def write_hf_model(
@@ -32,10 +69,12 @@ def write_hf_model(
     *,
     tensors: Mapping[str, torch.Tensor],
     config: Mapping[str, Any],
+    files: Mapping[str, Path] | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> None:
-    """Create ``directory`` holding ``config`` and ``tensors`` (under their Hugging Face
-    names); refuses a destination that exists."""
+    """Create ``directory`` holding ``config``, ``tensors`` (under their Hugging Face
+    names) and copies of ``files`` (name in the directory -> source path); refuses a
+    destination that exists."""
     directory = Path(directory)
     if directory.exists() or directory.is_symlink():
         raise FileExistsError(f"{directory}: already exists (nothing was overwritten)")
@@ -45,6 +84,9 @@ def write_hf_model(
     scratch.mkdir()
     try:
         _write_json(scratch / "config.json", dict(config))
+        for name, path in (files or {}).items():
+            shutil.copyfile(path, scratch / name)
+            _fsync(scratch / name)
         shards = _shards(tensors, max_shard_bytes=max_shard_bytes)
         names = (
             [SINGLE_FILE]

@@ -8,7 +8,8 @@ gathers them first) to a piece beside the destination, and the leader merges the
 a tied head's replica is left out (the embedding's table is the tensor). Parameters are
 written in the dtype they trained in; a model whose stages trained in different 16-bit
 types (bf16 beside fp16) is written in fp32, which holds both exactly. The directory is
-built under a temporary name and renamed into place (``hf_export``).
+built under a temporary name and renamed into place (``hf_export``). A model fine-tuned
+from a Hugging Face directory keeps that directory's tokenizer files and token ids.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from piebald.runtime.distributed.collectives import barrier
 from piebald.runtime.distributed.groups import ProcessGroups
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
-from piebald.runtime.models.hf_export import write_hf_model
+from piebald.runtime.models.hf_export import carried_over, write_hf_model
 from piebald.runtime.models.hf_names import hf_tensors
 from piebald.runtime.models.stage_part import StagePart
 from piebald.specs.hf_config_write import hf_config_from_arch
@@ -43,10 +44,15 @@ def part_weights(part: StagePart) -> dict[str, torch.Tensor]:
 
 
 def save_hf_model(
-    weights: Mapping[str, torch.Tensor], *, model: ModelSpec, directory: Path
+    weights: Mapping[str, torch.Tensor],
+    *,
+    model: ModelSpec,
+    directory: Path,
+    source: Path | None = None,
 ) -> None:
     """Write the whole model's ``weights`` (global piebald names) as a Hugging Face
-    directory; every parameter of ``model`` must be there, and nothing else."""
+    directory; every parameter of ``model`` must be there, and nothing else. A ``source``
+    (the ``--init-from`` directory) hands on its tokenizer and token ids."""
     arch = model.arch
     table = hf_tensors(arch, layer_start=0, layer_end=model.num_layers, has_embedding=True)
     expected = {tensor.local_name for tensor in table}
@@ -62,7 +68,11 @@ def save_hf_model(
     config = hf_config_from_arch(arch)
     # transformers 5 reads ``torch_dtype`` as ``dtype``; older readers know only this name.
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    write_hf_model(directory, tensors=tensors, config=config)
+    files: dict[str, Path] = {}
+    if source is not None:
+        files, token_ids = carried_over(source)
+        config.update(token_ids)
+    write_hf_model(directory, tensors=tensors, config=config, files=files)
 
 
 def export_part_weights(
@@ -72,8 +82,10 @@ def export_part_weights(
     optimizer: ShardedOptimizer,
     groups: ProcessGroups,
     rank: int,
+    source: Path | None = None,
 ) -> None:
-    """Collective over the used ranks: merge every stage's weights into ``directory``."""
+    """Collective over the used ranks: merge every stage's weights into ``directory``
+    (``save_hf_model``)."""
     assert groups.stage is not None and groups.stage_index is not None
     pieces = directory.with_name(f".{directory.name}.parts")
     optimizer.gather_params()  # ZeRO-3 stages hold shards at rest
@@ -87,7 +99,7 @@ def export_part_weights(
         for piece in sorted(pieces.glob("stage-*.safetensors")):
             merged.update(load_file(str(piece)))
         shutil.rmtree(pieces)
-        save_hf_model(merged, model=part.model, directory=directory)
+        save_hf_model(merged, model=part.model, directory=directory, source=source)
 
 
 def _common_dtype(dtypes: set[torch.dtype]) -> torch.dtype:

@@ -298,7 +298,12 @@ def run_rank(
         writer.close()
         if config.save_model_path is not None:
             export_part_weights(
-                config.save_model_path, part=part, optimizer=optimizer, groups=groups, rank=rank
+                config.save_model_path,
+                part=part,
+                optimizer=optimizer,
+                groups=groups,
+                rank=rank,
+                source=config.init_from,
             )
         report = pacer.report() if pacer is not None else None
         counts = torch.tensor(

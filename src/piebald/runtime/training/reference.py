@@ -131,7 +131,12 @@ def train_reference(
             writer.write(metrics)
         writer.close()
     if config.save_model_path is not None:
-        save_hf_model(part_weights(model_part), model=model, directory=config.save_model_path)
+        save_hf_model(
+            part_weights(model_part),
+            model=model,
+            directory=config.save_model_path,
+            source=config.init_from,
+        )
     return summarise(
         history,
         steps=config.steps,
