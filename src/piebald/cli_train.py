@@ -148,6 +148,14 @@ def train(
     resume: Annotated[
         bool, typer.Option(help="Continue from the latest checkpoint in --checkpoint-dir.")
     ] = False,
+    resume_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue from this checkpoint (a step-NNNNNNNN directory, or its name in "
+            "--checkpoint-dir) instead of the latest; newer ones are renamed "
+            "superseded-step-*. --checkpoint-dir defaults to the directory holding it."
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Step lines to stderr, a JSON summary to stdout.")
     ] = False,
@@ -260,7 +268,8 @@ def train(
             data_path=data,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
-            resume=resume,
+            resume=resume or resume_from is not None,
+            resume_from=resume_from,
             metrics_path=metrics,
             tensorboard_dir=tensorboard,
             save_model_path=save_model,
@@ -312,6 +321,9 @@ def run_train(
             f"{config.metrics_path}: already exists; choose another --metrics file "
             "(nothing was overwritten)"
         )
+    if config.resume_from is not None and config.checkpoint_dir is None:
+        # New checkpoints go next to the one resumed from: the same run, continued.
+        config = replace(config, checkpoint_dir=config.resume_from.parent)
     if config.resume and config.checkpoint_dir is None:
         raise _fail("--resume", True, "a --checkpoint-dir holding the checkpoints to resume from")
     if config.save_model_path is not None and config.save_model_path.exists():

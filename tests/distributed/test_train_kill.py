@@ -17,6 +17,7 @@ from test_train_resume import PLAN
 from cli_runner import last_json, run_cli
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
 from piebald.runtime.distributed.optimizer import OptimizerConfig
+from piebald.runtime.training.checkpoint_lock import LOCK_FILE
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.plan_io import save_plan
@@ -30,8 +31,11 @@ SLOW = ["--time-scale", "1000"]
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file's bytes but the lock's (each run writes its pid there)."""
     return {
-        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != LOCK_FILE
     }
 
 

@@ -9,7 +9,8 @@ Layout of a checkpoint directory ``DIR/step-00000042/``:
   the loss-scaler state, caller extras, and per rank its file's size and SHA-256 and the
   **pieces** it holds: ``[global name, offset in the flattened parameter, offset in the
   shard, element count]`` (:mod:`piebald.runtime.distributed.flat_layout`), with every
-  parameter's shape.
+  parameter's shape; and ``checksum``, the SHA-256 of all of that (``_content_sha256``),
+  so an edited or damaged manifest is refused instead of resuming at the wrong step.
 
 A checkpoint is therefore just slices of named flat tensors: :func:`load_checkpoint`
 assembles each rank's new shard from whichever saved pieces overlap it, so the same plan
@@ -23,7 +24,10 @@ checkpoint is untouched until the new one is (older ones are pruned only afterwa
 
 A missing, truncated or corrupt checkpoint raises one :class:`piebald.errors.SpecError`
 naming the path and what is wrong, on every rank (ranks agree on the verdict before any
-collective, so none is left waiting).
+collective, so none is left waiting). A manifest is corrupt when its checksum does not
+match its content, when a ``step-N`` directory's manifest says another step, or when its
+numbers are impossible (a negative step); the error then names the newest intact older
+checkpoint in the same directory, if there is one.
 
 DESIGN s.3 suggests ``torch.distributed.checkpoint`` with ``ShardedTensor`` adapters; this
 module writes its own small format instead because it needs exact control of atomic
@@ -41,7 +45,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -56,14 +60,19 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "CheckpointInfo",
     "checkpoint_name",
+    "checkpoint_step",
     "find_latest_checkpoint",
+    "list_checkpoints",
     "load_checkpoint",
+    "newest_intact_before",
+    "read_checkpoint_info",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the manifest carries the checksum of its content
 MANIFEST = "manifest.json"
 _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-"
@@ -83,21 +92,30 @@ def checkpoint_name(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
 
-def _step_of(path: Path) -> int | None:
+def checkpoint_step(path: Path) -> int | None:
+    """The step a ``step-NNNNNNNN`` directory's name says, or None for any other name."""
     suffix = path.name.removeprefix(_PREFIX)
-    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdigit() else None
+    is_step = path.name.startswith(_PREFIX) and suffix.isascii() and suffix.isdigit()
+    return int(suffix) if is_step else None
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """The complete-looking checkpoints (``step-*`` with a manifest) under ``directory``,
+    oldest first; empty when it is not a directory."""
+    if not directory.is_dir():
+        return []
+    found = [
+        (step, path)
+        for path in directory.iterdir()
+        if (step := checkpoint_step(path)) is not None and (path / MANIFEST).is_file()
+    ]
+    return [path for _, path in sorted(found)]
 
 
 def find_latest_checkpoint(directory: Path) -> Path | None:
     """The complete checkpoint with the highest step under ``directory``, if any."""
-    if not directory.is_dir():
-        return None
-    found = [
-        (step, path)
-        for path in directory.iterdir()
-        if (step := _step_of(path)) is not None and (path / MANIFEST).is_file()
-    ]
-    return max(found)[1] if found else None
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
 
 
 def _rank_file(rank: int) -> str:
@@ -162,6 +180,8 @@ def save_checkpoint(
     Returns the checkpoint's path on every rank."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last = {keep_last}; expected >= 1 or None")
+    if step < 0:
+        raise ValueError(f"step = {step}; expected >= 0")
     leader = group.ranks[0]
     final = directory / checkpoint_name(step)
     tmp = directory / f"{_TMP_PREFIX}{checkpoint_name(step)}"
@@ -204,7 +224,7 @@ def save_checkpoint(
         )
 
     if rank == leader:
-        manifest = {
+        manifest: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
             "step": step,
             "num_updates": optimizer.num_updates,
@@ -214,6 +234,7 @@ def save_checkpoint(
             "extra": dict(extra or {}),
             "ranks": entries,
         }
+        manifest["checksum"] = _content_sha256(manifest)
         manifest_path = tmp / MANIFEST
         with manifest_path.open("w") as f:
             json.dump(manifest, f, indent=1)
@@ -244,13 +265,16 @@ def _install(tmp: Path, final: Path) -> None:
 
 
 def _prune(directory: Path, *, keep: int) -> None:
-    complete = sorted(
-        (step, path)
-        for path in directory.iterdir()
-        if (step := _step_of(path)) is not None and (path / MANIFEST).is_file()
-    )
-    for _, path in complete[:-keep]:
+    for path in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(path)
+
+
+def _content_sha256(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of the manifest without its ``checksum`` key, in one canonical JSON form
+    (sorted keys, no spaces): what was written is what is checked, whatever the indent."""
+    content = {key: value for key, value in manifest.items() if key != "checksum"}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- load -------------------------------------------------------------------------------------
@@ -260,21 +284,67 @@ def _fail(path: Path, field_name: str, value: object, expected: str) -> SpecErro
     return SpecError(source=str(path), field=field_name, value=value, expected=expected)
 
 
-def _read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint ``path`` names (itself, or the latest one under it) and its manifest."""
+def _resolve(path: Path) -> Path:
+    """The checkpoint ``path`` names: itself, or the latest one under it."""
     if not path.exists():
         raise _fail(path, "", None, "a checkpoint directory (it does not exist)")
-    if not (path / MANIFEST).is_file():
-        latest = find_latest_checkpoint(path)
-        if latest is None:
-            raise SpecError(
-                source=str(path),
-                field=MANIFEST,
-                expected="a checkpoint directory with manifest.json, or a directory "
-                "holding step-* checkpoints (none is complete here)",
-                has_value=False,
-            )
-        path = latest
+    if (path / MANIFEST).is_file():
+        return path
+    latest = find_latest_checkpoint(path)
+    if latest is None:
+        raise SpecError(
+            source=str(path),
+            field=MANIFEST,
+            expected="a checkpoint directory with manifest.json, or a directory "
+            "holding step-* checkpoints (none is complete here)",
+            has_value=False,
+        )
+    return latest
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_content(manifest_path: Path, manifest: dict[str, Any]) -> None:
+    """The manifest is what ``save_checkpoint`` wrote for this directory: its checksum
+    matches, its step is the directory's, and its numbers are possible."""
+    if manifest.get("checksum") != _content_sha256(manifest):
+        raise _fail(
+            manifest_path,
+            "checksum",
+            manifest.get("checksum"),
+            "the SHA-256 of the manifest's content (the manifest was edited or damaged)",
+        )
+    step = manifest.get("step")
+    if not _is_count(step):
+        raise _fail(manifest_path, "step", step, "a step count >= 0")
+    named = checkpoint_step(manifest_path.parent)
+    if named is not None and named != step:
+        raise _fail(
+            manifest_path,
+            "step",
+            step,
+            f"{named}, the step of its directory {manifest_path.parent.name}",
+        )
+    num_updates = manifest.get("num_updates")
+    if not _is_count(num_updates):
+        raise _fail(manifest_path, "num_updates", num_updates, "a count of updates >= 0")
+    ranks = manifest.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise _fail(manifest_path, "ranks", ranks, "a list of the ranks' shard files")
+    for entry in ranks:
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        if not _is_count(rank) or entry.get("file") != _rank_file(rank):
+            raise _fail(manifest_path, "ranks", entry, "entries naming rank-NNNNN.pt files")
+        if not _is_count(entry.get("bytes")) or not isinstance(entry.get("sha256"), str):
+            raise _fail(manifest_path, f"ranks[{rank}]", entry, "the shard file's size and SHA-256")
+
+
+def _read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``path`` names (itself, or the latest one under it) and its
+    manifest, checked against its checksum and its directory."""
+    path = _resolve(path)
     manifest_path = path / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -282,17 +352,97 @@ def _read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
         raise _fail(
             manifest_path, "", type(error).__name__, "a readable JSON manifest (corrupt?)"
         ) from None
+    except RecursionError:
+        raise _fail(
+            manifest_path, "", "nesting too deep", "a manifest written by piebald"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         raise _fail(
             manifest_path,
             "format",
             manifest.get("format") if isinstance(manifest, dict) else manifest,
-            f"checkpoint format {CHECKPOINT_FORMAT}",
+            f"checkpoint format {CHECKPOINT_FORMAT} (written by this version of piebald)",
         )
+    _check_content(manifest_path, manifest)
     return path, manifest
 
 
-def _verify_file(path: Path, entry: Mapping[str, Any]) -> None:
+def _info(path: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
+    extra = manifest.get("extra", {})
+    return CheckpointInfo(
+        path=path,
+        step=int(manifest["step"]),
+        num_updates=int(manifest["num_updates"]),
+        extra=extra if isinstance(extra, dict) else {},
+    )
+
+
+def read_checkpoint_info(path: Path) -> CheckpointInfo:
+    """What the checkpoint ``path`` names (itself, or the latest one under it) says about
+    itself, once its manifest is intact and every shard file it lists is there at the
+    recorded size (their digests are checked when they are loaded). Cheap: for checks
+    before a run starts. Raises :class:`SpecError` (naming the newest intact older
+    checkpoint when there is one)."""
+    try:
+        path, manifest = _read_manifest(path)
+        for entry in manifest["ranks"]:
+            _verify_file(path / entry["file"], entry, digest=False)
+    except SpecError as error:
+        raise _with_fallback(error, path) from None
+    return _info(path, manifest)
+
+
+def verify_checkpoint(path: Path) -> CheckpointInfo:
+    """Like :func:`read_checkpoint_info`, and every shard file's SHA-256 too (reads every
+    byte of the checkpoint); no hint about older checkpoints."""
+    path, manifest = _read_manifest(path)
+    for entry in manifest["ranks"]:
+        _verify_file(path / entry["file"], entry)
+    return _info(path, manifest)
+
+
+def newest_intact_before(directory: Path, *, step: int) -> Path | None:
+    """The newest checkpoint under ``directory`` older than ``step`` that verifies
+    completely (manifest and every shard's digest), if any."""
+    for candidate in reversed(list_checkpoints(directory)):
+        named = checkpoint_step(candidate)
+        if named is None or named >= step:
+            continue
+        try:
+            verify_checkpoint(candidate)
+        except SpecError:
+            continue
+        return candidate
+    return None
+
+
+def _with_fallback(error: SpecError, path: Path) -> SpecError:
+    """``error`` about the checkpoint ``path`` (or the latest under it), naming the newest
+    intact checkpoint older than the broken one, so a user knows what to resume from."""
+    try:
+        broken = path if (path / MANIFEST).is_file() else find_latest_checkpoint(path)
+    except OSError:
+        return error
+    step = checkpoint_step(broken) if broken is not None else None
+    if broken is None or step is None:
+        return error
+    older = newest_intact_before(broken.parent, step=step)
+    hint = (
+        f"; the newest intact older checkpoint is {older} (resume from it with "
+        f"--resume-from {older})"
+        if older is not None
+        else "; no older checkpoint in this directory is intact"
+    )
+    return SpecError(
+        source=error.source,
+        field=error.field,
+        value=error.value,
+        expected=error.expected + hint,
+        has_value=bool(error_fields(error)["has_value"]),
+    )
+
+
+def _verify_file(path: Path, entry: Mapping[str, Any], *, digest: bool = True) -> None:
     if not path.is_file():
         raise _fail(path, "", None, "the shard file the manifest lists (it is missing)")
     size = path.stat().st_size
@@ -300,7 +450,7 @@ def _verify_file(path: Path, entry: Mapping[str, Any]) -> None:
         raise _fail(
             path, "size", size, f"{entry['bytes']} bytes as the manifest records (truncated?)"
         )
-    if _sha256(path) != entry["sha256"]:
+    if digest and _sha256(path) != entry["sha256"]:
         raise _fail(path, "sha256", "a different digest", "the manifest's digest (corrupt?)")
 
 
@@ -411,12 +561,7 @@ def load_checkpoint(
     try:
         path, manifest = _read_manifest(path)
         states, rng = _assemble(path, manifest, optimizer, rank=rank)
-        info = CheckpointInfo(
-            path=path,
-            step=int(manifest["step"]),
-            num_updates=int(manifest["num_updates"]),
-            extra=manifest.get("extra", {}),
-        )
+        info = _info(path, manifest)
         scaler = manifest.get("loss_scaler")
         if (scaler is None) != (optimizer.loss_scaler is None):
             raise _fail(
@@ -426,9 +571,11 @@ def load_checkpoint(
                 "a loss-scaler state exactly when training uses one (fp16)",
             )
     except SpecError as caught:
-        error = caught
+        error = _with_fallback(caught, path)
     except Exception as caught:  # any rank's surprise must not leave the others waiting
-        error = _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)")
+        error = _with_fallback(
+            _fail(path, "", repr(caught), "a checkpoint written by piebald (corrupt?)"), path
+        )
     # Agree on the verdict before any collective, and raise the same line everywhere.
     verdict = None if error is None else error_fields(error)
     verdicts = _all_gather_objects(verdict, group)

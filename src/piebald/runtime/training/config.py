@@ -25,7 +25,12 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda" (one GPU per process: cuda:LOCAL_RANK)
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0  # 0: only at the end of the run (when a directory is given)
-    resume: bool = False
+    resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    # Continue from this checkpoint (a step-* directory) instead of the latest; implies resume.
+    resume_from: Path | None = None
+    # The caller (the emulator's parent) holds checkpoint_dir's lock and has checked it:
+    # ranks resume from resume_from as given, without taking the lock again (resume.py).
+    checkpoint_dir_claimed: bool = False
     metrics_path: Path | None = None  # one JSON object per step, appended by the leader
     tensorboard_dir: Path | None = None  # the same scalars as TensorBoard events (leader)
     save_model_path: Path | None = None  # the trained model, a Hugging Face directory

@@ -6,31 +6,49 @@ Processes are forked from a forkserver that imported torch once (importing torch
 dictionary; the leader writes the run's summary to a file the parent reads back. Everything
 a user can get wrong (data, checkpoint directory) is checked here, before any process
 starts, so a mistake is one line and not eight tracebacks.
+
+Process lifetime: this process holds the checkpoint directory's lock for the whole run
+(``checkpoint_lock``) and decides where to resume before any worker starts. It starts and
+watches the workers itself (not ``torch.multiprocessing.spawn``, whose teardown logs a
+"Terminating process" line per rank before the error that matters): the first worker to
+fail ends the run, the others are killed at once, and its one-line error is the only thing
+said. Workers die with this process, even when it is SIGKILLed (``parent_watch``); on
+SIGTERM and SIGINT it kills them, removes its scratch directory and releases the lock
+before exiting (status 128 + the signal's number for SIGTERM).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 import sys
 import tempfile
+import threading
+import traceback
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import ProcessExitedException, start_processes
 
 from piebald.errors import SpecError, error_fields
+from piebald.runtime.parent_watch import die_with_parent
+from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import eval_windows
 from piebald.runtime.training.metrics import RunSummary
-from piebald.runtime.training.rank_worker import checkpoint_to_resume, run_rank
+from piebald.runtime.training.rank_worker import run_rank
 from piebald.runtime.training.reduced import reduced_width_model
+from piebald.runtime.training.resume import resolve_resume
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 
@@ -42,6 +60,43 @@ _SUMMARY = "summary.json"
 
 def _rank_main(
     rank: int,
+    world_size: int,
+    init_method: str,
+    plan_data: dict[str, Any],
+    config: TrainConfig,
+    max_params: int,
+    out_dir: str,
+    lines_to_stderr: bool,
+    parent_pid: int,
+) -> None:
+    """One worker: its exit status says how it ended (0, 2 with ``error-RANK.json`` for a
+    one-line error, 1 with ``failure-RANK.txt`` for anything else), and nothing but the
+    step lines reaches the terminal: the parent reports the first failure."""
+    die_with_parent(parent_pid, scratch=Path(out_dir))
+    try:
+        _train_rank(
+            rank,
+            world_size=world_size,
+            init_method=init_method,
+            plan_data=plan_data,
+            config=config,
+            max_params=max_params,
+            out_dir=out_dir,
+            lines_to_stderr=lines_to_stderr,
+        )
+    except SpecError as error:  # e.g. a corrupt checkpoint: every rank raises the same
+        (Path(out_dir) / f"error-{rank}.json").write_text(json.dumps(error_fields(error)))
+        os._exit(2)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports
+        os._exit(130)
+    except BaseException:
+        (Path(out_dir) / f"failure-{rank}.txt").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def _train_rank(
+    rank: int,
+    *,
     world_size: int,
     init_method: str,
     plan_data: dict[str, Any],
@@ -65,11 +120,7 @@ def _rank_main(
         def print_line(line: str) -> None:
             print(line, flush=True, file=sys.stderr if lines_to_stderr else sys.stdout)
 
-        try:
-            result = run_rank(plan, config, runtime_model=model, print_line=print_line)
-        except SpecError as error:  # e.g. a corrupt checkpoint: every rank raises the same
-            (Path(out_dir) / f"error-{rank}.json").write_text(json.dumps(error_fields(error)))
-            raise SystemExit(2) from None
+        result = run_rank(plan, config, runtime_model=model, print_line=print_line)
         dist.barrier()  # idle ranks stay until the others are done with the world group
         if result.summary is not None:
             (Path(out_dir) / _SUMMARY).write_text(json.dumps(result.summary.as_dict()))
@@ -77,10 +128,74 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def _start(args: tuple[Any, ...], world_size: int) -> None:
-    start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        _rank_main, args=args, nprocs=world_size, start_method="forkserver", join=True
-    )
+def _run_workers(args: tuple[Any, ...], *, world_size: int, scratch: Path) -> None:
+    """Start one process per rank and wait: all done, or the first failure reported (the
+    others are killed first, before they add their own "connection closed" errors)."""
+    context = multiprocessing.get_context("forkserver")
+    processes = [
+        context.Process(target=_rank_main, args=(rank, *args), name=f"piebald-rank-{rank}")
+        for rank in range(world_size)
+    ]
+    started = []
+    failed: int | None = None
+    try:
+        for process in processes:
+            process.start()
+            started.append(process)
+        running = dict(enumerate(processes))
+        while running and failed is None:
+            sentinels = {process.sentinel: rank for rank, process in running.items()}
+            for sentinel in multiprocessing.connection.wait(list(sentinels)):
+                rank = sentinels[sentinel]  # type: ignore[index]  # the sentinels given
+                process = running.pop(rank)
+                process.join()
+                if process.exitcode != 0 and failed is None:
+                    failed = rank
+    finally:
+        for process in started:
+            if process.is_alive():
+                process.kill()
+        for process in started:
+            process.join()
+    if failed is not None:
+        _raise_failure(scratch, rank=failed, exitcode=processes[failed].exitcode)
+
+
+def _raise_failure(scratch: Path, *, rank: int, exitcode: int | None) -> None:
+    """The first failed rank's error, or the one-line error another rank wrote (every rank
+    reports a bad checkpoint alike; one that died of its peer's error has none)."""
+    own = scratch / f"error-{rank}.json"
+    reported = [own] if own.is_file() else sorted(scratch.glob("error-*.json"))
+    if reported:
+        raise SpecError(**json.loads(reported[0].read_text()))
+    failure = scratch / f"failure-{rank}.txt"
+    if failure.is_file():
+        raise RuntimeError(f"emulated rank {rank} failed:\n{failure.read_text().rstrip()}")
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        raise RuntimeError(
+            f"emulated rank {rank} was killed by {name}"
+            + (" (out of memory?)" if name == "SIGKILL" else "")
+        )
+    raise RuntimeError(f"emulated rank {rank} exited with status {exitcode}")
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) here, so the clean-up of ``emulate`` runs (workers
+    killed, scratch removed, lock released) instead of the process vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the workers still die with us
+        return
+
+    def exit_now(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def emulate(
@@ -111,26 +226,32 @@ def emulate(
     if config.eval_data_path is not None:
         eval_tokens = load_tokens(config.eval_data_path, vocab_size=model.arch.vocab_size)
         eval_windows(eval_tokens, seq_len=plan.job.seq_len, source=config.eval_data_path)
-    checkpoint_to_resume(config)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     multiprocessing.set_forkserver_preload(["torch", "piebald.runtime.training.rank_worker"])
-    with tempfile.TemporaryDirectory(prefix="piebald-emulate-") as scratch:
-        init_method = f"file://{Path(scratch) / 'store'}"
-        try:
-            args = (
-                world_size,
-                init_method,
-                plan_to_dict(plan),
+    with contextlib.ExitStack() as stack:
+        if config.checkpoint_dir is not None and not config.checkpoint_dir_claimed:
+            stack.enter_context(CheckpointDirLock(config.checkpoint_dir))
+            resume_from = resolve_resume(config, plan=plan)
+            config = replace(
                 config,
-                max_params,
-                scratch,
-                lines_to_stderr,
+                resume=resume_from is not None,
+                resume_from=resume_from,
+                checkpoint_dir_claimed=True,
             )
-            _start(args, world_size)
-        except ProcessExitedException:
-            reported = sorted(Path(scratch).glob("error-*.json"))
-            if not reported:
-                raise
-            raise SpecError(**json.loads(reported[0].read_text())) from None
-        data = json.loads((Path(scratch) / _SUMMARY).read_text())
+        elif config.checkpoint_dir is None:
+            resolve_resume(config, plan=plan)  # --resume without a directory: one line
+        stack.enter_context(_exit_on_sigterm())
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="piebald-emulate-")))
+        args = (
+            world_size,
+            f"file://{scratch / 'store'}",
+            plan_to_dict(plan),
+            config,
+            max_params,
+            str(scratch),
+            lines_to_stderr,
+            os.getpid(),
+        )
+        _run_workers(args, world_size=world_size, scratch=scratch)
+        data = json.loads((scratch / _SUMMARY).read_text())
     return RunSummary.from_dict(data)

@@ -12,11 +12,15 @@ the learning rate the step applied (``lr_schedule``).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from piebald.errors import SpecError
 from piebald.runtime.training.tensorboard import TensorBoardWriter
 from piebald.specs.units import format_bytes
 
@@ -27,6 +31,7 @@ __all__ = [
     "format_eval",
     "format_step",
     "summarise",
+    "truncate_metrics",
 ]
 
 
@@ -131,9 +136,14 @@ def summarise(
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to a file (never truncates what is there) and, with
-    a ``tensorboard_dir``, the same numbers as TensorBoard scalars ``train/<field>`` (the
-    booleans as 0/1; the evaluation loss as ``eval/loss``) at the same step."""
+    """Appends one JSON object per step to a file and, with a ``tensorboard_dir``, the same
+    numbers as TensorBoard scalars ``train/<field>`` (the booleans as 0/1; the evaluation
+    loss as ``eval/loss``) at the same step.
+
+    A run resumed after step ``first_step`` first drops the file's records of later steps
+    (written by the interrupted run after its last checkpoint; this run writes them again),
+    so every step is in the file once (:func:`truncate_metrics`). A fresh run
+    (``first_step`` 0) never truncates: it appends."""
 
     def __init__(
         self, path: Path | None, *, tensorboard_dir: Path | None = None, first_step: int = 0
@@ -141,6 +151,8 @@ class MetricsWriter:
         self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if first_step > 0 and path.exists():
+                truncate_metrics(path, after_step=first_step)
         self.tensorboard = TensorBoardWriter(tensorboard_dir, first_step=first_step)
 
     def write(self, metrics: StepMetrics) -> None:
@@ -158,3 +170,42 @@ class MetricsWriter:
 
     def close(self) -> None:
         self.tensorboard.close()
+
+
+def truncate_metrics(path: Path, *, after_step: int) -> None:
+    """Keep the records of steps up to ``after_step`` in the JSONL file ``path``, rewritten
+    atomically (a temporary file in the same directory, then a rename). A last line cut
+    short (a run killed while writing it) is dropped; any other line that is not a step
+    record means the file is not a metrics file, and it is left alone (SpecError)."""
+    lines = path.read_text().splitlines(keepends=True)
+    kept: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+            step = record["step"] if isinstance(record, dict) else None
+        except (json.JSONDecodeError, KeyError):
+            step = None
+        if not isinstance(step, int) or isinstance(step, bool):
+            if number == len(lines) and not line.endswith("\n"):
+                continue  # the interrupted run's last, partial write
+            raise SpecError(
+                source=f"{path}:{number}",
+                field="--metrics",
+                value=line.strip()[:40],
+                expected="a metrics file of the resumed run (one JSON object per step)",
+            )
+        if step <= after_step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.copymode(path, temp)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise

@@ -12,13 +12,13 @@ memory (a max). The leader (the lowest used rank) prints and records them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,15 +26,11 @@ from torch import nn
 
 from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import model_flops_utilization
-from piebald.errors import SpecError
+from piebald.errors import SpecError, error_fields
 from piebald.profiler.apply import recorded_curve
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.distributed.buckets import build_buckets
-from piebald.runtime.distributed.checkpoint import (
-    find_latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from piebald.runtime.distributed.checkpoint import load_checkpoint, save_checkpoint
 from piebald.runtime.distributed.collectives import all_reduce, barrier, received_share
 from piebald.runtime.distributed.groups import CommGroup, build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
@@ -44,6 +40,7 @@ from piebald.runtime.models.hf_weights import load_hf_weights
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer
+from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import EvalWindows, eval_due, eval_windows
@@ -59,6 +56,7 @@ from piebald.runtime.training.metrics import (
     summarise,
 )
 from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
+from piebald.runtime.training.resume import checkpoint_extra, resolve_resume
 from piebald.simulator.ops import most_in_flight
 from piebald.simulator.prices import Prices
 from piebald.simulator.schedules import build_schedule
@@ -68,7 +66,7 @@ from piebald.specs.plan import Plan
 
 __all__ = [
     "RankRun",
-    "checkpoint_to_resume",
+    "claim_checkpoint_dir",
     "global_named_parameters",
     "run_rank",
 ]
@@ -96,48 +94,48 @@ def global_named_parameters(part: StagePart) -> tuple[list[tuple[str, nn.Paramet
     return named, (tied[0].canonical_name if tied else None)
 
 
-def checkpoint_to_resume(config: TrainConfig) -> Path | None:
-    """The checkpoint to resume from; refuses to mix a new run into an old directory."""
-    directory = config.checkpoint_dir
-    if directory is None:
-        if config.resume:
-            raise ValueError("--resume needs --checkpoint-dir (where the checkpoints are)")
-        return None
-    latest = find_latest_checkpoint(directory) if directory.exists() else None
-    if latest is None and config.resume:
-        raise SpecError(
-            source=str(directory),
-            field="--resume",
-            value=True,
-            expected="a directory holding a complete checkpoint (step-NNNNNNNN) to resume from",
-        )
-    if latest is not None and not config.resume:
-        raise FileExistsError(
-            f"{directory}: already holds checkpoint {latest.name}; pass --resume to continue "
-            "that run, or choose another --checkpoint-dir (nothing was overwritten)"
-        )
-    return latest
-
-
-def _warn_if_schedule_changed(
-    saved: Mapping[str, Any], *, config: TrainConfig, checkpoint: Path
-) -> None:
-    """The schedule is a function of the step and of this run's settings, so a resumed
-    run continues it exactly when the settings are the same; different ones (a longer
-    --steps with the default --decay-steps, say) are allowed, but said."""
-    now = {"lr": config.optimizer.lr, "lr_schedule": config.lr_schedule.as_dict()}
-    then = {key: saved.get(key) for key in now}
-    if "lr_schedule" in saved and then != now:
-        logger.warning(
-            "%s was trained with learning rate %s and schedule %s; this run continues with "
-            "%s and %s (pass the same --lr, --warmup-steps, --lr-decay, --decay-steps and "
-            "--min-lr to continue the schedule unchanged)",
-            checkpoint,
-            then["lr"],
-            then["lr_schedule"],
-            now["lr"],
-            now["lr_schedule"],
-        )
+@contextlib.contextmanager
+def claim_checkpoint_dir(
+    config: TrainConfig, *, plan: Plan, group: CommGroup, rank: int
+) -> Iterator[Path | None]:
+    """Hold ``config.checkpoint_dir`` for this run and yield the checkpoint to resume from
+    (None: a fresh run); collective over ``group``, the used ranks. Under ``torchrun`` the
+    leader takes the lock and decides (``resume.resolve_resume``) and every rank gets its
+    verdict, so a refusal is the same one line everywhere and no rank is left waiting;
+    the lock is held until the run ends. The emulator's parent has done all this already
+    (``config.checkpoint_dir_claimed``)."""
+    if config.checkpoint_dir is None or config.checkpoint_dir_claimed:
+        yield config.resume_from if config.checkpoint_dir_claimed else None
+        return
+    lock: CheckpointDirLock | None = None
+    verdict: tuple[str, object] = ("ok", None)
+    if rank == group.ranks[0]:
+        try:
+            lock = CheckpointDirLock(config.checkpoint_dir).acquire()
+            resolved = resolve_resume(config, plan=plan)
+            verdict = ("ok", None if resolved is None else str(resolved))
+        except SpecError as error:
+            verdict = ("spec", error_fields(error))
+        except FileExistsError as error:
+            verdict = ("exists", str(error))
+        except Exception as error:  # told to every rank, so none waits for the leader
+            verdict = ("error", f"{type(error).__name__}: {error}")
+    if group.size > 1:
+        shared: list[object] = [verdict]
+        dist.broadcast_object_list(shared, src=group.ranks[0], group=group.process_group)
+        verdict = shared[0]  # type: ignore[assignment]  # what the leader put there
+    kind, value = verdict
+    try:
+        if kind == "spec":
+            raise SpecError(**value)  # type: ignore[arg-type]  # error_fields' keywords
+        if kind == "exists":
+            raise FileExistsError(value)
+        if kind == "error":
+            raise RuntimeError(f"checkpoint directory {config.checkpoint_dir}: {value}")
+        yield None if value is None else Path(str(value))
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def run_rank(
@@ -161,7 +159,9 @@ def run_rank(
     device = _device(config)
     # Counting starts before anything is built, so every tensor of the run is seen.
     meter = MemoryMeter(device, enabled=config.measure_memory)
-    with meter:
+    # Before any work: the directory is this run's, and where it resumes from is decided.
+    claim = claim_checkpoint_dir(config, plan=plan, group=groups.used, rank=rank)
+    with claim as resume_from, meter:
         stage = plan.stages[stage_index]
         dtypes = rank_dtypes(plan, compute=config.compute_dtype)
         part = build_stage_part(
@@ -203,13 +203,10 @@ def run_rank(
         windows = _eval_windows(config, model=model, seq_len=plan.job.seq_len)
 
         first_step = 0
-        latest = checkpoint_to_resume(config)
-        if latest is not None:
-            info = load_checkpoint(latest, optimizer=optimizer, group=groups.used, rank=rank)
+        if resume_from is not None:
+            info = load_checkpoint(resume_from, optimizer=optimizer, group=groups.used, rank=rank)
             first_step = info.step
         leader = rank == groups.used.ranks[0]
-        if latest is not None and leader:
-            _warn_if_schedule_changed(info.extra, config=config, checkpoint=latest)
         writer = MetricsWriter(
             config.metrics_path if leader else None,
             tensorboard_dir=config.tensorboard_dir if leader else None,
@@ -287,12 +284,7 @@ def run_rank(
                     optimizer=optimizer,
                     group=groups.used,
                     rank=rank,
-                    extra={
-                        "seed": config.seed,
-                        "plan_model": plan.model.name,
-                        "lr": config.optimizer.lr,
-                        "lr_schedule": config.lr_schedule.as_dict(),
-                    },
+                    extra=checkpoint_extra(config, plan=plan),
                 )
                 started = time.perf_counter()  # the save is not part of the next step's time
         writer.close()
