@@ -12,7 +12,8 @@ the median of a few repetitions; a point-to-point time is half a ping-pong round
 Under ``torchrun`` the ranks are the cluster's global ranks (rank order of
 ``piebald.specs.cluster``) and every rank runs :func:`run_measurements`; with ``--emulate``
 a few gloo processes on loopback play the GPUs (every pair is then the same loopback link;
-it tests the machinery, not a network).
+it tests the machinery, not a network). They die with the command that started them,
+even when it is SIGKILLed (``runtime.parent_watch``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch.multiprocessing.spawn import spawn
 
 from piebald.profiler.fit import fit_alpha_beta
 from piebald.profiler.records import NetworkKey, NetworkKind, NetworkProfile, Provenance
+from piebald.runtime.parent_watch import die_with_parent
 from piebald.specs.cluster import ClusterSpec, Node
 
 __all__ = [
@@ -218,7 +220,10 @@ def _emulated_rank(
     num_warmup: int,
     num_repeats: int,
     out_path: str,
+    parent_pid: int,
 ) -> None:
+    # Die with the command that started us, even SIGKILLed, and take its scratch along.
+    die_with_parent(parent_pid, scratch=Path(out_path).parent)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -262,7 +267,7 @@ def emulate_network(
     for m in planned:
         ranks = tuple(range(min(len(m.ranks), world_size)))
         local.append(Measurement(key=replace(m.key, num_ranks=len(ranks)), ranks=ranks))
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(prefix="piebald-network-") as scratch:
         out_path = os.path.join(scratch, "profiles.json")
         spawn(  # type: ignore[no-untyped-call]
             _emulated_rank,
@@ -274,6 +279,7 @@ def emulate_network(
                 num_warmup,
                 num_repeats,
                 out_path,
+                os.getpid(),
             ),
             nprocs=world_size,
             join=True,
