@@ -79,8 +79,10 @@ def _session(session_id: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
-    """Finding 3: kill -9 of `piebald train --emulate` left the workers training."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+def test_workers_die_with_their_parent(tmp_path: Path, signum: signal.Signals) -> None:
+    """Finding 3: kill -9 of `piebald train --emulate` left the workers training (and the
+    note: killed runs left /tmp/piebald-emulate-* behind)."""
     plan = tmp_path / "plan.json"
     save_plan(PLAN, plan)
     checkpoints, scratch = tmp_path / "ckpt", tmp_path / "tmp"
@@ -99,8 +101,10 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
         assert len(workers) >= PLAN.cluster.num_gpus  # the ranks, and the forkserver
         assert list(scratch.glob("piebald-emulate-*"))
     finally:
-        parent.send_signal(signal.SIGKILL)  # the parent alone, as the OOM killer would
+        parent.send_signal(signum)  # the parent alone, as the OOM killer would
         parent.wait()
+    # SIGTERM: the parent cleans up and exits 128 + 15; SIGKILL: the workers do.
+    assert parent.returncode == (-signum if signum == signal.SIGKILL else 128 + signum)
     deadline = time.monotonic() + 10
     while _session(parent.pid) or list(scratch.glob("piebald-emulate-*")):
         if time.monotonic() > deadline:
@@ -147,12 +151,16 @@ def test_one_run_per_directory_clean_errors_and_going_back(tmp_path: Path) -> No
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     broken = subprocess.run(
         _train(plan, checkpoints, "--steps", "9", "--resume"),
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
+    assert not list(scratch.glob("piebald-emulate-*"))  # removed after a worker's failure
     lines = [line for line in broken.stderr.splitlines() if line.strip()]
     assert broken.returncode == 2 and len(lines) == 1, broken.stderr
     assert lines[0].startswith("error:") and shard.name in lines[0]
