@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from piebald.outputs import OutputError
 from piebald.runtime.models.hf_export import INDEX_NAME, SINGLE_FILE, write_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -56,6 +57,6 @@ def test_an_existing_destination_is_never_replaced(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists"):
         write_hf_model(out, tensors={"w": torch.zeros(2)}, config={})
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
