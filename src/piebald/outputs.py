@@ -49,6 +49,9 @@ class OutputError(SpecError):
 
     def __init__(self, *, flag: str, path: str | Path, expected: str) -> None:
         super().__init__(source=flag, field="", value=str(path), expected=expected)
+        # The whole path, never shortened as other values are (a path is bounded by the OS
+        # and its last part is what the user needs to see); repr keeps it on one line.
+        self.args = (f"{flag}: got {str(path)!r}; expected {expected}",)
 
 
 def _describe(mode: int) -> str:
@@ -138,7 +141,8 @@ def check_writable_location(directory: str | Path, *, flag: str, path: str | Pat
         raise OutputError(
             flag=flag,
             path=path,
-            expected=f"a location piebald can write ({existing}: {_reason(error)})",
+            expected=f"a location piebald can write (cannot create files in {existing}: "
+            f"{_reason(error)})",
         ) from None
 
 
