@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/piebald demo
+	$(BIN)/piebald demo --force
 
 test: $(STAMP)
 	$(BIN)/ruff check

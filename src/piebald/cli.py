@@ -30,6 +30,8 @@ from piebald.cli_common import (
 from piebald.cli_data import data_app
 from piebald.cli_profile import ProfilesOption, profile_app, scored_with_cost_inputs, with_profiles
 from piebald.errors import SpecError
+from piebald.figure_files import check_figure_file
+from piebald.outputs import check_output_file
 from piebald.planner.compare import Comparison
 from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
@@ -142,8 +144,8 @@ def plan(
             expected=f"one of {list(STRATEGIES)}{suggest(strategy, STRATEGIES)}",
         )
     zero_mode = _zero_mode(zero, strategy=STRATEGIES[strategy])
-    if out is not None and out.exists() and not force:
-        raise FileExistsError(f"{out} exists; not overwriting it (pass --force to replace)")
+    if out is not None:  # before any work: a plan nobody can save is no use
+        check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
     cluster_spec, curve, profiled = with_profiles(profiles, cluster_spec, model_spec, job)
     with progress_bar("planning") as progress:
@@ -211,14 +213,19 @@ def compare(
     precision: PrecisionOption = Dtype.BF16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw a bar chart (PNG) here.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing --plot file.")] = False,
     profiles: ProfilesOption = None,
 ) -> None:
     """piebald against every baseline (as modelled) and the upper bound."""
+    if plot is not None:
+        check_figure_file(plot, flag="--plot", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
     cluster_spec, curve, _ = with_profiles(profiles, cluster_spec, model_spec, job)
     comparison = run_comparison(cluster_spec, model_spec, job, curve=curve)
     if plot is not None:
-        plot_comparison(comparison, plot, title=comparison_title(cluster_spec, model_spec, job))
+        plot_comparison(
+            comparison, plot, title=comparison_title(cluster_spec, model_spec, job), force=force
+        )
     if as_json:
         print(json.dumps(comparison_to_dict(comparison), indent=1))
         return

@@ -28,6 +28,7 @@ from piebald.cli_common import (
 )
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.examples import example_path
+from piebald.outputs import check_output_directory, check_output_file
 from piebald.planner.compare import Comparison
 from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
@@ -51,7 +52,14 @@ from piebald.specs.presets import load_model
 if TYPE_CHECKING:  # the runtime imports torch: only the training step of the demo loads it
     from piebald.runtime.training.metrics import RunSummary
 
-__all__ = ["HOMOGENEOUS_BASELINES", "TIME_SCALE", "best_homogeneous", "demo"]
+__all__ = [
+    "HOMOGENEOUS_BASELINES",
+    "TIME_SCALE",
+    "artefact_paths",
+    "best_homogeneous",
+    "demo",
+    "metrics_file",
+]
 
 MODEL = "llama-3.2-1b"  # planned at full size, trained at reduced width
 GLOBAL_BATCH, SEQ_LEN = 16, 512
@@ -83,14 +91,39 @@ def demo(
     train_steps: Annotated[
         int, typer.Option(min=0, help="Emulated training steps per plan (0: skip training).")
     ] = TRAIN_STEPS,
+    force: Annotated[
+        bool, typer.Option(help="Replace the artefacts of an earlier demo in --out-dir.")
+    ] = False,
 ) -> None:
     """Describe, plan, explain, compare, simulate and train (emulated) on the built-in
     cluster; artefacts under --out-dir."""
-    run_demo(out_dir=out_dir, train_steps=train_steps)
+    run_demo(out_dir=out_dir, train_steps=train_steps, force=force)
+
+
+def metrics_file(out_dir: Path, strategy: str) -> Path:
+    return out_dir / f"metrics-{strategy}.jsonl"
+
+
+def artefact_paths(out_dir: Path, *, train_steps: int) -> list[Path]:
+    """Every file the demo may write in ``out_dir`` (the baseline trained is one of
+    ``HOMOGENEOUS_BASELINES``, known only after the comparison: all are listed)."""
+    paths = [out_dir / name for name in ("plan.json", "compare.png", "trace.json", "gantt.png")]
+    if train_steps:
+        paths += [metrics_file(out_dir, name) for name in ("piebald", *HOMOGENEOUS_BASELINES)]
+    return paths
+
+
+def _check_artefacts(out_dir: Path, *, train_steps: int, force: bool) -> None:
+    """Before any work: the user's files in --out-dir are never replaced without --force
+    (and then only regular files), and the directory can be written."""
+    check_output_directory(out_dir, flag="--out-dir")
+    for path in artefact_paths(out_dir, train_steps=train_steps):
+        check_output_file(path, flag="--out-dir", force=force)
 
 
 @user_errors
-def run_demo(*, out_dir: Path, train_steps: int) -> None:
+def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
+    _check_artefacts(out_dir, train_steps=train_steps, force=force)
     cluster = load_cluster(example_path())
     model = load_model(MODEL)
     job = job_from(global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, precision=Dtype.BF16)
@@ -110,7 +143,7 @@ def run_demo(*, out_dir: Path, train_steps: int) -> None:
     ):
         console.print(line, highlight=False)
     plan_path = out_dir / "plan.json"
-    save_plan(plan, plan_path, overwrite=True)  # the demo's own output directory
+    save_plan(plan, plan_path, overwrite=force, flag="--out-dir")
 
     console.rule("[bold]3. explain")
     for renderable in explanation_tables(plan, explain_plan(plan)):
@@ -120,13 +153,20 @@ def run_demo(*, out_dir: Path, train_steps: int) -> None:
     comparison = run_comparison(cluster, model, job)
     console.print(comparison_table(comparison, title=title))
     plot_path = out_dir / "compare.png"
-    plot_comparison(comparison, plot_path, title=title)
+    plot_comparison(comparison, plot_path, title=title, force=force, flag="--out-dir")
 
     console.rule("[bold]5. simulate the plan, operation by operation")
     simulated = simulate(plan)
     trace_path, gantt_path = out_dir / "trace.json", out_dir / "gantt.png"
-    write_trace(plan, simulated, trace_path, overwrite=True)
-    plot_gantt(plan, simulated, gantt_path, title=f"{plan.model.name} on {plan.cluster.name}")
+    write_trace(plan, simulated, trace_path, overwrite=force, flag="--out-dir")
+    plot_gantt(
+        plan,
+        simulated,
+        gantt_path,
+        title=f"{plan.model.name} on {plan.cluster.name}",
+        force=force,
+        flag="--out-dir",
+    )
     predicted_s = estimate_plan(plan).step_time_s
     console.print(
         f"simulated step {simulated.step_time_s:.3f} s ({simulated.tokens_per_s:,.0f} tokens/s, "
@@ -149,8 +189,11 @@ def run_demo(*, out_dir: Path, train_steps: int) -> None:
             plans.append(baseline)
         rows = []
         for name, chosen in plans:
-            metrics_path = out_dir / f"metrics-{name}.jsonl"
-            metrics_path.unlink(missing_ok=True)  # the demo's own output from a previous run
+            metrics_path = metrics_file(out_dir, name)
+            # Appended step by step, so not written atomically: checked again (a regular
+            # file, and --force) right before an earlier run's file is removed.
+            check_output_file(metrics_path, flag="--out-dir", force=force)
+            metrics_path.unlink(missing_ok=True)
             console.print(f"[bold]{name}[/bold]: {_shape(chosen)}", highlight=False)
             run = _emulate(chosen, steps=train_steps, metrics_path=metrics_path)
             rows.append((name, chosen, run, simulate(chosen).tokens_per_s))

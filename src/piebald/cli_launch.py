@@ -11,7 +11,8 @@ import typer
 from piebald.cli_common import console, user_errors
 from piebald.errors import SpecError
 from piebald.launch import DEFAULT_PORT, node_launches, shell_script, slurm_script
-from piebald.specs.plan_io import load_plan, write_atomic
+from piebald.outputs import check_output_file, write_atomic
+from piebald.specs.plan_io import load_plan
 
 __all__ = ["launch"]
 
@@ -45,6 +46,8 @@ def launch(
     ] = "",
 ) -> None:
     """Print (or write) the torchrun command of every node of the plan's cluster."""
+    if out is not None:
+        check_output_file(out, flag="--out", force=force)
     loaded = load_plan(plan)
     host_list = [h.strip() for h in hosts.split(",")] if hosts else None
     try:
@@ -81,6 +84,5 @@ def launch(
     if out is None:
         print(text, end="")
         return
-    write_atomic(out, text, overwrite=force)
-    out.chmod(0o755)
+    write_atomic(out, text, flag="--out", force=force, executable=True)
     console.print(f"launch script written to {out}")

@@ -17,6 +17,7 @@ from rich.table import Table
 from piebald.cli_common import ModelOption, SeqOption, console, progress_bar, user_errors
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
+from piebald.outputs import check_output_directory
 from piebald.planner.search import ScoredPlan
 from piebald.profiler.apply import ProfiledInputs, cost_inputs_for, profiled_inputs
 from piebald.profiler.calibrate import (
@@ -123,6 +124,7 @@ def compute(
 ) -> None:
     """Time forward and backward (with and without recompute) of the embedding, one block
     and the head of MODEL per micro-batch size, and record them with peak memory."""
+    check_output_directory(out, flag="--out")  # before measuring: results must not be lost
     import torch
 
     from piebald.profiler.measure_compute import profile_compute
@@ -205,6 +207,7 @@ def network(
 ) -> None:
     """Point-to-point links between and inside node groups and collectives over nodes,
     node groups and the cluster; fits latency + size/bandwidth per link."""
+    check_output_directory(out, flag="--out")  # before measuring: results must not be lost
     from piebald.profiler.measure_network import emulate_network, torchrun_network
 
     spec = load_cluster(cluster)
@@ -244,6 +247,7 @@ def merge(
 ) -> None:
     """Copy every profile of SOURCES into INTO; runs of one key from different machines
     are all kept (the loader takes their median)."""
+    check_output_directory(into, flag="--into")
     copied = merge_profile_dbs(sources, into)
     db = load_profile_db(into)
     console.print(

@@ -20,6 +20,8 @@ from rich.table import Table
 from piebald.cli_common import console, errors, user_errors
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.figure_files import check_figure_file
+from piebald.outputs import check_output_file
 from piebald.planner.describe import describe_plan
 from piebald.planner.search import ScoredPlan, SearchResult
 from piebald.profiler.apply import profiled_inputs, recorded_curve
@@ -105,10 +107,12 @@ def _ranks_table(plan: Plan, result: SimulationResult, estimate: PlanEstimate) -
     return table
 
 
-def _refuse_existing(paths: list[Path | None], force: bool) -> None:
-    for path in paths:
-        if path is not None and path.exists() and not force:
-            raise FileExistsError(f"{path} exists; not overwriting it (pass --force to replace)")
+def _check_outputs(*, trace: Path | None, gantt: Path | None, force: bool) -> None:
+    """Before the simulation: both outputs can be written (and may be replaced)."""
+    if trace is not None:
+        check_output_file(trace, flag="--trace", force=force)
+    if gantt is not None:
+        check_figure_file(gantt, flag="--gantt", force=force)
 
 
 def priced_plan(plan: Plan, profiles: Path | None) -> tuple[Plan, EfficiencyCurve, str]:
@@ -159,14 +163,16 @@ def simulate(
 ) -> None:
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
-    _refuse_existing([trace, gantt], force)
+    _check_outputs(trace=trace, gantt=gantt, force=force)
     plan, curve, priced_by = priced_plan(load_plan(plan_file), profiles)
     result = simulate_plan(plan, prices=Prices(plan, curve=curve))
     estimate = estimate_plan(plan, curve=curve)
     if trace is not None:
         write_trace(plan, result, trace, overwrite=force)
     if gantt is not None:
-        plot_gantt(plan, result, gantt, title=f"{plan.model.name} on {plan.cluster.name}")
+        plot_gantt(
+            plan, result, gantt, title=f"{plan.model.name} on {plan.cluster.name}", force=force
+        )
     if as_json:
         print(json.dumps(result_to_dict(result, estimate=estimate), indent=1))
     else:

@@ -24,6 +24,12 @@ import typer
 from piebald.cli_common import console, errors, user_errors
 from piebald.cli_job_file import ConfigOption
 from piebald.errors import SpecError
+from piebald.outputs import (
+    check_appendable_file,
+    check_new_directory,
+    check_output_directory,
+    check_output_file,
+)
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec, check_seq_len
 from piebald.specs.plan_io import load_plan
@@ -316,21 +322,12 @@ def run_train(
         raise _fail("--compute-dtype", compute_dtype, " or ".join(choices))
     if compute_dtype is not None:
         config = replace(config, compute_dtype=ComputeDtype(compute_dtype))
-    if config.metrics_path is not None and config.metrics_path.exists() and not config.resume:
-        raise FileExistsError(
-            f"{config.metrics_path}: already exists; choose another --metrics file "
-            "(nothing was overwritten)"
-        )
     if config.resume_from is not None and config.checkpoint_dir is None:
         # New checkpoints go next to the one resumed from: the same run, continued.
         config = replace(config, checkpoint_dir=config.resume_from.parent)
     if config.resume and config.checkpoint_dir is None:
         raise _fail("--resume", True, "a --checkpoint-dir holding the checkpoints to resume from")
-    if config.save_model_path is not None and config.save_model_path.exists():
-        raise FileExistsError(
-            f"{config.save_model_path}: already exists; choose another --save-model directory "
-            "(nothing was overwritten)"
-        )
+    _check_outputs(config)
     if config.eval_data_path is None and config.eval_every:
         raise _fail("--eval-every", config.eval_every, "an --eval-data file to evaluate on")
     if plan_file is None:
@@ -410,6 +407,26 @@ def run_train(
         compute_dtype_given=compute_dtype is not None,
         as_json=as_json,
     )
+
+
+def _check_outputs(config: TrainConfig) -> None:
+    """Before anything is spawned or trained: every place the run will write can be
+    written, and nothing the user has is in the way (a run must not be lost at its end)."""
+    if config.metrics_path is not None:
+        if config.resume:  # a resumed run appends to its metrics
+            check_appendable_file(config.metrics_path, flag="--metrics")
+        else:
+            check_output_file(
+                config.metrics_path,
+                flag="--metrics",
+                hint="choose another --metrics file, or pass --resume to continue its run",
+            )
+    if config.tensorboard_dir is not None:
+        check_output_directory(config.tensorboard_dir, flag="--tensorboard")
+    if config.checkpoint_dir is not None:
+        check_output_directory(config.checkpoint_dir, flag="--checkpoint-dir")
+    if config.save_model_path is not None:
+        check_new_directory(config.save_model_path, flag="--save-model")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

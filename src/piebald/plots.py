@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from piebald.figure_files import save_figure
 from piebald.planner.compare import Comparison
 
 __all__ = ["plot_comparison"]
 
 
-def plot_comparison(comparison: Comparison, path: Path, *, title: str) -> None:
+def plot_comparison(
+    comparison: Comparison,
+    path: Path,
+    *,
+    title: str,
+    force: bool = False,
+    flag: str = "--plot",
+) -> None:
     """Bars of predicted tokens/s per strategy, the upper bound as a dashed line,
-    infeasible strategies marked as such."""
+    infeasible strategies marked as such; an existing file is replaced only with
+    ``force`` (``piebald.figure_files``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,6 +67,7 @@ def plot_comparison(comparison: Comparison, path: Path, *, title: str) -> None:
         color="#555",
     )
     figure.tight_layout(rect=(0, 0.03, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    try:
+        save_figure(figure, path, flag=flag, force=force)
+    finally:
+        plt.close(figure)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from piebald.errors import SpecError
+from piebald.outputs import write_atomic
 from piebald.profiler.keys import ComputeKey
 from piebald.profiler.records import (
     ComputeProfile,
@@ -38,7 +39,6 @@ from piebald.profiler.records import (
     profile_type,
 )
 from piebald.specs.fields import Fields
-from piebald.specs.plan_io import write_atomic
 
 __all__ = [
     "ProfileDB",
@@ -76,11 +76,14 @@ def profile_file_name(profile: ComputeProfile | NetworkProfile) -> str:
     return f"{profile.key.file_stem()}--{_digest(profile_to_dict(profile))}.json"
 
 
-def write_profile(profile: ComputeProfile | NetworkProfile, directory: str | Path) -> Path:
-    """Write ``profile`` into the DB at ``directory``; an identical file is left alone."""
+def write_profile(
+    profile: ComputeProfile | NetworkProfile, directory: str | Path, *, flag: str = "--out"
+) -> Path:
+    """Write ``profile`` into the DB at ``directory`` (``flag`` names it in errors); an
+    identical file is left alone."""
     path = Path(directory) / profile_file_name(profile)
     if not path.exists():
-        write_atomic(path, json.dumps(profile_to_dict(profile), indent=1) + "\n")
+        write_atomic(path, json.dumps(profile_to_dict(profile), indent=1) + "\n", flag=flag)
     return path
 
 
@@ -242,7 +245,9 @@ def combine_network_runs(runs: Sequence[NetworkProfile]) -> NetworkProfile:
     )
 
 
-def merge_profile_dbs(sources: Sequence[str | Path], into: str | Path) -> list[Path]:
+def merge_profile_dbs(
+    sources: Sequence[str | Path], into: str | Path, *, flag: str = "--into"
+) -> list[Path]:
     """Copy every profile of ``sources`` into ``into`` (validated first); returns the new
     files. Equal names hold equal content (the digest), so nothing is ever overwritten."""
     copied: list[Path] = []
@@ -254,6 +259,6 @@ def merge_profile_dbs(sources: Sequence[str | Path], into: str | Path) -> list[P
             destination = target / path.name
             if destination.exists():  # same name: the same JSON content (the digest)
                 continue
-            write_atomic(destination, path.read_text(encoding="utf-8"))
+            write_atomic(destination, path.read_bytes(), flag=flag)
             copied.append(destination)
     return copied

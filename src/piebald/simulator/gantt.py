@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from piebald.figure_files import save_figure
 from piebald.simulator.result import Lane, SimulationResult
 from piebald.specs.plan import Plan
 
@@ -48,8 +49,17 @@ _LANE_BOX = {
 }
 
 
-def plot_gantt(plan: Plan, result: SimulationResult, path: Path, *, title: str = "") -> None:
-    """Draw the step's timeline to ``path`` (PNG)."""
+def plot_gantt(
+    plan: Plan,
+    result: SimulationResult,
+    path: Path,
+    *,
+    title: str = "",
+    force: bool = False,
+    flag: str = "--gantt",
+) -> None:
+    """Draw the step's timeline to ``path`` (PNG, or the format its suffix names); an
+    existing file is replaced only with ``force`` (``piebald.figure_files``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,6 +145,7 @@ def plot_gantt(plan: Plan, result: SimulationResult, path: Path, *, title: str =
     )
     axes.set_title(f"{title}\n{headline}" if title else headline, fontsize=9)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    try:
+        save_figure(figure, path, flag=flag, force=force)
+    finally:
+        plt.close(figure)

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from piebald.outputs import write_atomic
 from piebald.simulator.result import Lane, SimulationResult
 from piebald.specs.plan import Plan
-from piebald.specs.plan_io import write_atomic
 
 __all__ = ["chrome_trace", "write_trace"]
 
@@ -66,7 +66,13 @@ def chrome_trace(plan: Plan, result: SimulationResult) -> dict[str, Any]:
 
 
 def write_trace(
-    plan: Plan, result: SimulationResult, path: Path, *, overwrite: bool = False
+    plan: Plan,
+    result: SimulationResult,
+    path: Path,
+    *,
+    overwrite: bool = False,
+    flag: str = "--trace",
 ) -> None:
-    """Write the trace JSON; an existing file is kept unless ``overwrite``."""
-    write_atomic(path, json.dumps(chrome_trace(plan, result)), overwrite=overwrite)
+    """Write the trace JSON (``piebald.outputs``); an existing file is kept unless
+    ``overwrite``, and even then only a regular file is replaced."""
+    write_atomic(path, json.dumps(chrome_trace(plan, result)), flag=flag, force=overwrite)

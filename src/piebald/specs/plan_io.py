@@ -1,18 +1,17 @@
 """Plan files: JSON in, JSON out, versioned, self-contained, validated on load.
 
-Writing is atomic (a temporary file renamed into place) and never replaces an existing file
-unless asked, so a plan the user had is not lost.
+Writing goes through ``piebald.outputs``: atomic (a temporary file renamed into place), never
+replacing an existing file unless asked, and then only a regular file.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from piebald.errors import SpecError
+from piebald.outputs import write_atomic
 from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
 from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
@@ -38,7 +37,6 @@ __all__ = [
     "plan_from_dict",
     "plan_to_dict",
     "save_plan",
-    "write_atomic",
 ]
 
 
@@ -335,21 +333,9 @@ def load_plan(path: str | Path) -> Plan:
     return plan_from_dict(data, source=str(file))
 
 
-def write_atomic(path: str | Path, text: str, *, overwrite: bool = False) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename; refuse to clobber."""
-    target = Path(path)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; not overwriting it (pass --force to replace)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> None:
-    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n", overwrite=overwrite)
+def save_plan(
+    plan: Plan, path: str | Path, *, overwrite: bool = False, flag: str = "--out"
+) -> None:
+    """Write the plan JSON atomically (``piebald.outputs``); an existing file is kept
+    unless ``overwrite``, and even then only a regular file is replaced."""
+    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n", flag=flag, force=overwrite)

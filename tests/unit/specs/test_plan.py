@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from piebald.errors import SpecError
+from piebald.outputs import OutputError
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, Prediction, Schedule, Stage, ZeroMode, weighted_round_robin
@@ -445,7 +446,7 @@ def test_load_plan_wrong_version_names_the_field(tmp_path: Path) -> None:
 def test_save_plan_refuses_to_overwrite(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text("precious\n", encoding="utf-8")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(OutputError, match="already exists"):
         save_plan(_full_plan(), path)
     assert path.read_text(encoding="utf-8") == "precious\n"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]

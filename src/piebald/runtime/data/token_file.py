@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from piebald.errors import SpecError
+from piebald.outputs import file_mode
 from piebald.runtime.data.tokenizer import ByteTokenizer
 
 __all__ = [
@@ -266,6 +267,7 @@ def _write_temporary(target: Path, payload: bytes) -> Path:
     handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(handle, "wb") as stream:
+            os.fchmod(stream.fileno(), file_mode())  # not mkstemp's 0600 (piebald.outputs)
             stream.write(payload)
     except BaseException:
         Path(name).unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from typing import IO, Any
 import numpy as np
 
 from piebald.errors import SpecError
+from piebald.outputs import check_output_file, file_mode
 from piebald.runtime.data.token_file import (
     DOCUMENT_OFFSET_DTYPE,
     TOKEN_DTYPES,
@@ -51,37 +52,11 @@ def output_paths(path: Path) -> tuple[Path, Path, Path]:
     return path, document_index_path(path), metadata_path(path)
 
 
-def check_output_paths(paths: Iterable[Path], *, overwrite: bool) -> None:
-    """Refuse existing outputs unless ``overwrite``, and even then anything but a regular file.
-
-    Then prove the directories writable (creating them if needed) before any work is done.
-    """
+def check_output_paths(paths: Iterable[Path], *, overwrite: bool, flag: str = "--out") -> None:
+    """Before any work: refuse existing outputs unless ``overwrite``, and even then anything
+    but a regular file; the directories must be writable (``piebald.outputs``)."""
     for path in paths:
-        if path.is_symlink() or path.exists():
-            if not overwrite:
-                raise FileExistsError(
-                    f"{path} exists; not overwriting it (pass --force to replace)"
-                )
-            if path.is_symlink() or not path.is_file():
-                raise SpecError(
-                    source=str(path),
-                    field="",
-                    has_value=False,
-                    expected="a regular file to replace (--force replaces nothing else)",
-                )
-    for directory in {path.parent for path in paths}:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            handle, name = tempfile.mkstemp(dir=directory, prefix=".piebald-write-test.")
-            os.close(handle)
-            os.unlink(name)
-        except OSError as error:
-            raise SpecError(
-                source=str(directory),
-                field="",
-                has_value=False,
-                expected=f"a writable directory for the outputs ({error.strerror})",
-            ) from None
+        check_output_file(path, flag=flag, force=overwrite)
 
 
 class TokenFileWriter:
@@ -95,6 +70,7 @@ class TokenFileWriter:
         self.max_token_id = -1  # none yet
         self._limit = int(np.iinfo(TOKEN_DTYPES[dtype]).max)
         self._temporaries: list[Path] = []
+        path.parent.mkdir(parents=True, exist_ok=True)  # checked by check_output_paths
         self._tokens = self._open_temporary(path)
         self._index = self._open_temporary(document_index_path(path))
         self._index.write(np.zeros(1, dtype=DOCUMENT_OFFSET_DTYPE).tobytes())
@@ -155,15 +131,9 @@ class TokenFileWriter:
     def _open_temporary(self, target: Path) -> IO[bytes]:
         handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         self._temporaries.append(Path(name))
-        # mkstemp makes the file private (0600); the outputs get the usual mode (umask).
-        os.fchmod(handle, 0o666 & ~_umask())
+        # mkstemp makes the file private (0600); outputs get piebald's one mode policy.
+        os.fchmod(handle, file_mode())
         return os.fdopen(handle, "wb")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
-    os.umask(mask)
-    return mask
 
 
 def _close_synced(stream: IO[bytes]) -> None:

@@ -3,9 +3,10 @@ one ``model.safetensors`` or, above a shard size, ``model-0000K-of-0000N.safeten
 with the ``model.safetensors.index.json`` that maps every tensor to its file (the layout
 ``save_pretrained`` writes, so ``from_pretrained`` and vLLM read it as they read any model).
 
-The directory is built under a temporary name beside its destination, every file synced,
-then renamed into place: an interrupted export never leaves a partial model under the
-user's name, and an existing destination is never replaced.
+The directory is built under a fresh temporary name beside its destination, every file
+synced, then renamed into place without replacing anything (``piebald.outputs``): an
+interrupted export never leaves a partial model under the user's name, and an existing
+destination, even one that appeared during the run, is never replaced.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+from piebald.outputs import OutputError, check_new_directory, file_mode, rename_no_replace
 
 __all__ = [
     "CARRIED_FILES",
@@ -71,17 +75,19 @@ def write_hf_model(
     config: Mapping[str, Any],
     files: Mapping[str, Path] | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    flag: str = "--save-model",
 ) -> None:
     """Create ``directory`` holding ``config``, ``tensors`` (under their Hugging Face
     names) and copies of ``files`` (name in the directory -> source path); refuses a
-    destination that exists."""
+    destination that exists, also one that appears while the files are written
+    (:class:`~piebald.outputs.OutputError` naming ``flag``)."""
     directory = Path(directory)
-    if directory.exists() or directory.is_symlink():
-        raise FileExistsError(f"{directory}: already exists (nothing was overwritten)")
+    check_new_directory(directory, flag=flag)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    scratch = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)  # a leftover of this pid's earlier try
-    scratch.mkdir()
+    # A fresh, uniquely named scratch directory per export: nothing left by another run
+    # is ever reused or removed. mkdtemp makes it private; the model gets the usual mode.
+    scratch = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    scratch.chmod(file_mode(executable=True))
     try:
         _write_json(scratch / "config.json", dict(config))
         for name, path in (files or {}).items():
@@ -109,7 +115,20 @@ def write_hf_model(
                 "weight_map": dict(sorted(weight_map.items())),
             }
             _write_json(scratch / INDEX_NAME, index)
-        scratch.rename(directory)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    try:
+        rename_no_replace(scratch, directory)  # never onto something that appeared meanwhile
+    except FileExistsError:
+        # Someone created the destination while the model was written: keep theirs, and
+        # keep the model too (a training run is not thrown away), under the scratch name.
+        raise OutputError(
+            flag=flag,
+            path=directory,
+            expected=f"a path nobody creates during the run (it appeared meanwhile; nothing "
+            f"was overwritten; the model is complete in {scratch}: rename it)",
+        ) from None
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

@@ -4,7 +4,8 @@ every tensor under its Hugging Face name, so ``AutoModelForCausalLM.from_pretrai
 (and vLLM) load it with no missing or unexpected key.
 
 Under a plan, the first rank of each stage writes its part's parameters (a ZeRO-3 stage
-gathers them first) to a piece beside the destination, and the leader merges the pieces;
+gathers them first) to a piece in a directory beside the destination named for this run
+only, and the leader merges exactly the pieces of this run's stages, then removes them;
 a tied head's replica is left out (the embedding's table is the tensor). Parameters are
 written in the dtype they trained in; a model whose stages trained in different 16-bit
 types (bf16 beside fp16) is written in fp32, which holds both exactly. The directory is
@@ -14,14 +15,15 @@ from a Hugging Face directory keeps that directory's tokenizer files and token i
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from piebald.runtime.distributed.collectives import barrier
+from piebald.runtime.distributed.collectives import all_reduce, barrier
 from piebald.runtime.distributed.groups import ProcessGroups
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.models.hf_export import carried_over, write_hf_model
@@ -87,19 +89,37 @@ def export_part_weights(
     """Collective over the used ranks: merge every stage's weights into ``directory``
     (``save_hf_model``)."""
     assert groups.stage is not None and groups.stage_index is not None
-    pieces = directory.with_name(f".{directory.name}.parts")
+    # The pieces go in a directory named for this run only (a token the leader draws and
+    # every rank learns): a piece left by an earlier, killed run is never merged, and
+    # cleaning up removes only the pieces this run wrote (findings 6 and its class).
+    token = _run_token(groups, rank=rank, device=next(iter(part.parameters())).device)
+    pieces = directory.with_name(f".{directory.name}.parts-{token:016x}")
+    expected = [pieces / f"stage-{index}.safetensors" for index in range(len(groups.layout.stages))]
     optimizer.gather_params()  # ZeRO-3 stages hold shards at rest
     if rank == groups.stage.ranks[0]:
         pieces.mkdir(parents=True, exist_ok=True)
-        save_file(part_weights(part), str(pieces / f"stage-{groups.stage_index}.safetensors"))
+        save_file(part_weights(part), str(expected[groups.stage_index]))
     optimizer.release_params()
     barrier(groups.used)
     if rank == groups.used.ranks[0]:
-        merged: dict[str, torch.Tensor] = {}
-        for piece in sorted(pieces.glob("stage-*.safetensors")):
-            merged.update(load_file(str(piece)))
-        shutil.rmtree(pieces)
-        save_hf_model(merged, model=part.model, directory=directory, source=source)
+        try:
+            merged: dict[str, torch.Tensor] = {}
+            for piece in expected:
+                merged.update(load_file(str(piece)))
+            save_hf_model(merged, model=part.model, directory=directory, source=source)
+        finally:
+            for piece in expected:
+                piece.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: someone else's files stay
+                pieces.rmdir()
+
+
+def _run_token(groups: ProcessGroups, *, rank: int, device: torch.device) -> int:
+    """A random number, the same on every used rank (the leader's), new on every run."""
+    value = secrets.randbits(62) if rank == groups.used.ranks[0] else 0
+    token = torch.tensor([value], dtype=torch.int64, device=device)
+    all_reduce(token, group=groups.used)  # a sum with zeros: the leader's number
+    return int(token.item())
 
 
 def _common_dtype(dtypes: set[torch.dtype]) -> torch.dtype:

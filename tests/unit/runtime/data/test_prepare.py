@@ -217,8 +217,9 @@ def test_existing_outputs_are_replaced_only_with_force(
     code, output = run_cli(*args, "--input", str(second))
     assert code == 2
     existing = tmp_path / "o.train.bin"
-    assert (
-        output.strip() == f"error: {existing} exists; not overwriting it (pass --force to replace)"
+    assert output.strip() == (
+        f"error: --out: got '{existing}'; expected a path that does not exist yet (it "
+        "already exists; nothing was overwritten; pass --force to replace the file)"
     )
     assert (tmp_path / "o.train.bin").read_bytes() == before
     # Only the sidecar left over from an earlier run is enough to refuse.
@@ -234,10 +235,10 @@ def test_existing_outputs_are_replaced_only_with_force(
     # --force replaces regular files only, never a directory or a symbolic link.
     (tmp_path / "dir.train.bin").mkdir()
     code, output = run_cli(*args[:-1], str(tmp_path / "dir"), "--input", str(second), "--force")
-    assert code == 2 and "dir.train.bin: expected a regular file to replace" in output
+    assert code == 2 and "dir.train.bin'; expected a regular file to replace" in output
     (tmp_path / "link.train.bin").symlink_to(tmp_path / "o.train.bin")
     code, output = run_cli(*args[:-1], str(tmp_path / "link"), "--input", str(second), "--force")
-    assert code == 2 and "link.train.bin: expected a regular file to replace" in output
+    assert code == 2 and "link.train.bin'; expected a regular file to replace" in output
     assert (tmp_path / "link.train.bin").is_symlink()
     assert (tmp_path / "o.train.bin").read_bytes() == replaced  # the link's target: untouched
 

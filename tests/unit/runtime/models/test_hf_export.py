@@ -4,11 +4,14 @@ in one file or sharded with an index, and nothing left behind or replaced."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 
+from piebald.outputs import OutputError
 from piebald.runtime.models.hf_export import INDEX_NAME, SINGLE_FILE, write_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -56,6 +59,56 @@ def test_an_existing_destination_is_never_replaced(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists"):
         write_hf_model(out, tensors={"w": torch.zeros(2)}, config={})
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("appears", ["directory", "empty directory", "file"])
+def test_a_destination_that_appears_during_the_export_is_kept_and_so_is_the_model(
+    appears: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 7: a path created at ``--save-model`` while the run wrote the model was
+    clobbered. Now theirs stays, and the finished model is kept under the scratch name."""
+    import piebald.runtime.models.hf_export as hf_export
+
+    out = tmp_path / "out"
+    real_save = hf_export.save_file
+
+    def save_then_someone_creates_out(*args: object, **kwargs: object) -> None:
+        real_save(*args, **kwargs)  # type: ignore[arg-type]
+        if appears == "file":
+            out.write_text("theirs")
+        else:
+            out.mkdir()
+            if appears == "directory":
+                (out / "theirs.txt").write_text("theirs")
+
+    monkeypatch.setattr(hf_export, "save_file", save_then_someone_creates_out)
+    weights = {"w": torch.arange(4.0)}
+    with pytest.raises(OutputError, match="appeared meanwhile; nothing was overwritten") as caught:
+        write_hf_model(out, tensors=weights, config={"model_type": "llama"})
+    if appears == "file":
+        assert out.read_text() == "theirs"
+    else:
+        assert sorted(p.name for p in out.iterdir()) == (
+            ["theirs.txt"] if appears == "directory" else []
+        )
+    kept = [p for p in tmp_path.iterdir() if p.name != "out"]
+    assert len(kept) == 1 and str(kept[0]) in str(caught.value)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(kept[0] / SINGLE_FILE))["w"], weights["w"])
+    assert json.loads((kept[0] / "config.json").read_text()) == {"model_type": "llama"}
+
+
+def test_the_model_directory_gets_the_umask_mode(tmp_path: Path) -> None:
+    """Finding 35: one permission policy (mkdtemp's scratch is private; the model is not)."""
+    previous = os.umask(0o027)
+    try:
+        plain = tmp_path / "plain"
+        plain.mkdir()
+        write_hf_model(tmp_path / "out", tensors={"w": torch.zeros(2)}, config={})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
