@@ -209,10 +209,21 @@ def _free_name(directory: Path, name: str) -> Path:
 def _warn_if_settings_changed(
     saved: Mapping[str, Any], *, config: TrainConfig, plan: Plan, checkpoint: Path
 ) -> None:
+    """Another schedule or job than the checkpoint's is allowed, but said."""
+    _warn_if_schedule_changed(saved, config=config, checkpoint=checkpoint)
+    job = checkpoint_extra(config, plan=plan)["job"]
+    if "job" in saved and saved["job"] != job:
+        logger.warning(
+            "%s was trained with %s; this plan's job is %s", checkpoint, saved["job"], job
+        )
+
+
+def _warn_if_schedule_changed(
+    saved: Mapping[str, Any], *, config: TrainConfig, checkpoint: Path
+) -> None:
     """The schedule is a function of the step and of this run's settings, so a resumed
     run continues it exactly when the settings are the same; different ones (a longer
-    --steps with the default --decay-steps, say) are allowed, but said. So is another
-    global batch or sequence length (a plan for another job)."""
+    --steps with the default --decay-steps, say) are allowed, but said."""
     now = {"lr": config.optimizer.lr, "lr_schedule": config.lr_schedule.as_dict()}
     then = {key: saved.get(key) for key in now}
     if "lr_schedule" in saved and then != now:
@@ -225,9 +236,4 @@ def _warn_if_settings_changed(
             then["lr_schedule"],
             now["lr"],
             now["lr_schedule"],
-        )
-    job = checkpoint_extra(config, plan=plan)["job"]
-    if "job" in saved and saved["job"] != job:
-        logger.warning(
-            "%s was trained with %s; this plan's job is %s", checkpoint, saved["job"], job
         )

@@ -12,7 +12,7 @@ import torch
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule, lr_at
-from piebald.runtime.training.rank_worker import _warn_if_schedule_changed
+from piebald.runtime.training.resume import _warn_if_schedule_changed
 
 LR = 3e-3
 MIN_LR = 3e-4
