@@ -12,7 +12,10 @@ the median of a few repetitions; a point-to-point time is half a ping-pong round
 Under ``torchrun`` the ranks are the cluster's global ranks (rank order of
 ``piebald.specs.cluster``) and every rank runs :func:`run_measurements`; with ``--emulate``
 a few gloo processes on loopback play the GPUs (every pair is then the same loopback link;
-it tests the machinery, not a network).
+it tests the machinery, not a network). Emulation opens no socket beyond loopback, as emulated
+training does: the processes meet through a file store in a private temporary directory (a
+``tcp://`` rendezvous would start a TCPStore listening on every interface, whatever address
+it is given) and gloo's own connections use the loopback interface.
 """
 
 from __future__ import annotations
@@ -202,26 +205,22 @@ def run_measurements(
     return profiles
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _emulated_rank(
     rank: int,
     world_size: int,
-    port: int,
+    init_method: str,
     measurements: list[Measurement],
     message_bytes: tuple[int, ...],
     num_warmup: int,
     num_repeats: int,
     out_path: str,
 ) -> None:
+    # gloo listens on the interface this names (else on the address the host name resolves
+    # to); a user who sets it chooses another.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init_method,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
@@ -262,13 +261,13 @@ def emulate_network(
     for m in planned:
         ranks = tuple(range(min(len(m.ranks), world_size)))
         local.append(Measurement(key=replace(m.key, num_ranks=len(ranks)), ranks=ranks))
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(prefix="piebald-network-") as scratch:
         out_path = os.path.join(scratch, "profiles.json")
         spawn(  # type: ignore[no-untyped-call]
             _emulated_rank,
             args=(
                 world_size,
-                _free_port(),
+                f"file://{Path(scratch) / 'store'}",
                 local,
                 message_bytes,
                 num_warmup,
