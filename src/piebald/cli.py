@@ -198,7 +198,7 @@ def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]
     """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
     loaded = load_plan(plan_file)
     # A plan made from profiles is explained with the prices it was made with.
-    explanation = explain_plan(loaded, curve=recorded_curve(loaded))
+    explanation = explain_plan(loaded, curve=recorded_curve(loaded, source=str(plan_file)))
     for renderable in explanation_tables(loaded, explanation):
         console.print(renderable)
 

@@ -10,7 +10,7 @@ import typer
 
 from piebald.cli_common import console, user_errors
 from piebald.errors import SpecError
-from piebald.launch import DEFAULT_PORT, node_launches, shell_script, slurm_script
+from piebald.launch import DEFAULT_PORT, MAX_PORT, node_launches, shell_script, slurm_script
 from piebald.outputs import check_output_file, write_atomic
 from piebald.specs.plan_io import load_plan
 
@@ -48,8 +48,16 @@ def launch(
     """Print (or write) the torchrun command of every node of the plan's cluster."""
     if out is not None:
         check_output_file(out, flag="--out", force=force)
+    if not 1 <= master_port <= MAX_PORT:
+        raise SpecError(
+            source="--master-port",
+            field="",
+            value=master_port,
+            expected=f"a TCP port, 1..{MAX_PORT}",
+        )
+    # An empty --hosts ('') is a mistake too, not "no hosts given".
+    host_list = [h.strip() for h in hosts.split(",")] if hosts is not None else None
     loaded = load_plan(plan)
-    host_list = [h.strip() for h in hosts.split(",")] if hosts else None
     try:
         train_words = shlex.split(train_args)
     except ValueError as error:  # an unclosed quote

@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from piebald.cli_common import ModelOption, SeqOption, console, progress_bar, user_errors
+from piebald.cli_common import (
+    ModelOption,
+    SeqOption,
+    console,
+    errors,
+    progress_bar,
+    user_errors,
+)
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
 from piebald.outputs import check_output_directory
@@ -40,6 +48,7 @@ from piebald.specs.units import format_bytes
 
 __all__ = [
     "ProfilesOption",
+    "load_profiles",
     "plan_with_cost_inputs",
     "profile_app",
     "scored_with_cost_inputs",
@@ -62,15 +71,64 @@ ProfilesOption = Annotated[
 OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]
 
 
+def _pairs(pairs: tuple[tuple[str, Dtype], ...]) -> str:
+    return ", ".join(f"{name} in {dtype}" for name, dtype in pairs)
+
+
+def _unmatched_warnings(profiles: Path, inputs: ProfiledInputs, cluster: ClusterSpec) -> list[str]:
+    """One line per kind of measurement the DB holds but ``cluster`` cannot use."""
+    db, lines = inputs.db, []
+    if db.compute_runs and inputs.unmeasured_devices:
+        measured = inputs.unused_devices or tuple(
+            sorted({(key.device, key.dtype) for key in db.compute_runs})
+        )
+        types = {group.device.name for group in cluster.node_groups}
+        none_used = len(inputs.unmeasured_devices) == len(types)
+        lines.append(
+            f"--profiles {profiles}: no compute profile of {_pairs(inputs.unmeasured_devices)} "
+            f"(the GPU types of {cluster.name} and the dtype each trains in; the DB measured "
+            f"{_pairs(measured)}): "
+            + ("compute is" if none_used else "those GPUs are")
+            + " priced from the analytic model"
+        )
+    if db.network_runs and not inputs.links:
+        groups = sorted({name for key in db.network_runs for name in key.groups})
+        lines.append(
+            f"--profiles {profiles}: no network profile is between node groups of "
+            f"{cluster.name} (the DB measured groups {', '.join(groups)}): links are priced "
+            "from the cluster file"
+        )
+    return lines
+
+
+def load_profiles(
+    profiles: Path, *, cluster: ClusterSpec, model: ModelSpec, precision: Dtype
+) -> ProfiledInputs:
+    """``--profiles DIR`` applied to ``cluster``: a directory that holds no profile is
+    refused; measurements the cluster cannot use are a warning on stderr (the planner
+    falls back to the analytic model for them), never silently ignored."""
+    db = load_profile_db(profiles)
+    if db.num_files == 0:
+        raise SpecError(
+            source="--profiles",
+            field="",
+            value=str(profiles),
+            expected="a profile DB directory holding profile files (*.json, made by "
+            "piebald profile compute / network); this one holds none",
+        )
+    inputs = profiled_inputs(db, cluster=cluster, model=model, precision=precision)
+    for line in _unmatched_warnings(profiles, inputs, cluster):
+        errors.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+    return inputs
+
+
 def with_profiles(
     profiles: Path | None, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
 ) -> tuple[ClusterSpec, EfficiencyCurve, ProfiledInputs | None]:
     """The cluster and curve to plan with: as given, or priced from ``profiles``."""
     if profiles is None:
         return cluster, DEFAULT_CURVE, None
-    inputs = profiled_inputs(
-        load_profile_db(profiles), cluster=cluster, model=model, precision=job.precision
-    )
+    inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
     return inputs.cluster, inputs.curve, inputs
 
 
@@ -100,6 +158,33 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
     return sizes
 
 
+def _check_device_name(name: str | None, *, on_cuda: bool) -> None:
+    """Refuse recording this machine's times under a catalog type it is not: plans would
+    price every GPU of that type at this device's speed (finding 32: a CPU as A100-80GB)."""
+    if name is None or name not in builtin_catalog():
+        return
+    import torch
+
+    from piebald.profiler.device_map import catalog_name
+
+    if on_cuda:
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        found = catalog_name(properties.name, memory_bytes=float(properties.total_memory))
+        if found is None or found == name:  # a GPU the name rules miss: the user knows
+            return
+        measured = f"this GPU is a {found} ({properties.name})"
+    else:
+        measured = "these are CPU timings"
+    raise SpecError(
+        source="--device-name",
+        field="",
+        value=name,
+        expected=f"a name of your own for the measured device (declared in the cluster "
+        f"file's gpu_types), not the catalog type {name}: {measured}, and plans would "
+        f"price every {name} at its speed",
+    )
+
+
 @profile_app.command("compute")
 @user_errors
 def compute(
@@ -116,7 +201,12 @@ def compute(
     warmup: Annotated[int, typer.Option(min=0, help="Untimed iterations first.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Timed iterations (median kept).")] = 5,
     device_name: Annotated[
-        str | None, typer.Option(help="Record the device under this type name instead.")
+        str | None,
+        typer.Option(
+            help="Record the measurements under this GPU type name instead of the detected "
+            "one (a catalog type, or 'cpu'): a name of your own, to declare in the cluster "
+            "file's gpu_types. A catalog name only for a GPU of that type.",
+        ),
     ] = None,
     threads: Annotated[
         int | None, typer.Option(min=1, help="CPU threads torch may use (default: torch's).")
@@ -143,6 +233,7 @@ def compute(
         raise SpecError(
             source="--device", field="", value=chosen, expected="cpu, or cuda where there is one"
         )
+    _check_device_name(device_name, on_cuda=chosen == "cuda")
     compute_dtype = dtype or (Dtype.BF16 if chosen == "cuda" else Dtype.FP32)
     if threads is not None:
         torch.set_num_threads(threads)

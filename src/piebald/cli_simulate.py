@@ -18,14 +18,14 @@ import typer
 from rich.table import Table
 
 from piebald.cli_common import console, errors, user_errors
+from piebald.cli_profile import load_profiles
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
 from piebald.planner.describe import describe_plan
 from piebald.planner.search import ScoredPlan, SearchResult
-from piebald.profiler.apply import profiled_inputs, recorded_curve
-from piebald.profiler.db import load_profile_db
+from piebald.profiler.apply import recorded_curve
 from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.gantt import plot_gantt
 from piebald.simulator.prices import Prices
@@ -115,15 +115,15 @@ def _check_outputs(*, trace: Path | None, gantt: Path | None, force: bool) -> No
         check_figure_file(gantt, flag="--gantt", force=force)
 
 
-def priced_plan(plan: Plan, profiles: Path | None) -> tuple[Plan, EfficiencyCurve, str]:
+def priced_plan(
+    plan: Plan, profiles: Path | None, *, source: str = "plan"
+) -> tuple[Plan, EfficiencyCurve, str]:
     """The plan to simulate (its cluster's links measured, with ``profiles``), the curve
-    to price its compute with, and a line saying where the prices come from."""
+    to price its compute with, and a line saying where the prices come from. ``source``
+    names the plan file in errors about the measurements it records."""
     if profiles is not None:
-        inputs = profiled_inputs(
-            load_profile_db(profiles),
-            cluster=plan.cluster,
-            model=plan.model,
-            precision=plan.job.precision,
+        inputs = load_profiles(
+            profiles, cluster=plan.cluster, model=plan.model, precision=plan.job.precision
         )
         recorded = plan.cost_inputs
         differs = recorded is not None and recorded.profile_db_digest != inputs.db.digest
@@ -136,7 +136,7 @@ def priced_plan(plan: Plan, profiles: Path | None) -> tuple[Plan, EfficiencyCurv
     if plan.cost_inputs is not None:
         return (
             plan,
-            recorded_curve(plan),
+            recorded_curve(plan, source=source),
             f"priced from the measurements the plan records (profile DB "
             f"{plan.cost_inputs.profile_db})",
         )
@@ -164,7 +164,7 @@ def simulate(
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
     _check_outputs(trace=trace, gantt=gantt, force=force)
-    plan, curve, priced_by = priced_plan(load_plan(plan_file), profiles)
+    plan, curve, priced_by = priced_plan(load_plan(plan_file), profiles, source=str(plan_file))
     result = simulate_plan(plan, prices=Prices(plan, curve=curve))
     estimate = estimate_plan(plan, curve=curve)
     if trace is not None:

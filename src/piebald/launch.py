@@ -23,10 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from piebald.specs.cluster import ClusterSpec, NicKind
+from piebald.specs.cluster_yaml import HOST_NAME_RULE, is_host_name
 
-__all__ = ["NodeLaunch", "node_launches", "shell_script", "slurm_script"]
+__all__ = ["MAX_PORT", "NodeLaunch", "node_launches", "shell_script", "slurm_script"]
 
 DEFAULT_PORT = 29500
+MAX_PORT = 65_535  # TCP ports are 16-bit; 0 would let the OS pick, which peers cannot know
 
 # Waits on every node's background process (pids in the array `pids`). It polls bash's own
 # job table rather than using `wait -n`: bash before 5.1 can miss a job that ended before
@@ -112,6 +114,12 @@ def node_launches(
             f"{len(names)} hosts, one per node of cluster {cluster.name!r} "
             f"({', '.join(names)}), not {len(hosts)}"
         )
+    # Hosts go into shell lines and Slurm node lists unquoted, as the cluster file's do.
+    for index, host in enumerate(hosts or ()):
+        if not is_host_name(host):
+            raise ValueError(f"{HOST_NAME_RULE} for every host; host {index + 1} is {host!r}")
+    if not 1 <= master_port <= MAX_PORT:
+        raise ValueError(f"a master port of 1..{MAX_PORT}, not {master_port}")
     from_file = [node.host for node in cluster.nodes]
     if hosts is not None:
         chosen, named = list(hosts), True

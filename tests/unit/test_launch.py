@@ -385,3 +385,48 @@ def test_cli_uses_the_plans_hosts_and_no_gpus(named_plan: Path) -> None:
     assert only["--nodelist"] == "gpu-b,gpu-a,old-1" and "--gpus-per-node" not in only
     result = CliRunner().invoke(app, ["launch", "--plan", str(path), "--slurm", "--hosts", "x,y,x"])
     assert result.exit_code == 2 and "--hosts" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "option"),
+    [
+        (["--hosts", "a,,b"], "--hosts"),  # an empty host
+        (["--hosts", "a, ,b"], "--hosts"),
+        (["--hosts", ""], "--hosts"),
+        (["--hosts", "a,b;rm -rf ~,c"], "--hosts"),  # would run in the script's shell
+        (["--hosts", "a,b b,c"], "--hosts"),
+        (["--master-port", "-1"], "--master-port"),
+        (["--master-port", "0"], "--master-port"),
+        (["--master-port", "99999"], "--master-port"),
+    ],
+)
+def test_finding_33_bad_hosts_and_ports_are_one_line_and_exit_2(
+    named_plan: Path, tmp_path: Path, flags: list[str], option: str
+) -> None:
+    """Finding 33: launch refused nothing of --hosts a,,b or --master-port -1 / 99999."""
+    for extra in ([], ["--slurm"], ["--out", str(tmp_path / "run.sh")]):
+        result = CliRunner().invoke(app, ["launch", "--plan", str(named_plan), *flags, *extra])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and option in lines[0], result.output
+        assert not (tmp_path / "run.sh").exists()
+
+
+def test_finding_33_train_args_keep_quoted_words(named_plan: Path) -> None:
+    """Finding 33: ``--train-args "--data 'my file.bin'"`` is two words, the path one."""
+    result = CliRunner().invoke(
+        app, ["launch", "--plan", str(named_plan), "--train-args", "--data 'my file.bin'"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "torchrun" in line]
+    assert lines and all(shlex.split(line)[-2:] == ["--data", "my file.bin"] for line in lines)
+
+
+def test_ports_and_hosts_at_the_edges_are_accepted(named_plan: Path) -> None:
+    for port in ("1", "65535"):
+        result = CliRunner().invoke(
+            app,
+            ["launch", "--plan", str(named_plan), "--master-port", port, "--hosts", "a,b.c,d-1"],
+        )
+        assert result.exit_code == 0, result.output
+        assert result.output.count(f"--master-port={port}") == 3

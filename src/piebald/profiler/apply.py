@@ -58,6 +58,11 @@ class ProfiledInputs:
     curve: ProfiledCurve
     db: ProfileDB
     links: tuple[MeasuredLink, ...]
+    # What the DB could not price, so the CLI can say so instead of falling back silently:
+    # the cluster's (device type, dtype it trains in) pairs the DB has no compute profile
+    # of, and the DB's measured (device type, dtype) pairs no GPU of the cluster matches.
+    unmeasured_devices: tuple[tuple[str, Dtype], ...] = ()
+    unused_devices: tuple[tuple[str, Dtype], ...] = ()
 
 
 def _device_types(cluster: ClusterSpec) -> dict[str, DeviceType]:
@@ -171,8 +176,11 @@ def profiled_inputs(
     db: ProfileDB, *, cluster: ClusterSpec, model: ModelSpec, precision: Dtype
 ) -> ProfiledInputs:
     measured_cluster = apply_network_profiles(cluster, db)
-    curve = profiled_curve(db, model=model, devices=_device_types(cluster), precision=precision)
-    unused = sorted(set(db.devices) - set(_device_types(cluster)))
+    devices = _device_types(cluster)
+    curve = profiled_curve(db, model=model, devices=devices, precision=precision)
+    wanted = {(name, device.training_dtype(precision)) for name, device in devices.items()}
+    measured = {(key.device, key.dtype) for key in db.compute_runs}
+    unused = sorted(measured - wanted)
     if unused:
         log.info("profiles of %s are not used: no such GPU type in %s", unused, cluster.name)
     return ProfiledInputs(
@@ -180,6 +188,8 @@ def profiled_inputs(
         curve=curve,
         db=db,
         links=measured_links(db, cluster),
+        unmeasured_devices=tuple(sorted(wanted - measured)),
+        unused_devices=tuple(unused),
     )
 
 
@@ -299,17 +309,33 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
     )
 
 
-def _recorded_enum(value: str, field: str, allowed: list[_E]) -> _E:
-    """``value`` as a member of ``allowed``, or a SpecError naming the plan field."""
+def _recorded_enum(value: str, field: str, allowed: list[_E], *, source: str) -> _E:
+    """``value`` as a member of ``allowed``, or a SpecError naming the plan file's field."""
     for member in allowed:
         if member.value == value:
             return member
     raise SpecError(
-        source="plan", field=field, value=value, expected=f"one of {[m.value for m in allowed]}"
+        source=source, field=field, value=value, expected=f"one of {[m.value for m in allowed]}"
     )
 
 
-def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> EfficiencyCurve:
+def recorded_curve(
+    plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE, source: str = "plan"
+) -> EfficiencyCurve:
+    """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` (see
+    :func:`_recorded_curve`); a recorded number the tables refuse (sizes out of order,
+    a negative time) is a SpecError naming ``source``, the plan file it was read from."""
+    try:
+        return _recorded_curve(plan, base=base, source=source)
+    except SpecError:
+        raise
+    except ValueError as error:  # a table or curve invariant: the file was edited
+        raise SpecError(
+            source=source, field="cost_inputs", has_value=False, expected=str(error)
+        ) from None
+
+
+def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> EfficiencyCurve:
     """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` alone: each
     recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
     (the ones the plan uses, so every lookup hits a recorded number) -- of layer times and
@@ -324,8 +350,10 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
     grouped: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredLayerTime]] = defaultdict(list)
     for index, entry in enumerate(inputs.layer_times):
         where = f"cost_inputs.layer_times[{index}]"
-        kind = _recorded_enum(entry.layer_kind, f"{where}.layer_kind", list(layer_of))
-        dtype = _recorded_enum(entry.dtype, f"{where}.dtype", list(Dtype))
+        kind = _recorded_enum(
+            entry.layer_kind, f"{where}.layer_kind", list(layer_of), source=source
+        )
+        dtype = _recorded_enum(entry.dtype, f"{where}.dtype", list(Dtype), source=source)
         grouped[entry.device, dtype, kind, entry.seq_len].append(entry)
     tables: list[LayerTable] = []
     for (device, dtype, kind, seq_len), entries in sorted(grouped.items(), key=str):
@@ -353,8 +381,10 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
     kept: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredActivation]] = defaultdict(list)
     for index, activation in enumerate(inputs.activations):
         where = f"cost_inputs.activations[{index}]"
-        kind = _recorded_enum(activation.layer_kind, f"{where}.layer_kind", list(layer_of))
-        dtype = _recorded_enum(activation.dtype, f"{where}.dtype", list(Dtype))
+        kind = _recorded_enum(
+            activation.layer_kind, f"{where}.layer_kind", list(layer_of), source=source
+        )
+        dtype = _recorded_enum(activation.dtype, f"{where}.dtype", list(Dtype), source=source)
         kept[activation.device, dtype, kind, activation.seq_len].append(activation)
     activation_tables = []
     for (device, dtype, kind, seq_len), recorded in sorted(kept.items(), key=str):
@@ -376,12 +406,16 @@ def recorded_curve(plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE) -> Effi
         KindCurve(
             device=c.device,
             layer_kind=_recorded_enum(
-                c.layer_kind, f"cost_inputs.curves[{index}].layer_kind", list(LayerKind)
+                c.layer_kind,
+                f"cost_inputs.curves[{index}].layer_kind",
+                list(LayerKind),
+                source=source,
             ),
             pass_kind=_recorded_enum(
                 c.pass_kind,
                 f"cost_inputs.curves[{index}].pass_kind",
                 [PassKind.FORWARD, PassKind.BACKWARD],
+                source=source,
             ),
             curve=EfficiencyCurve(
                 max_fraction=c.max_fraction,

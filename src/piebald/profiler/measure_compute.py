@@ -45,7 +45,7 @@ from piebald.profiler.keys import ComputeKey, distinct_layers, layer_signature
 from piebald.profiler.records import ComputeProfile, DeviceInfo, LayerTiming, Provenance
 from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
-from piebald.specs.devices import Dtype
+from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import LayerKind, ModelSpec
 
 __all__ = ["cpu_clock_name", "detect_device", "profile_compute"]
@@ -132,7 +132,9 @@ def detect_device(device: torch.device, dtype: Dtype, *, name: str | None = None
     return DeviceInfo(
         name=name or found,
         reported_name=reported,
-        in_catalog=in_catalog and name is None,
+        # A name given is a catalog type only if the catalog has it (the CLI refuses
+        # catalog names the device is not).
+        in_catalog=in_catalog if name is None else name in builtin_catalog(),
         memory_bytes=memory_bytes,
         matmul_flops=matmul_flops,
         copy_bytes_per_s=copy_bytes_per_s,

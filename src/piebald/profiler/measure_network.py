@@ -12,8 +12,12 @@ the median of a few repetitions; a point-to-point time is half a ping-pong round
 Under ``torchrun`` the ranks are the cluster's global ranks (rank order of
 ``piebald.specs.cluster``) and every rank runs :func:`run_measurements`; with ``--emulate``
 a few gloo processes on loopback play the GPUs (every pair is then the same loopback link;
-it tests the machinery, not a network). They die with the command that started them,
-even when it is SIGKILLed (``runtime.parent_watch``).
+it tests the machinery, not a network). Emulation opens no socket beyond loopback, as emulated
+training does: the processes meet through a file store in a private temporary directory (a
+``tcp://`` rendezvous would start a TCPStore listening on every interface, whatever address
+it is given) and gloo's own connections use the loopback interface.
+They die with the command that started them, even when it is SIGKILLed
+(``runtime.parent_watch``).
 """
 
 from __future__ import annotations
@@ -204,17 +208,10 @@ def run_measurements(
     return profiles
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _emulated_rank(
     rank: int,
     world_size: int,
-    port: int,
+    init_method: str,
     measurements: list[Measurement],
     message_bytes: tuple[int, ...],
     num_warmup: int,
@@ -224,9 +221,12 @@ def _emulated_rank(
 ) -> None:
     # Die with the command that started us, even SIGKILLed, and take its scratch along.
     die_with_parent(parent_pid, scratch=Path(out_path).parent)
+    # gloo listens on the interface this names (else on the address the host name resolves
+    # to); a user who sets it chooses another.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init_method,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
@@ -273,7 +273,7 @@ def emulate_network(
             _emulated_rank,
             args=(
                 world_size,
-                _free_port(),
+                f"file://{Path(scratch) / 'store'}",
                 local,
                 message_bytes,
                 num_warmup,

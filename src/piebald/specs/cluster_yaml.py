@@ -27,12 +27,27 @@ from piebald.specs.cluster import (
 from piebald.specs.devices import DeviceType, builtin_catalog, device_types_from
 from piebald.specs.fields import Fields, suggest
 
-__all__ = ["MAX_GPUS", "cluster_to_dict", "load_cluster", "parse_cluster"]
+__all__ = [
+    "HOST_NAME_RULE",
+    "MAX_GPUS",
+    "cluster_to_dict",
+    "is_host_name",
+    "load_cluster",
+    "parse_cluster",
+]
 
 MAX_GPUS = 131_072  # far beyond any plan we search; guards against a typo like count: 1e9
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Host names go into shell lines and Slurm node lists unquoted: no spaces, commas, brackets.
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
+HOST_NAME_RULE = "a host name of letters, digits, '_', '.' or '-' (at most 253)"
+
+
+def is_host_name(text: str) -> bool:
+    """Whether ``text`` is a host name a cluster file or ``launch --hosts`` may give."""
+    return _HOST_RE.match(text) is not None
+
+
 _GROUP_FIELDS = (
     "name",
     "count",
@@ -116,9 +131,7 @@ def _parse_hosts(group: Fields, count: int, seen: set[str]) -> tuple[str, ...]:
         )
     for host in hosts:
         if not isinstance(host, str) or not _HOST_RE.match(host):
-            raise group.error(
-                "hosts", host, "a host name of letters, digits, '_', '.' or '-' (at most 253)"
-            )
+            raise group.error("hosts", host, HOST_NAME_RULE)
         if host in seen:
             raise group.error("hosts", host, "a host not named before in this file")
         seen.add(host)

@@ -23,6 +23,9 @@ from piebald.runtime.data.token_file import TokenFile
 
 __all__ = ["batch_for_step", "batch_offsets"]
 
+# Training reads an array only for the corpus shipped with piebald (no --data given).
+_BUILTIN_CORPUS = "the built-in corpus (no --data)"
+
 
 def batch_offsets(
     num_tokens: int, *, seed: int, step: int, global_batch_size: int, seq_len: int
@@ -47,15 +50,18 @@ def batch_for_step(
     step: int,
     global_batch_size: int,
     seq_len: int,
+    source: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels), int64 [global_batch_size, seq_len] each, labels = inputs shifted by one.
 
-    ``tokens`` is a token file or any 1-D integer array (e.g. ``corpus_tokens()``).
+    ``tokens`` is a token file or any 1-D integer array (training passes ``corpus_tokens()``,
+    the built-in corpus, which errors name unless ``source`` says where the array came from).
     """
     array = tokens.tokens if isinstance(tokens, TokenFile) else tokens
     num_tokens = int(array.shape[0])
     if num_tokens < seq_len + 1:
-        source = str(tokens.path) if isinstance(tokens, TokenFile) else "token array"
+        if source is None:
+            source = str(tokens.path) if isinstance(tokens, TokenFile) else _BUILTIN_CORPUS
         raise SpecError(
             source=source,
             field="seq_len",

@@ -101,3 +101,18 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         batch_for_step(data, seed=-1, step=0, global_batch_size=1, seq_len=4)
     with pytest.raises(ValueError, match=r"global_batch_size \(0\)"):
         batch_for_step(data, seed=0, step=0, global_batch_size=0, seq_len=4)
+
+
+def test_finding_34_too_short_data_names_the_token_file_or_the_builtin_corpus(
+    tmp_path: Path,
+) -> None:
+    """Finding 34: the error named "token array" instead of where the tokens came from."""
+    with pytest.raises(SpecError) as caught:
+        batch_for_step(np.arange(10), seed=0, step=0, global_batch_size=1, seq_len=10)
+    assert caught.value.source == "the built-in corpus (no --data)"
+    assert "at most 9" in str(caught.value)
+    path = tmp_path / "short.bin"
+    write_token_file(path, np.arange(10, dtype=np.uint16))
+    with pytest.raises(SpecError) as caught:
+        batch_for_step(open_token_file(path), seed=0, step=0, global_batch_size=1, seq_len=10)
+    assert caught.value.source == str(path)
