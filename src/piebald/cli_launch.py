@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from piebald.cli_common import console, user_errors
+from piebald.cli_common import console, load_checked_plan, user_errors
 from piebald.errors import SpecError
 from piebald.launch import DEFAULT_PORT, node_launches, shell_script, slurm_script
-from piebald.specs.plan_io import load_plan, write_atomic
+from piebald.specs.plan_io import write_atomic
 
 __all__ = ["launch"]
 
@@ -45,7 +45,7 @@ def launch(
     ] = "",
 ) -> None:
     """Print (or write) the torchrun command of every node of the plan's cluster."""
-    loaded = load_plan(plan)
+    loaded = load_checked_plan(plan)
     host_list = [h.strip() for h in hosts.split(",")] if hosts else None
     try:
         train_words = shlex.split(train_args)
