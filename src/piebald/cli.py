@@ -23,6 +23,7 @@ from piebald.cli_common import (
     comparison_title,
     console,
     inputs_from,
+    load_checked_plan,
     progress_bar,
     run_comparison,
     user_errors,
@@ -51,7 +52,7 @@ from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.fields import suggest
 from piebald.specs.plan import ZeroMode
-from piebald.specs.plan_io import load_plan, plan_to_dict, save_plan
+from piebald.specs.plan_io import plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
 from piebald.specs.units import format_rate
 
@@ -196,7 +197,7 @@ def _zero_mode(value: str | None, *, strategy: Strategy) -> ZeroMode | None:
 @user_errors
 def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]) -> None:
     """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
-    loaded = load_plan(plan_file)
+    loaded = load_checked_plan(plan_file)
     # A plan made from profiles is explained with the prices it was made with.
     explanation = explain_plan(loaded, curve=recorded_curve(loaded, source=str(plan_file)))
     for renderable in explanation_tables(loaded, explanation):

@@ -27,16 +27,22 @@ from rich.progress import (
 )
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.plan_fit import first_memory_overflow
 from piebald.errors import SpecError
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible
 from piebald.planner.strategies import STRATEGIES
+from piebald.profiler.apply import recorded_curve
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model
+from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, limit_text
 from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+from piebald.specs.plan_io import load_plan
 from piebald.specs.presets import load_model
+from piebald.specs.units import format_bytes
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -51,6 +57,7 @@ __all__ = [
     "errors",
     "inputs_from",
     "job_from",
+    "load_checked_plan",
     "progress_bar",
     "run_comparison",
     "user_errors",
@@ -91,7 +98,37 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def load_checked_plan(path: Path) -> Plan:
+    """A plan file as every command reads it: parsed, validated against its embedded
+    cluster and model (``load_plan``), and re-priced to check that every rank still fits
+    its GPU's memory, with the prices the plan was made with (a plan made from profiles:
+    the measurements it records). A rank that does not fit is bad input (exit 2), like any
+    other inconsistency in the file: the plan's cluster or model was edited after it was
+    made, and a new plan is the fix."""
+    plan = load_plan(path)
+    overflow = first_memory_overflow(plan, curve=recorded_curve(plan, source=str(path)))
+    if overflow is not None:
+        raise SpecError(
+            source=str(path),
+            field=f"stages[{overflow.stage_index}]",
+            has_value=False,
+            expected=f"every rank to fit its GPU's memory: rank {overflow.rank} "
+            f"({overflow.device_name}) needs {format_bytes(overflow.need_bytes)} at its peak, "
+            f"its GPU has {format_bytes(overflow.capacity_bytes)} (was the plan's cluster or "
+            "model edited after it was made? plan again with `piebald plan`)",
+        )
+    return plan
+
+
 def job_from(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
+    """The job of ``--global-batch`` and ``--seq-len``; a value over its limit is one line
+    naming the flag (before anything is allocated for it)."""
+    for flag, value, maximum, unit in (
+        ("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences"),
+        ("--seq-len", seq_len, MAX_SEQ_LEN, "tokens"),
+    ):
+        if value > maximum:
+            raise SpecError(source=flag, field="", value=value, expected=limit_text(maximum, unit))
     return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
 
 

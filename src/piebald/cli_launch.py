@@ -8,11 +8,10 @@ from typing import Annotated
 
 import typer
 
-from piebald.cli_common import console, user_errors
+from piebald.cli_common import console, load_checked_plan, user_errors
 from piebald.errors import SpecError
 from piebald.launch import DEFAULT_PORT, MAX_PORT, node_launches, shell_script, slurm_script
 from piebald.outputs import check_output_file, write_atomic
-from piebald.specs.plan_io import load_plan
 
 __all__ = ["launch"]
 
@@ -57,7 +56,7 @@ def launch(
         )
     # An empty --hosts ('') is a mistake too, not "no hosts given".
     host_list = [h.strip() for h in hosts.split(",")] if hosts is not None else None
-    loaded = load_plan(plan)
+    loaded = load_checked_plan(plan)
     try:
         train_words = shlex.split(train_args)
     except ValueError as error:  # an unclosed quote

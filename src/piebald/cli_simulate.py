@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from piebald.cli_common import console, errors, user_errors
+from piebald.cli_common import console, errors, load_checked_plan, user_errors
 from piebald.cli_profile import load_profiles
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
@@ -32,7 +32,6 @@ from piebald.simulator.prices import Prices
 from piebald.simulator.result import SimulationResult
 from piebald.simulator.trace import write_trace
 from piebald.specs.plan import Plan, RunnerUp
-from piebald.specs.plan_io import load_plan
 
 __all__ = [
     "EXIT_DEADLOCK",
@@ -164,7 +163,9 @@ def simulate(
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
     _check_outputs(trace=trace, gantt=gantt, force=force)
-    plan, curve, priced_by = priced_plan(load_plan(plan_file), profiles, source=str(plan_file))
+    plan, curve, priced_by = priced_plan(
+        load_checked_plan(plan_file), profiles, source=str(plan_file)
+    )
     result = simulate_plan(plan, prices=Prices(plan, curve=curve))
     estimate = estimate_plan(plan, curve=curve)
     if trace is not None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from piebald.cli_common import console, errors, user_errors
+from piebald.cli_common import console, errors, job_from, load_checked_plan, user_errors
 from piebald.cli_job_file import ConfigOption
 from piebald.errors import SpecError
 from piebald.outputs import (
@@ -31,8 +31,7 @@ from piebald.outputs import (
     check_output_file,
 )
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec, check_seq_len
-from piebald.specs.plan_io import load_plan
+from piebald.specs.job import check_seq_len
 from piebald.specs.presets import load_model
 
 if TYPE_CHECKING:
@@ -358,7 +357,7 @@ def run_train(
         if config.init_from is not None:
             check_hf_weights(spec, config.init_from)
         # The reference computes in fp32 on every device: it is what plans are compared with.
-        job = JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=Dtype.FP32)
+        job = job_from(global_batch=global_batch, seq_len=seq_len, precision=Dtype.FP32)
         summary = train_reference(
             spec,
             job,
@@ -370,7 +369,7 @@ def run_train(
         return
     if model is not None or global_batch is not None or seq_len is not None:
         raise _fail("--model", model, "no --model/--global-batch/--seq-len with --plan")
-    plan = load_plan(plan_file)
+    plan = load_checked_plan(plan_file)
     if config.init_from is not None:
         check_hf_weights(plan.model, config.init_from)
     if emulate:
@@ -500,7 +499,7 @@ def _train_distributed(
             "a run under torchrun (see `piebald launch --plan`), or --emulate to run the "
             "plan's cluster on this machine",
         )
-    plan = load_plan(plan_file)
+    plan = load_checked_plan(plan_file)
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = replace(config, device=chosen)
     if not compute_dtype_given:  # GPUs run what the plan priced; a CPU run compares exactly

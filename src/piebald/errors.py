@@ -7,13 +7,27 @@ expected, so the CLI can print it as one line and exit 2 instead of a traceback.
 
 from __future__ import annotations
 
+import reprlib
+
 __all__ = ["SpecError", "error_fields"]
 
 _MAX_VALUE_CHARS = 80
 
+# A value is shown through a bounded repr: a few levels, a few items of each, so the cost
+# of an error message never depends on the size of the value (a YAML alias bomb expands
+# to billions of items, a JSON int to thousands of digits).
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel = 3
+_BOUNDED.maxtuple = _BOUNDED.maxlist = _BOUNDED.maxdict = _BOUNDED.maxset = 6
+_BOUNDED.maxstring = _BOUNDED.maxother = 70
+_BOUNDED.maxlong = 40
+
 
 def _short(value: object) -> str:
-    text = repr(value)
+    try:
+        text = _BOUNDED.repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = f"<a {type(value).__name__} too long to show>"
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
 
 
@@ -56,7 +70,7 @@ def error_fields(error: SpecError) -> dict[str, object]:
     return {
         "source": error.source,
         "field": error.field,
-        "value": error.value if isinstance(error.value, (str, int, float)) else repr(error.value),
+        "value": error.value if isinstance(error.value, (str, int, float)) else _short(error.value),
         "expected": error.expected,
         "has_value": error._has_value,
     }

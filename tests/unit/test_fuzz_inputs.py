@@ -382,29 +382,13 @@ FUZZERS: dict[str, Mutated] = {
     "profile": _fuzz_profile,
 }
 
-# Mutations that fail until another branch of issue 14 is merged (strict: an unexpected
-# pass fails, so the mark is removed once the fix is in).
-_FINDING_22 = (
-    "finding 22 (deeply nested JSON is a RecursionError in the config.json, plan and profile "
-    "loaders): fixed on branch r14-input (JSON nesting limited); remove after merging it"
-)
-KNOWN: dict[tuple[str, str], str] = {
-    ("model", "nesting"): _FINDING_22,
-    ("plan", "nesting"): _FINDING_22,
-    ("profile", "nesting"): _FINDING_22,
-}
-
 
 def _cases() -> list[Any]:
-    cases = []
-    for file_kind in FUZZERS:
-        for mutation in MUTATIONS:
-            reason = KNOWN.get((file_kind, mutation))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            cases.append(
-                pytest.param(file_kind, mutation, marks=marks, id=f"{file_kind}-{mutation}")
-            )
-    return cases
+    return [
+        pytest.param(file_kind, mutation, id=f"{file_kind}-{mutation}")
+        for file_kind in FUZZERS
+        for mutation in MUTATIONS
+    ]
 
 
 @pytest.mark.parametrize(("file_kind", "mutation"), _cases())

@@ -284,7 +284,10 @@ class _LayerRanges:
 
 
 def _prefix(values: list[float]) -> npt.NDArray[np.float64]:
-    return np.concatenate([[0.0], np.cumsum(values)])
+    # In float64, never int64: parameter counts are Python ints, and np.cumsum of ints
+    # wraps silently past 2^63 (a negative memory figure). specs.limits keeps every sum far
+    # below that; floats keep it from wrapping even past them.
+    return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
 
 
 @functools.lru_cache(maxsize=64)
@@ -517,7 +520,7 @@ def _activations_and_working(
     """(activations, working buffers during the passes, buffers at the step's end);
     ``shard_fraction``: the rank's (1.0 gives the largest buffers, which is how the
     planner's matrices bound every fraction)."""
-    tokens = micro_batch_size * seq_len
+    tokens = float(micro_batch_size * seq_len)  # a float: products with it never wrap
     if measured is None:
         kept = r.kept_per_token(index, dtype=dtype, recompute=recompute)
         activations = num_in_flight * tokens * kept

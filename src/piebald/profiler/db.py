@@ -39,6 +39,7 @@ from piebald.profiler.records import (
     profile_type,
 )
 from piebald.specs.fields import Fields
+from piebald.specs.json_file import read_json
 
 __all__ = [
     "ProfileDB",
@@ -112,12 +113,7 @@ class ProfileDB:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpecError(
-            source=str(path), field="", has_value=False, expected=f"a readable JSON file ({error})"
-        ) from None
+    return read_json(path, expected="a readable JSON file")
 
 
 def _load_file(path: Path) -> ComputeProfile | NetworkProfile:

@@ -26,6 +26,8 @@ from piebald.specs.cluster import (
 )
 from piebald.specs.devices import DeviceType, builtin_catalog, device_types_from
 from piebald.specs.fields import Fields, suggest
+from piebald.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, limit_text
+from piebald.specs.yaml_bounded import YamlExpansionError, safe_load_bounded
 
 __all__ = [
     "HOST_NAME_RULE",
@@ -36,7 +38,6 @@ __all__ = [
     "parse_cluster",
 ]
 
-MAX_GPUS = 131_072  # far beyond any plan we search; guards against a typo like count: 1e9
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Host names go into shell lines and Slurm node lists unquoted: no spaces, commas, brackets.
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
@@ -76,7 +77,11 @@ def read_yaml(path: Path) -> Any:
             f"{getattr(error, 'strerror', None) or error})",
         ) from None
     try:
-        return yaml.safe_load(text)
+        return safe_load_bounded(text)
+    except YamlExpansionError as error:
+        raise SpecError(
+            source=str(path), field="", has_value=False, expected=f"YAML with {error}"
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -158,12 +163,10 @@ def _parse_group(
             gpu,
             f"a GPU type from the catalog (piebald gpus) or from gpu_types{suggest(gpu, types)}",
         )
-    count = group.integer("count", default=1, minimum=1)
-    gpus_per_node = group.integer("gpus_per_node", minimum=1)
-    if gpus_per_node > 64:
-        raise group.error("gpus_per_node", gpus_per_node, "at most 64 GPUs in one node")
+    count = group.integer("count", default=1, minimum=1, maximum=MAX_GPUS)
+    gpus_per_node = group.integer("gpus_per_node", minimum=1, maximum=MAX_GPUS_PER_NODE)
     if total_gpus + count * gpus_per_node > MAX_GPUS:
-        raise group.error("count", count, f"a cluster of at most {MAX_GPUS} GPUs in all")
+        raise group.error("count", count, limit_text(MAX_GPUS, "GPUs in the whole cluster"))
     ethernet = group.rate_bytes_per_s("ethernet", default="10Gb/s")
     intra_latency_s = (
         group.duration_s("intra_latency") if group.has("intra_latency") else DEFAULT_INTRA_LATENCY_S

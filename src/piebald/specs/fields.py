@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from piebald.errors import SpecError
-from piebald.specs.units import UnitError, parse_bytes, parse_duration_s, parse_rate
+from piebald.specs.limits import limit_text
+from piebald.specs.units import (
+    QuantityRangeError,
+    UnitError,
+    parse_bytes,
+    parse_duration_s,
+    parse_rate,
+)
 
 __all__ = ["Fields", "suggest"]
 
 T = TypeVar("T")
+# Numbers in scientific notation without a dot ("1e-30", "5E+3"), which YAML 1.1 reads as
+# strings (its float pattern needs a dot) and every other reader as numbers.
+_EXPONENT_ONLY = re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$")
 _MISSING = object()
 
 
@@ -98,12 +109,22 @@ class Fields:
             raise self.error(name, value, "true or false")
         return value
 
-    def integer(self, name: str, *, default: int | None = None, minimum: int | None = None) -> int:
+    def integer(
+        self,
+        name: str,
+        *,
+        default: int | None = None,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int:
+        """A whole number; ``maximum``: one of ``piebald.specs.limits``, named in the error."""
         value = self.raw(name, _MISSING if default is None else default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(name, value, "a whole number")
         if minimum is not None and value < minimum:
             raise self.error(name, value, f"a whole number >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise self.error(name, value, limit_text(maximum))
         return value
 
     def number(
@@ -116,6 +137,9 @@ class Fields:
         strictly_positive: bool = False,
     ) -> float:
         value = self.raw(name, _MISSING if default is None else default)
+        if isinstance(value, str) and _EXPONENT_ONLY.match(value.strip()):
+            # YAML 1.1 (PyYAML) reads a float only with a dot: 1e-30 arrives as a string.
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(name, value, "a number")
         try:
@@ -140,6 +164,10 @@ class Fields:
         value = self.raw(name, _MISSING if default is None else default)
         try:
             number = parse(value)
+        except QuantityRangeError:
+            raise self.error(
+                name, value, f"a finite non-negative quantity, like {example}"
+            ) from None
         except UnitError:
             raise self.error(name, value, f"a quantity with a unit, like {example}") from None
         if positive and number <= 0:

@@ -20,6 +20,15 @@ from typing import Any
 
 from piebald.errors import SpecError
 from piebald.specs.fields import Fields
+from piebald.specs.limits import (
+    MAX_FFN_HIDDEN_SIZE,
+    MAX_HEAD_DIM,
+    MAX_HIDDEN_SIZE,
+    MAX_NUM_BLOCKS,
+    MAX_NUM_HEADS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB_SIZE,
+)
 from piebald.specs.model import Family, HfModelType, ModelArch
 from piebald.specs.rope_scaling import rope_dict_from_hf, rope_scaling_from_hf
 
@@ -73,20 +82,22 @@ def _gpt2(config: Fields) -> dict[str, Any]:
             raise config.error(
                 name, config.raw(name), f"{str(wanted).lower()} (piebald implements {meaning})"
             )
-    hidden = config.integer("n_embd", minimum=1)
-    heads = config.integer("n_head", minimum=1)
+    hidden = config.integer("n_embd", minimum=1, maximum=MAX_HIDDEN_SIZE)
+    heads = config.integer("n_head", minimum=1, maximum=MAX_NUM_HEADS)
     if hidden % heads:
         raise config.error("n_head", heads, f"a divisor of n_embd ({hidden})")
     return dict(
         family=Family.GPT2,
         hf_model_type=HfModelType.GPT2,
-        num_blocks=config.integer("n_layer", minimum=1),
+        num_blocks=config.integer("n_layer", minimum=1, maximum=MAX_NUM_BLOCKS),
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=heads,
-        ffn_hidden_size=config.integer("n_inner", default=4 * hidden, minimum=1),
-        vocab_size=config.integer("vocab_size", minimum=1),
-        max_seq_len=config.integer("n_positions", minimum=1),
+        ffn_hidden_size=config.integer(
+            "n_inner", default=4 * hidden, minimum=1, maximum=MAX_FFN_HIDDEN_SIZE
+        ),
+        vocab_size=config.integer("vocab_size", minimum=1, maximum=MAX_VOCAB_SIZE),
+        max_seq_len=config.integer("n_positions", minimum=1, maximum=MAX_SEQ_LEN),
         tie_embeddings=config.boolean("tie_word_embeddings", default=True),
         norm_eps=config.number("layer_norm_epsilon", default=1e-5, strictly_positive=True),
     )
@@ -96,19 +107,33 @@ def _llama(config: Fields, kind: HfModelType) -> dict[str, Any]:
     activation = config.raw("hidden_act", "silu")
     if activation != "silu":
         raise config.error("hidden_act", activation, "'silu' (piebald's SwiGLU MLP)")
-    hidden = config.integer("hidden_size", minimum=1)
-    heads = config.integer("num_attention_heads", minimum=1)
-    kv_heads = config.integer("num_key_value_heads", default=_KV_HEADS.get(kind, heads), minimum=1)
+    hidden = config.integer("hidden_size", minimum=1, maximum=MAX_HIDDEN_SIZE)
+    heads = config.integer("num_attention_heads", minimum=1, maximum=MAX_NUM_HEADS)
+    kv_heads = config.integer(
+        "num_key_value_heads",
+        default=_KV_HEADS.get(kind, heads),
+        minimum=1,
+        maximum=MAX_NUM_HEADS,
+    )
     if heads % kv_heads:
         raise config.error(
             "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})"
         )
-    head_dim = config.integer("head_dim", default=0, minimum=0)
+    head_dim = config.integer("head_dim", default=0, minimum=0, maximum=MAX_HEAD_DIM)
     if not head_dim and hidden % heads:
         raise config.error("num_attention_heads", heads, f"a divisor of hidden_size ({hidden})")
-    num_blocks = config.integer("num_hidden_layers", minimum=1)
+    if (head_dim or hidden // heads) % 2:  # RoPE rotates pairs of a head's dimensions
+        if head_dim:
+            raise config.error("head_dim", head_dim, "an even number (RoPE rotates pairs)")
+        raise config.error(
+            "num_attention_heads",
+            heads,
+            f"a divisor of hidden_size ({hidden}) giving an even head dimension (it gives "
+            f"{hidden // heads}; RoPE rotates pairs)",
+        )
+    num_blocks = config.integer("num_hidden_layers", minimum=1, maximum=MAX_NUM_BLOCKS)
     max_positions = config.integer(
-        "max_position_embeddings", default=_MAX_POSITIONS[kind], minimum=1
+        "max_position_embeddings", default=_MAX_POSITIONS[kind], minimum=1, maximum=MAX_SEQ_LEN
     )
     # transformers folds a top-level partial_rotary_factor into the rope dict.
     partial = config.number("partial_rotary_factor", default=1.0)
@@ -120,7 +145,7 @@ def _llama(config: Fields, kind: HfModelType) -> dict[str, Any]:
     scaling = None
     if rope is not None:
         override = (
-            config.integer("original_max_position_embeddings", minimum=1)
+            config.integer("original_max_position_embeddings", minimum=1, maximum=MAX_SEQ_LEN)
             if config.has("original_max_position_embeddings")
             else None
         )
@@ -135,8 +160,8 @@ def _llama(config: Fields, kind: HfModelType) -> dict[str, Any]:
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        ffn_hidden_size=config.integer("intermediate_size", minimum=1),
-        vocab_size=config.integer("vocab_size", minimum=1),
+        ffn_hidden_size=config.integer("intermediate_size", minimum=1, maximum=MAX_FFN_HIDDEN_SIZE),
+        vocab_size=config.integer("vocab_size", minimum=1, maximum=MAX_VOCAB_SIZE),
         max_seq_len=max_positions,
         tie_embeddings=config.boolean("tie_word_embeddings", default=False),
         head_dim=head_dim,
@@ -182,4 +207,4 @@ def _sliding_window(config: Fields, kind: HfModelType, *, num_blocks: int) -> in
         return _DEFAULT_SLIDING_WINDOW
     if not config.has("sliding_window"):  # an explicit null
         return None
-    return config.integer("sliding_window", minimum=1)
+    return config.integer("sliding_window", minimum=1, maximum=MAX_SEQ_LEN)

@@ -9,6 +9,7 @@ from typing import Any
 from piebald.errors import SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.fields import Fields
+from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ_LEN
 from piebald.specs.model import Family, ModelSpec
 
 __all__ = [
@@ -35,10 +36,16 @@ class JobSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.global_batch_size < 1:
-            raise ValueError(f"global batch size = {self.global_batch_size}; expected >= 1")
-        if self.seq_len < 1:
-            raise ValueError(f"sequence length = {self.seq_len}; expected >= 1")
+        # Loaders and flags check the limits first (one line naming the file or flag); these
+        # are the invariants every JobSpec holds, so downstream sizes stay bounded.
+        if not 1 <= self.global_batch_size <= MAX_GLOBAL_BATCH:
+            raise ValueError(
+                f"global batch size = {self.global_batch_size}; expected 1..{MAX_GLOBAL_BATCH}"
+            )
+        if not 1 <= self.seq_len <= MAX_SEQ_LEN:
+            raise ValueError(f"sequence length = {self.seq_len}; expected 1..{MAX_SEQ_LEN}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed = {self.seed}; expected 0..{MAX_SEED}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -59,13 +66,13 @@ def job_from_dict(data: object, *, source: str) -> JobSpec:
     fields = Fields(data, source=source, path="job")
     fields.reject_unknown(("global_batch_size", "seq_len", "precision", "optimizer", "seed"))
     return JobSpec(
-        global_batch_size=fields.integer("global_batch_size", minimum=1),
-        seq_len=fields.integer("seq_len", minimum=1),
+        global_batch_size=fields.integer("global_batch_size", minimum=1, maximum=MAX_GLOBAL_BATCH),
+        seq_len=fields.integer("seq_len", minimum=1, maximum=MAX_SEQ_LEN),
         precision=Dtype(fields.choice("precision", [d.value for d in Dtype], default="bf16")),
         optimizer=Optimizer(
             fields.choice("optimizer", [o.value for o in Optimizer], default="adamw")
         ),
-        seed=fields.integer("seed", default=0, minimum=0),
+        seed=fields.integer("seed", default=0, minimum=0, maximum=MAX_SEED),
     )
 
 

@@ -40,9 +40,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from piebald.specs.limits import (
+    MAX_FFN_HIDDEN_SIZE,
+    MAX_HEAD_DIM,
+    MAX_HIDDEN_SIZE,
+    MAX_NUM_BLOCKS,
+    MAX_NUM_HEADS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB_SIZE,
+)
 from piebald.specs.rope_scaling import RopeScaling
 
 __all__ = [
+    "ARCH_LIMITS",
     "Family",
     "HfModelType",
     "LayerKind",
@@ -72,6 +82,19 @@ class HfModelType(StrEnum):
 _HF_MODEL_TYPES = {
     Family.GPT2: (HfModelType.GPT2,),
     Family.LLAMA: (HfModelType.LLAMA, HfModelType.MISTRAL, HfModelType.QWEN2),
+}
+
+
+# The size fields of a ModelArch and their limits (piebald.specs.limits); loaders read
+# these fields with the same maxima, so a config over one is refused naming its field.
+ARCH_LIMITS = {
+    "num_blocks": MAX_NUM_BLOCKS,
+    "hidden_size": MAX_HIDDEN_SIZE,
+    "num_heads": MAX_NUM_HEADS,
+    "num_kv_heads": MAX_NUM_HEADS,
+    "ffn_hidden_size": MAX_FFN_HIDDEN_SIZE,
+    "vocab_size": MAX_VOCAB_SIZE,
+    "max_seq_len": MAX_SEQ_LEN,
 }
 
 
@@ -109,18 +132,10 @@ class ModelArch:
     hf_model_type: HfModelType | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_blocks",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "ffn_hidden_size",
-            "vocab_size",
-            "max_seq_len",
-        ):
+        for name, maximum in ARCH_LIMITS.items():
             value = getattr(self, name)
-            if value < 1:
-                raise ValueError(f"ModelArch.{name} = {value}; expected >= 1")
+            if not 1 <= value <= maximum:
+                raise ValueError(f"ModelArch.{name} = {value}; expected 1..{maximum}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelArch.num_heads ({self.num_heads}) must be a multiple of "
@@ -131,8 +146,14 @@ class ModelArch:
                 f"ModelArch.hidden_size ({self.hidden_size}) must be a multiple "
                 f"of num_heads ({self.num_heads}) when head_dim is not given"
             )
-        if self.head_dim < 0:
-            raise ValueError(f"ModelArch.head_dim = {self.head_dim}; expected >= 0")
+        if not 0 <= self.head_dim <= MAX_HEAD_DIM:
+            raise ValueError(f"ModelArch.head_dim = {self.head_dim}; expected 0..{MAX_HEAD_DIM}")
+        if self.family is Family.LLAMA and self.resolved_head_dim % 2:
+            # RoPE rotates pairs of a head's dimensions.
+            raise ValueError(
+                f"ModelArch head dimension = {self.resolved_head_dim}; expected an even "
+                "number (RoPE rotates pairs of dimensions)"
+            )
         if self.head_dim and self.head_dim * self.num_heads == self.hidden_size:
             object.__setattr__(self, "head_dim", 0)
         if self.hf_model_type is None:
@@ -163,8 +184,10 @@ class ModelArch:
         if self.sliding_window is not None:
             if kind not in (HfModelType.MISTRAL, HfModelType.QWEN2):
                 raise ValueError(f"ModelArch.sliding_window is for mistral and qwen2, not {kind}")
-            if self.sliding_window < 1:
-                raise ValueError(f"ModelArch.sliding_window = {self.sliding_window}; expected >= 1")
+            if not 1 <= self.sliding_window <= MAX_SEQ_LEN:
+                raise ValueError(
+                    f"ModelArch.sliding_window = {self.sliding_window}; expected 1..{MAX_SEQ_LEN}"
+                )
         if self.family is Family.GPT2 and self.rope_scaling is not None:
             raise ValueError("ModelArch.rope_scaling is for the Llama family (GPT-2 has no RoPE)")
 

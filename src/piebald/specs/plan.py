@@ -294,8 +294,14 @@ def _validate_stage(
                 list(values),
                 f"{len(stage.ranks)} values, one per rank of the stage",
             )
-    if any(size < 1 for size in stage.micro_batch_size):
-        raise _fail(f"{where}.micro_batch_size", list(stage.micro_batch_size), "sizes >= 1")
+    batch = plan.job.global_batch_size
+    # Bounded above too: a rank without micro-batches still has its size priced.
+    if any(not 1 <= size <= batch for size in stage.micro_batch_size):
+        raise _fail(
+            f"{where}.micro_batch_size",
+            list(stage.micro_batch_size),
+            f"sizes from 1 to the global batch ({batch})",
+        )
     if any(count < 0 for count in stage.num_micro_batches):
         raise _fail(f"{where}.num_micro_batches", list(stage.num_micro_batches), "counts >= 0")
     if stage.num_sequences != plan.job.global_batch_size:

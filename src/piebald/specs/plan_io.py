@@ -15,6 +15,8 @@ from piebald.outputs import write_atomic
 from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
 from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
+from piebald.specs.json_file import read_json
+from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 from piebald.specs.plan import (
     PLAN_VERSION,
     CalibratedCurve,
@@ -151,14 +153,15 @@ def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
 
 def _cost_inputs_from(fields: Fields) -> CostInputs:
     """The ``cost_inputs`` of a plan made with ``--profiles`` (older plans have none)."""
+    fields.reject_unknown(_COST_INPUT_KEYS)
     layer_times = tuple(
         MeasuredLayerTime(
             device=entry.string("device"),
             layer_kind=entry.string("layer_kind"),
             signature=entry.string("signature"),
-            seq_len=entry.integer("seq_len", minimum=1),
+            seq_len=entry.integer("seq_len", minimum=1, maximum=MAX_SEQ_LEN),
             dtype=entry.string("dtype"),
-            micro_batch_size=entry.integer("micro_batch_size", minimum=1),
+            micro_batch_size=entry.integer("micro_batch_size", minimum=1, maximum=MAX_GLOBAL_BATCH),
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             forward_s=entry.number("forward_s"),
             backward_s=entry.number("backward_s"),
@@ -166,7 +169,7 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
                 entry.number("backward_recompute_s") if entry.has("backward_recompute_s") else None
             ),
         )
-        for entry in fields.sub_list("layer_times", default_empty=True)
+        for entry in _entries(fields, "layer_times", _LAYER_TIME_KEYS)
     )
     curves = tuple(
         CalibratedCurve(
@@ -181,10 +184,10 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             embedding_table_passes=entry.number("embedding_table_passes", default=0.0),
             overlap=entry.number("overlap", default=1.0, maximum=1.0),
         )
-        for entry in fields.sub_list("curves", default_empty=True)
+        for entry in _entries(fields, "curves", _CURVE_KEYS)
     )
     links: list[MeasuredLink] = []
-    for entry in fields.sub_list("links", default_empty=True):
+    for entry in _entries(fields, "links", _LINK_KEYS):
         between = entry.items("between")
         if len(between) != 2 or not all(isinstance(name, str) for name in between):
             raise entry.error("between", between, "two node group names")
@@ -201,9 +204,9 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             device=entry.string("device"),
             layer_kind=entry.string("layer_kind"),
             signature=entry.string("signature"),
-            seq_len=entry.integer("seq_len", minimum=1),
+            seq_len=entry.integer("seq_len", minimum=1, maximum=MAX_SEQ_LEN),
             dtype=entry.string("dtype"),
-            micro_batch_size=entry.integer("micro_batch_size", minimum=1),
+            micro_batch_size=entry.integer("micro_batch_size", minimum=1, maximum=MAX_GLOBAL_BATCH),
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             activation_bytes=entry.number("activation_bytes"),
             activation_recompute_bytes=(
@@ -212,7 +215,7 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
                 else None
             ),
         )
-        for entry in fields.sub_list("activations", default_empty=True)
+        for entry in _entries(fields, "activations", _ACTIVATION_KEYS)
     )
     return CostInputs(
         profile_db=fields.string("profile_db"),
@@ -239,6 +242,7 @@ def _float_list(fields: Fields, name: str) -> tuple[float, ...]:
 
 
 def _stage_from(fields: Fields) -> Stage:
+    fields.reject_unknown(_STAGE_KEYS)
     layers = _int_list(fields, "layers")
     if len(layers) != 2:
         raise fields.error("layers", list(layers), "[start, end)")
@@ -256,6 +260,7 @@ def _stage_from(fields: Fields) -> Stage:
 
 
 def _prediction_from(fields: Fields) -> Prediction:
+    fields.reject_unknown(_PREDICTION_KEYS)
     memory = fields.sub("peak_memory_bytes")
     peaks: dict[int, float] = {}
     for key in memory.data:
@@ -269,10 +274,96 @@ def _prediction_from(fields: Fields) -> Prediction:
     )
 
 
+# Every key plan_to_dict writes, so a misspelt one (``"zer0": "full"``) is refused rather
+# than read as its default. Derived keys (num_layers, idle_ranks, devices,
+# achievable_efficiency) are written for people reading the file and not read back.
+_TOP_KEYS = (
+    "version",
+    "schedule",
+    "num_layers",
+    "stages",
+    "idle_ranks",
+    "routes",
+    "predicted",
+    "upper_bound_tokens_per_s",
+    "achievable_efficiency",
+    "notes",
+    "runners_up",
+    "cost_inputs",
+    "cluster",
+    "model",
+    "job",
+)
+_STAGE_KEYS = (
+    "layers",
+    "ranks",
+    "devices",
+    "micro_batch_size",
+    "num_micro_batches",
+    "shard_fraction",
+    "zero",
+    "recompute",
+    "max_in_flight",
+)
+_PREDICTION_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_bytes")
+_RUNNER_UP_KEYS = ("description", "tokens_per_s", "step_time_s")
+_COST_INPUT_KEYS = (
+    "profile_db",
+    "profile_db_digest",
+    "layer_times",
+    "curves",
+    "links",
+    "activations",
+)
+_LAYER_TIME_KEYS = (
+    "device",
+    "layer_kind",
+    "signature",
+    "seq_len",
+    "dtype",
+    "micro_batch_size",
+    "source",
+    "forward_s",
+    "backward_s",
+    "backward_recompute_s",
+)
+_CURVE_KEYS = (
+    "device",
+    "layer_kind",
+    "pass_kind",
+    "max_fraction",
+    "bandwidth_fraction",
+    "half_saturation_s",
+    "embedding_table_passes",
+    "overlap",
+)
+_LINK_KEYS = ("between", "scope", "latency_s", "bandwidth_bytes_per_s")
+_ACTIVATION_KEYS = (
+    "device",
+    "layer_kind",
+    "signature",
+    "seq_len",
+    "dtype",
+    "micro_batch_size",
+    "source",
+    "activation_bytes",
+    "activation_recompute_bytes",
+)
+
+
+def _entries(fields: Fields, name: str, keys: tuple[str, ...]) -> list[Fields]:
+    """The mappings of list ``name``, each holding only ``keys``."""
+    entries = fields.sub_list(name, default_empty=True)
+    for entry in entries:
+        entry.reject_unknown(keys)
+    return entries
+
+
 def plan_from_dict(data: object, *, source: str) -> Plan:
     """Parse and validate a plan mapping; every problem is one SpecError naming ``source``."""
     try:
         top = Fields(data, source=source)
+        top.reject_unknown(_TOP_KEYS)
         version = top.integer("version")
         if version != PLAN_VERSION:
             raise top.error("version", version, f"plan format version {PLAN_VERSION}")
@@ -293,7 +384,7 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
                 tokens_per_s=entry.number("tokens_per_s"),
                 step_time_s=entry.number("step_time_s"),
             )
-            for entry in top.sub_list("runners_up", default_empty=True)
+            for entry in _entries(top, "runners_up", _RUNNER_UP_KEYS)
         )
         plan = Plan(
             cluster=parse_cluster(top.raw("cluster"), source=f"{source} (cluster)"),
@@ -321,16 +412,7 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     file = Path(path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpecError(
-            source=str(file),
-            field="",
-            has_value=False,
-            expected=f"a readable plan JSON file ({error})",
-        ) from None
-    return plan_from_dict(data, source=str(file))
+    return plan_from_dict(read_json(file, expected="a readable plan JSON file"), source=str(file))
 
 
 def save_plan(

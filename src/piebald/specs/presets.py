@@ -8,14 +8,15 @@ downloaded at run time.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from piebald.errors import SpecError
 from piebald.specs.fields import Fields, suggest
 from piebald.specs.hf_config import arch_from_hf_config
-from piebald.specs.model import Family, HfModelType, ModelArch, ModelSpec
+from piebald.specs.json_file import read_json
+from piebald.specs.limits import MAX_HEAD_DIM, MAX_SEQ_LEN
+from piebald.specs.model import ARCH_LIMITS, Family, HfModelType, ModelArch, ModelSpec
 from piebald.specs.rope_scaling import (
     RopeScaling,
     RopeType,
@@ -202,12 +203,7 @@ def load_model(name_or_path: str) -> ModelSpec:
             expected=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face "
             f"config.json{suggest(name_or_path, PRESETS)}",
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpecError(
-            source=str(path), field="", has_value=False, expected=f"a readable JSON file ({error})"
-        ) from None
+    data = read_json(path, expected="a readable JSON file")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return ModelSpec(name=name, arch=arch_from_hf_config(data, source=str(path)))
 
@@ -245,22 +241,14 @@ def model_from_dict(data: object, *, source: str) -> ModelSpec:
     fields = Fields(data, source=source, path="model")
     fields.reject_unknown(model_to_dict(ModelSpec(name="x", arch=PRESETS["tiny"])).keys())
     counts = {
-        name: fields.integer(name, minimum=1)
-        for name in (
-            "num_blocks",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "ffn_hidden_size",
-            "vocab_size",
-            "max_seq_len",
-        )
+        name: fields.integer(name, minimum=1, maximum=maximum)
+        for name, maximum in ARCH_LIMITS.items()
     }
     try:
         arch = ModelArch(
             family=Family(fields.choice("family", [f.value for f in Family])),
             tie_embeddings=fields.boolean("tie_embeddings"),
-            head_dim=fields.integer("head_dim", default=0, minimum=0),
+            head_dim=fields.integer("head_dim", default=0, minimum=0, maximum=MAX_HEAD_DIM),
             norm_eps=fields.number("norm_eps", strictly_positive=True),
             rope_theta=fields.number("rope_theta", strictly_positive=True),
             rope_scaling=(
@@ -272,7 +260,7 @@ def model_from_dict(data: object, *, source: str) -> ModelSpec:
             attention_out_bias=fields.boolean("attention_out_bias", default=False),
             mlp_bias=fields.boolean("mlp_bias", default=False),
             sliding_window=(
-                fields.integer("sliding_window", minimum=1)
+                fields.integer("sliding_window", minimum=1, maximum=MAX_SEQ_LEN)
                 if fields.has("sliding_window")
                 else None
             ),

@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Any
 
 from piebald.specs.fields import Fields
+from piebald.specs.limits import MAX_SEQ_LEN
 
 __all__ = [
     "ROPE_HF_FIELDS",
@@ -168,7 +169,10 @@ def rope_scaling_from_hf(
     original = 0
     if kind is not RopeType.LINEAR:
         original = original_override or rope.integer(
-            "original_max_position_embeddings", default=max_position_embeddings, minimum=1
+            "original_max_position_embeddings",
+            default=max_position_embeddings,
+            minimum=1,
+            maximum=MAX_SEQ_LEN,
         )
     if kind is RopeType.YARN and not rope.has("factor"):
         # transformers: a yarn factor left null is the ratio of the two context lengths.
@@ -263,7 +267,7 @@ def rope_scaling_from_dict(fields: Fields) -> RopeScaling:
         rope_type=RopeType(fields.choice("rope_type", [t.value for t in RopeType])),
         factor=fields.number("factor", strictly_positive=True),
         original_max_position_embeddings=fields.integer(
-            "original_max_position_embeddings", default=0, minimum=0
+            "original_max_position_embeddings", default=0, minimum=0, maximum=MAX_SEQ_LEN
         ),
         low_freq_factor=fields.number("low_freq_factor", default=1.0),
         high_freq_factor=fields.number("high_freq_factor", default=4.0),

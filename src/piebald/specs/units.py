@@ -10,7 +10,15 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["format_bytes", "format_rate", "parse_bytes", "parse_duration_s", "parse_rate"]
+__all__ = [
+    "QuantityRangeError",
+    "UnitError",
+    "format_bytes",
+    "format_rate",
+    "parse_bytes",
+    "parse_duration_s",
+    "parse_rate",
+]
 
 _PREFIX = {
     "": 1.0,
@@ -26,7 +34,8 @@ _PREFIX = {
     "Ti": 2.0**40,
     "Pi": 2.0**50,
 }
-_NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)"
+# A sign is parsed so that "-5ms" is refused as negative, not as an unknown format.
+_NUMBER = r"([+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?))"
 _SIZE_RE = re.compile(rf"^{_NUMBER}\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P|)(B|b)$")
 _RATE_RE = re.compile(rf"^{_NUMBER}\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P|)(B|b)(?:/s|ps)$")
 _TIME_RE = re.compile(rf"^{_NUMBER}\s*(ns|us|µs|ms|s|min)$")
@@ -37,9 +46,13 @@ class UnitError(ValueError):
     """A quantity string that does not parse; the caller adds file and field."""
 
 
+class QuantityRangeError(UnitError):
+    """A quantity that parses but is negative or not finite ("-5ms", "1e999GB")."""
+
+
 def _finite_non_negative(number: float, text: str) -> float:
     if not math.isfinite(number) or number < 0:
-        raise UnitError(f"{text!r} is not a finite non-negative quantity")
+        raise QuantityRangeError(f"{text!r} is not a finite non-negative quantity")
     return number
 
 

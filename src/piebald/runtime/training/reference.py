@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import torch
 
+from piebald.errors import SpecError
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.distributed.optimizer import build_reference_optimizer
 from piebald.runtime.models.hf_weights import load_hf_weights
@@ -60,8 +61,12 @@ def train_reference(
     device = torch.device(config.device if config.device == "cpu" else "cuda")
     rows = micro_batch_size or job.global_batch_size
     if not 1 <= rows <= job.global_batch_size:
-        raise ValueError(
-            f"micro_batch_size = {rows}; expected 1..{job.global_batch_size} (the global batch)"
+        # A flag the user gave (train --micro-batch-size): one line, exit 2.
+        raise SpecError(
+            source="--micro-batch-size",
+            field="",
+            value=rows,
+            expected=f"1..{job.global_batch_size} (at most the global batch)",
         )
     meter = MemoryMeter(device, enabled=config.measure_memory)
     with meter:
