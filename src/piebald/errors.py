@@ -24,6 +24,9 @@ _BOUNDED.maxlong = 40
 
 
 def _short(value: object) -> str:
+    if isinstance(value, str):  # cut at the end, as a reader expects, not in the middle
+        text = repr(value[:_MAX_VALUE_CHARS])
+        return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
     try:
         text = _BOUNDED.repr(value)
     except ValueError:  # an int past Python's digit limit for str()
