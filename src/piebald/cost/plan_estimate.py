@@ -179,6 +179,9 @@ def _traffic(plan: Plan) -> _Traffic:
         for stage in plan.stages
         for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True)
     }
+    # Thousands of ranks make hundreds of thousands of pairs: what repeats across pairs
+    # (message sizes, a resource's crossing of one way) is computed once.
+    message_bytes: dict[tuple[DeviceType, int], float] = {}
     busy: dict[Hashable, float] = {}
     # Per resource and way (boundary, forward?): the ranks sending and receiving that way
     # over it, and the seconds that way keeps it busy.
@@ -186,20 +189,26 @@ def _traffic(plan: Plan) -> _Traffic:
     way_busy: dict[Hashable, dict[tuple[int, bool], float]] = {}
     # Per boundary, per (sender, receiver) pair: its bytes and both ways' links and resources.
     pairs_of: list[list[tuple[float, _Ways]]] = []
+    keys_of: list[set[Hashable]] = []  # per boundary, every resource its pairs cross
     for index in range(plan.num_stages - 1):
         pairs: dict[tuple[int, int], int] = {}
         for route in plan.routes:
             pair = (route[index], route[index + 1])
             pairs[pair] = pairs.get(pair, 0) + 1
         priced: list[tuple[float, _Ways]] = []
+        touched: set[Hashable] = set()
         for (sender, receiver), count in pairs.items():
-            num_bytes = activation_message_bytes(
-                plan.cluster.device_of(sender),
-                precision=plan.job.precision,
-                micro_batch_size=size_of[sender],
-                seq_len=plan.job.seq_len,
-                hidden_size=plan.model.arch.hidden_size,
-            )
+            device = plan.cluster.device_of(sender)
+            kind = (device, size_of[sender])
+            num_bytes = message_bytes.get(kind)
+            if num_bytes is None:
+                num_bytes = message_bytes[kind] = activation_message_bytes(
+                    device,
+                    precision=plan.job.precision,
+                    micro_batch_size=size_of[sender],
+                    seq_len=plan.job.seq_len,
+                    hidden_size=plan.model.arch.hidden_size,
+                )
             ways: list[tuple[Link, tuple[tuple[Hashable, float], ...], tuple[int, bool]]] = []
             for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
                 resources = transfer_resources(plan.cluster, a, b)
@@ -208,39 +217,49 @@ def _traffic(plan: Plan) -> _Traffic:
                 for key, capacity in resources:
                     seconds = count * num_bytes / capacity
                     busy[key] = busy.get(key, 0.0) + seconds
-                    per_way = way_busy.setdefault(key, {})
+                    per_way = way_busy.get(key)
+                    if per_way is None:
+                        per_way = way_busy[key] = {}
+                        ends[key] = {}
                     per_way[way] = per_way.get(way, 0.0) + seconds
-                    senders, receivers = ends.setdefault(key, {}).setdefault(way, (set(), set()))
-                    senders.add(a)
-                    receivers.add(b)
+                    both = ends[key].get(way)
+                    if both is None:
+                        both = ends[key][way] = (set(), set())
+                    both[0].add(a)
+                    both[1].add(b)
+                    touched.add(key)
             priced.append((num_bytes, tuple(ways)))
         pairs_of.append(priced)
+        keys_of.append(touched)
+    crossings: dict[tuple[Hashable, tuple[int, bool], float], _Crossing] = {}
+
+    def crossing(key: Hashable, way: tuple[int, bool], capacity: float) -> _Crossing:
+        found = crossings.get((key, way, capacity))
+        if found is None:
+            senders, receivers = ends[key][way]
+            found = crossings[key, way, capacity] = _Crossing(
+                streams=min(len(senders), len(receivers)),
+                capacity_bytes_per_s=capacity,
+                background_s=busy[key] - way_busy[key][way],
+            )
+        return found
+
     shapes: list[tuple[tuple[float, tuple[_Way, _Way]], ...]] = []
     busiest: list[float] = []
-    for priced in pairs_of:
+    for priced, touched in zip(pairs_of, keys_of, strict=True):
         distinct: dict[tuple[float, tuple[_Way, _Way]], None] = {}
-        boundary_s = 0.0
         for pair_bytes, pair_ways in priced:
             there, back = (
                 (
                     link.latency_s,
                     link.bandwidth_bytes_per_s,
-                    tuple(
-                        _Crossing(
-                            streams=min(len(ends[key][way][0]), len(ends[key][way][1])),
-                            capacity_bytes_per_s=capacity,
-                            background_s=busy[key] - way_busy[key][way],
-                        )
-                        for key, capacity in resources
-                    ),
+                    tuple(crossing(key, way, capacity) for key, capacity in resources),
                 )
                 for link, resources, way in pair_ways
             )
             distinct[pair_bytes, (there, back)] = None
-            for _, resources, _ in pair_ways:
-                boundary_s = max(boundary_s, max(busy[key] for key, _ in resources))
         shapes.append(tuple(distinct))
-        busiest.append(boundary_s)
+        busiest.append(max((busy[key] for key in touched), default=0.0))
     return _Traffic(pairs=tuple(shapes), busiest_s=tuple(busiest))
 
 

@@ -35,7 +35,7 @@ from piebald.planner.proxy import Hop, Way, pipeline_proxy, polish_bounds, unifo
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
-from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, unit_orders
+from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, node_classes, unit_orders
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model
@@ -47,6 +47,11 @@ __all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
 EXHAUSTIVE_CUTS_UP_TO = 64  # cut combinations per (order, depth) tried one by one, small
 NUM_EXACT = 8  # best structures (by the DP's estimate) built and priced exactly
+# Pricing a plan exactly takes time in its GPUs times its stages (every micro-batch's hop
+# over every boundary): beyond this many GPUs, fewer structures are priced exactly, so
+# that work stays about what it is here (at least MIN_EXACT).
+EXACT_FULL_UP_TO_GPUS = 4096
+MIN_EXACT = 2
 DEPTH_PATIENCE = 3  # stop deepening after this many depths without improvement
 TOP_REFINED = 2  # coarse results whose cuts get a local search
 SIZE_PATIENCE = 1.1  # a micro-batch size this much slower than the best ends the scan
@@ -104,10 +109,12 @@ class _Search:
         self.num_structures = 0
         self.hops: dict[tuple[object, ...], tuple[float, float]] = {}
         self.signatures: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
+        # Identical node groups price the same: keys use each group's class.
+        self.class_of = node_classes(cluster)
 
     # -- pricing a structure with the DP ------------------------------------------------
     def signature(self, ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-        """(node group, GPUs of the node in the stage) for each node, in rank order."""
+        """(node class, GPUs of the node in the stage) for each node, in rank order."""
         if ranks in self.signatures:
             return self.signatures[ranks]
         per_node: dict[int, int] = {}
@@ -115,7 +122,8 @@ class _Search:
             node = self.cluster.gpus[rank].node_index
             per_node[node] = per_node.get(node, 0) + 1
         signature = tuple(
-            (self.cluster.nodes[node].group_index, count) for node, count in per_node.items()
+            (self.class_of[self.cluster.nodes[node].group_index], count)
+            for node, count in per_node.items()
         )
         self.signatures[ranks] = signature
         return signature
@@ -290,8 +298,8 @@ class _Search:
         link between two neighbouring stages (one GPU per node group on each side)."""
         key = (self.signature(sender), self.signature(receiver), size, inter)
         if key not in self.hops:
-            left = {self.cluster.gpus[r].group_index: r for r in sender}
-            right = {self.cluster.gpus[r].group_index: r for r in receiver}
+            left = {self.class_of[self.cluster.gpus[r].group_index]: r for r in sender}
+            right = {self.class_of[self.cluster.gpus[r].group_index]: r for r in receiver}
             hops = [
                 (
                     activation_message_bytes(
@@ -477,15 +485,20 @@ def _idle_subsets(
     cluster: ClusterSpec, strategy: Strategy, precision: Dtype
 ) -> list[frozenset[int]]:
     """Nodes (by index) that take part: all of them first; then, where idle GPUs are
-    allowed, all but one node group, and the fastest k types alone (what dropping the
-    slowest GPUs gives); in clusters of a few nodes, every subset of nodes (one node of a
-    group alone may beat the whole group when the group's nodes share a slow network)."""
+    allowed, all but one node class (identical groups are one), and the fastest k types
+    alone (what dropping the slowest GPUs gives); in clusters of a few nodes, every subset
+    of nodes (one node of a group alone may beat the whole group when the group's nodes
+    share a slow network)."""
     everything = frozenset(node.index for node in cluster.nodes)
     subsets = [everything]
     if not strategy.allow_idle_groups:
         return subsets
-    groups = range(len(cluster.node_groups))
-    nodes_of = {g: frozenset(n.index for n in cluster.nodes if n.group_index == g) for g in groups}
+    class_of = node_classes(cluster)
+    members: dict[int, set[int]] = {}
+    for node in cluster.nodes:
+        members.setdefault(class_of[node.group_index], set()).add(node.index)
+    nodes_of = {c: frozenset(nodes) for c, nodes in members.items()}
+    groups = list(nodes_of)
     if len(groups) > 1:
         subsets += [everything - nodes_of[g] for g in groups]
         speed = {g: cluster.node_groups[g].device.training_peak_flops(precision) for g in groups}
@@ -689,7 +702,7 @@ def _search_structures(state: _Search, report: Progress) -> None:
             subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
             subset_orders = unit_orders(subset_units)
         else:  # the winning order without the idle groups, at the winning size
-            subset_orders = [tuple(u for u in orders[order_index] if u.node_index in nodes)]
+            subset_orders = [tuple(u for u in orders[order_index] if u.node_indices[0] in nodes)]
         # Depths near the best one, as deep as the subset's units allow; one stage always.
         depth = min(depth, len(subset_orders[0]))
         near = sorted({1, *range(max(1, depth - 2), depth + 3)})
@@ -721,8 +734,11 @@ def _why_infeasible(state: _Search) -> str:
 
 def _exact(state: _Search, strategy: Strategy) -> list[ScoredPlan]:
     ranked = sorted(c for c in state.candidates.values() if math.isfinite(c.proxy_s))
-    # Small clusters can afford to price many more structures exactly.
-    wanted = NUM_EXACT * (3 if state.cluster.num_gpus <= ALL_SIZES_UP_TO else 1)
+    # Small clusters can afford to price many more structures exactly, large ones fewer.
+    num_gpus = state.cluster.num_gpus
+    wanted = NUM_EXACT * (3 if num_gpus <= ALL_SIZES_UP_TO else 1)
+    if num_gpus > EXACT_FULL_UP_TO_GPUS:
+        wanted = max(MIN_EXACT, NUM_EXACT * EXACT_FULL_UP_TO_GPUS // num_gpus)
     scored: list[ScoredPlan] = []
     for candidate in (state.polished(c) for c in ranked[: wanted * 2]):
         plan = state.assemble(candidate)

@@ -301,13 +301,15 @@ def _fit_in_flight(
             even_shards=even_shards,
         )
 
+    ranks_to_end, stage_micro_batches = sum(widths), sum(counts)  # once: thousands of ranks
+
     def little_budgets(slack: int) -> tuple[int, ...]:
         return tuple(
             in_flight_micro_batches(
                 schedule=Schedule.ONE_F_ONE_B,
-                ranks_to_end=sum(widths),
+                ranks_to_end=ranks_to_end,
                 rank_micro_batches=count,
-                stage_micro_batches=sum(counts),
+                stage_micro_batches=stage_micro_batches,
                 slack=slack,
             )
             for count in counts
