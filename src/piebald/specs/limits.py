@@ -18,6 +18,9 @@ use meets one) and small enough that everything computed downstream stays fast a
   holds one route per micro-batch, and the planner's work grows with the number of
   micro-batches: gpt2 on the example cluster plans 2^16 sequences in about 17 s, 2^20 in
   3 minutes and 700 MB (10^7 ran past 2 minutes and 2.6 GB, still growing), so 2^16.
+* GPUs in a cluster: the largest the planner was measured on (``benchmarks/
+  many_small_nodes.py``: 32768 one-GPU nodes plan in about 70 s on 2 cores; the time grows
+  at least linearly with GPUs), so 2^15.
 
 No integer overflow. The largest integer products in the cost model are parameter counts
 and bytes. With these limits a block has at most 2h*q + 2h*kv + 3hf < 2^43 weights
@@ -47,7 +50,7 @@ __all__ = [
 
 MAX_GLOBAL_BATCH = 2**16  # sequences per optimizer step (65536)
 MAX_SEQ_LEN = 2**24  # tokens per sequence, and a model's positions (16777216)
-MAX_GPUS = 2**17  # GPUs in a cluster (131072)
+MAX_GPUS = 2**15  # GPUs in a cluster (32768): see the module docstring
 MAX_GPUS_PER_NODE = 64
 MAX_NUM_BLOCKS = 2**8  # transformer blocks (256)
 MAX_HIDDEN_SIZE = 2**17  # 131072
