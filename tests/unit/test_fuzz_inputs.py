@@ -11,9 +11,10 @@ it in-process. Each run must exit 0, 2 or 3 with no exception escaping the CLI (
 never printed), finish within ``CASE_LIMIT_S`` (an interval timer stops a hang) and keep the
 process's peak memory within ``MAX_GROWTH_BYTES`` of where the test started.
 
-Not run: ``train --emulate`` (it spawns a process per GPU: seconds per case; the plan loader
-it shares with ``simulate`` and ``explain`` is fuzzed here) and ``profile compute/network``
-(they measure; their inputs are a model name and flags, not files).
+``train --plan`` runs outside torchrun (it reads and checks the plan, then asks for
+torchrun). Not run: ``train --emulate`` (it spawns a process per GPU: seconds per case;
+the plan reading it shares with ``train --plan`` is fuzzed here) and ``profile
+compute/network`` (they measure; their inputs are a model name and flags, not files).
 """
 
 from __future__ import annotations
@@ -257,6 +258,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     # The unmutated inputs pass every command: what the mutations break is theirs.
     for args in _cluster_commands(root / "c.yaml") + _plan_commands(plan, profiles):
         outcome = run_bounded(*args)
+        if args[0] == "train":  # the plan was read and checked; only torchrun is missing
+            assert outcome.exit_code == 2 and "a run under torchrun" in outcome.output, args
+            continue
         assert outcome.exit_code == 0 and outcome.exception is None, (args, outcome.output)
     return Corpus(
         root=root,
@@ -290,6 +294,9 @@ def _plan_commands(plan: Path, profiles: Path) -> list[list[str]]:
         ["simulate", "--plan", str(plan), "--profiles", str(profiles)],
         ["launch", "--plan", str(plan)],
         ["launch", "--plan", str(plan), "--slurm"],
+        # Outside torchrun and without --emulate, train reads and checks the plan as every
+        # rank would, then says it needs torchrun: the plan reading without the processes.
+        ["train", "--plan", str(plan)],
     ]
 
 
