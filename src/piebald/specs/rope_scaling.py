@@ -237,18 +237,10 @@ def rope_scaling_to_hf(scaling: RopeScaling | None, *, theta: float) -> dict[str
     return out
 
 
-_PLAN_FIELDS = (
-    "rope_type",
-    "factor",
-    "original_max_position_embeddings",
-    "low_freq_factor",
-    "high_freq_factor",
-    "beta_fast",
-    "beta_slow",
-    "attention_factor",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
+# The plan file's names are transformers' less the legacy "type" and what ModelArch keeps
+# elsewhere (rope_theta) or refuses (partial_rotary_factor).
+_PLAN_FIELDS = tuple(
+    name for name in ROPE_HF_FIELDS if name not in ("type", "rope_theta", "partial_rotary_factor")
 )
 
 
