@@ -1,6 +1,6 @@
 """Planning time on many one-GPU nodes (issue 14, finding 13): 1,024 to 32,768 nodes.
 
-A unit of the search is a run of identical nodes (``planner.units``), so thousands of
+A unit of the search is a run of identical nodes (``planner.search_units``), so thousands of
 one-GPU nodes plan about as fast as a few hundred eight-GPU ones. Two shapes: one node
 group of N one-GPU H100 nodes (the default), or ``--mixed``: N one-GPU nodes spread over
 the six GPU types of ``planner_scaling.py``. ``--one-group-per-node`` lists every node as

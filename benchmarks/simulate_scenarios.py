@@ -18,8 +18,8 @@ import math
 import time
 
 from piebald.planner.search import Infeasible, search
+from piebald.schedule.prices import Prices, Transfer
 from piebald.simulator.engine import simulate
-from piebald.simulator.prices import Prices, Transfer
 from piebald.specs.cluster import Link, LinkKind
 from piebald.specs.presets import load_model
 from scenario_options import scenario_clusters, scenario_job, scenario_parser

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from piebald.planner.search import search
+from piebald.schedule.build import build_schedule
 from piebald.simulator.engine import simulate
-from piebald.simulator.schedules import build_schedule
 from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
 from scaling_clusters import scaling_cluster

@@ -34,7 +34,6 @@ from piebald.errors import SpecError
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
 from piebald.planner.compare import Comparison
-from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
 from piebald.planner.strategies import STRATEGIES, Strategy, with_zero_mode
 from piebald.plots import plot_comparison
@@ -48,6 +47,7 @@ from piebald.render import (
     plan_summary,
     plan_table,
 )
+from piebald.report.explain import explain_plan
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.fields import suggest

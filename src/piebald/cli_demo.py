@@ -30,7 +30,6 @@ from piebald.cost.plan_estimate import estimate_plan
 from piebald.examples import example_path
 from piebald.outputs import check_output_directory, check_output_file
 from piebald.planner.compare import Comparison
-from piebald.planner.explain import explain_plan
 from piebald.planner.search import search
 from piebald.plots import plot_comparison
 from piebald.render import (
@@ -40,6 +39,7 @@ from piebald.render import (
     plan_summary,
     plan_table,
 )
+from piebald.report.explain import explain_plan
 from piebald.simulator.engine import simulate
 from piebald.simulator.gantt import plot_gantt
 from piebald.simulator.trace import write_trace

@@ -23,12 +23,12 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.describe import describe_plan
 from piebald.planner.search import ScoredPlan, SearchResult
 from piebald.profiler.apply import recorded_curve
+from piebald.report.describe import describe_plan
+from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.gantt import plot_gantt
-from piebald.simulator.prices import Prices
 from piebald.simulator.result import SimulationResult
 from piebald.simulator.trace import write_trace
 from piebald.specs.plan import Plan, RunnerUp

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from piebald.cost.plan_estimate import PlanEstimate, model_flops_utilization
 from piebald.planner.compare import Comparison
-from piebald.planner.explain import Explanation
+from piebald.report.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import ModelSpec

@@ -9,7 +9,7 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.examples import example_path
-from piebald.planner.explain import explain_plan
+from piebald.report.explain import explain_plan
 from piebald.specs.plan_io import load_plan
 
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]

@@ -7,7 +7,15 @@ import sys
 
 import pytest
 
-CORE = ["piebald.specs", "piebald.cost", "piebald.planner", "piebald.simulator", "piebald.cli"]
+CORE = [
+    "piebald.specs",
+    "piebald.cost",
+    "piebald.planner",
+    "piebald.schedule",
+    "piebald.simulator",
+    "piebald.report",
+    "piebald.cli",
+]
 
 
 @pytest.mark.parametrize("module", CORE)

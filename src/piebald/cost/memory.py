@@ -68,7 +68,7 @@ GIB = 2.0**30
 # Micro-batches a 1F1B rank with later stages holds beyond Little's law
 # (in_flight_micro_batches).
 IN_FLIGHT_SLACK = 1
-# Receives a rank keeps posted from each neighbouring stage (``simulator.schedules``),
+# Receives a rank keeps posted from each neighbouring stage (``schedule.build``),
 # each holding a buffer. Two, not one: a receive is a rendezvous, so a transfer waits for
 # it, and where a hop outlasts a pass (eight ranks to a 10 GbE NIC) one pass of notice
 # leaves the next input late (benchmarks/simulate_scenarios.py, flashflex).
@@ -625,7 +625,7 @@ def _activations_and_working(
     computing = 2 * gathered + np.maximum(loss_backward, block_backward)
     reducing = gathered + pass_reduce * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
     working = np.maximum(computing, reducing)
-    # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
+    # Point-to-point buffers of activations and their gradients (``schedule.build``):
     # per neighbouring stage, the receives posted from it, and on every stage but the
     # first a gradient on its way back (an activation sent on is the held output above).
     buffers = RECEIVES_POSTED * num_neighbor_stages + np.where(r.has_embedding[index], 0.0, 1.0)

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
+from piebald.cost.link_resources import transfer_resources
 from piebald.cost.memory import MemoryBreakdown, plan_rank_memory, stage_in_flight
+from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
-from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import stage_comm
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
@@ -157,7 +157,7 @@ def _traffic(plan: Plan) -> _Traffic:
     """The traffic over every stage boundary (what does not depend on the pipeline's
     length, so built once per estimate; :meth:`_Traffic.boundaries` prices the hops).
 
-    A resource (a GPU port, a node's NIC in one direction, a site link; ``transfers``) is
+    A resource (a GPU port, a node's NIC in one direction, a site link; ``link_resources``) is
     busy for the bytes / capacity of every transfer that uses it, over all boundaries: a
     node's NIC in carries its stage's activations from the previous stage and its
     gradients from the next one.

@@ -11,8 +11,8 @@ it away) and nothing is communicated, so no plan under the same cost model beats
 from __future__ import annotations
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import bytes_per_param, framework_reserve_bytes, layer_activation_bytes
+from piebald.cost.pass_times import pass_times
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec

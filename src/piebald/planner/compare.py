@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.planner.bounds import upper_bound_tokens_per_s
-from piebald.planner.describe import describe_plan
 from piebald.planner.search import Infeasible, ScoredPlan, search
 from piebald.planner.strategies import PIEBALD, STRATEGIES, Strategy
+from piebald.report.describe import describe_plan
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec

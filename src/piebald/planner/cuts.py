@@ -10,8 +10,8 @@ import itertools
 
 import numpy as np
 
+from piebald.planner.search_units import Unit
 from piebald.planner.strategies import Strategy
-from piebald.planner.units import Unit
 
 __all__ = ["depths_to_try", "quantile_cuts", "required_cuts", "stages_of"]
 

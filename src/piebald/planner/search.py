@@ -1,7 +1,7 @@
 """One search over every heterogeneous strategy: coarse structure enumerated, the rest exact.
 
 Enumerated: which node groups take part (leaving a whole group idle is tried and kept only
-when faster), the order units line up in (``units.unit_orders``), the pipeline depth, the
+when faster), the order units line up in (``search_units.unit_orders``), the pipeline depth, the
 micro-batch size, and where the stage cuts fall. Solved exactly for each structure: the
 layer split (bottleneck DP over the stage cost matrices, ``partition.split_layers``); then,
 for the few best structures, per-stage micro-batch counts (min-makespan), shard fractions
@@ -23,19 +23,25 @@ from dataclasses import dataclass, field
 
 from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import slack_of, stage_memory_bytes
+from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.cost.precision import activation_message_bytes
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
 from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
-from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
 from piebald.planner.proxy import Hop, Way, pipeline_proxy, polish_bounds, uniform_bounds
+from piebald.planner.search_units import (
+    GPU_UNITS_UP_TO,
+    Unit,
+    build_units,
+    node_classes,
+    unit_orders,
+)
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
-from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, node_classes, unit_orders
+from piebald.report.describe import describe_plan
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import (
     in_flight_for_rounds,
     in_flight_micro_batches,
     rank_memory,
     slack_of,
 )
+from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized

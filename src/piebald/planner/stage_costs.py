@@ -28,8 +28,8 @@ import numpy.typing as npt
 
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
+from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.stage_builder import StageRules

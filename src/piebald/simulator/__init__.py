@@ -1,2 +1,2 @@
-"""Simulator: per-rank schedules (shared with the runtime), discrete-event execution of a
-plan, and the pictures of it (Perfetto trace, Gantt chart). Never imports torch."""
+"""Simulator: discrete-event execution of a plan's schedules (``piebald.schedule``) and the
+pictures of it (Perfetto trace, Gantt chart). Never imports torch."""

@@ -1,12 +1,12 @@
 """Discrete-event execution of a schedule: a heap of timed events, one state per rank.
 
-Each rank walks its operation list (``piebald.simulator.ops`` says what each operation
+Each rank walks its operation list (``piebald.schedule.ops`` says what each operation
 does): compute operations run on the rank's compute stream once their inputs are there;
 data-parallel operations queue on the rank's channel, once-per-step collectives starting
 when every rank of the stage has reached them; a point-to-point transfer starts when both
 its send and its receive are posted, waits its link's latency, then moves its bytes at the
 rate it gets on the resources it shares with concurrent transfers
-(``piebald.simulator.network``). Durations come from ``Prices`` (the planner's cost
+(``piebald.schedule.network``). Durations come from ``Prices`` (the planner's cost
 functions), so differences from the closed-form estimate come from the schedule alone.
 
 When no event is left and some rank has operations left, the step cannot finish: the
@@ -24,8 +24,9 @@ import heapq
 from collections import deque
 from collections.abc import Hashable
 
-from piebald.simulator.network import MessageKey, Transfers
-from piebald.simulator.ops import (
+from piebald.schedule.build import StepSchedule, build_schedule
+from piebald.schedule.network import MessageKey, StepMessages
+from piebald.schedule.ops import (
     AllGatherParams,
     AllReduceGrads,
     Backward,
@@ -42,7 +43,7 @@ from piebald.simulator.ops import (
     SendGradient,
     describe_op,
 )
-from piebald.simulator.prices import Prices
+from piebald.schedule.prices import Prices
 from piebald.simulator.result import (
     Deadlock,
     Interval,
@@ -51,7 +52,6 @@ from piebald.simulator.result import (
     SimulationResult,
     Wait,
 )
-from piebald.simulator.schedules import StepSchedule, build_schedule
 from piebald.specs.plan import Plan
 
 __all__ = ["simulate"]
@@ -147,7 +147,7 @@ class _Engine:
         self.events: list[tuple[float, int, int, object, object]] = []
         self.sequence = 0
         self.now = 0.0
-        self.transfers = Transfers(prices)
+        self.transfers = StepMessages(prices)
         self.arrivals: dict[tuple[int, type], list[_RankState]] = {}
         self.intervals: list[Interval] = []
         self.last_backward_s = 0.0

@@ -17,9 +17,9 @@ import pytest
 
 from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
-from piebald.planner import units as units_module
+from piebald.planner import search_units as units_module
 from piebald.planner.search import search
-from piebald.planner.units import MAX_UNITS, UNIT_GPUS, build_units, node_classes
+from piebald.planner.search_units import MAX_UNITS, UNIT_GPUS, build_units, node_classes
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec

@@ -40,12 +40,12 @@ import pytest
 from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.compute import optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
+from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
-from piebald.planner.describe import describe_plan
 from piebald.planner.search import search
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.strategies import PIEBALD
+from piebald.report.describe import describe_plan
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec

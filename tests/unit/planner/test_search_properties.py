@@ -25,9 +25,9 @@ from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.compare import Comparison, compare_strategies
-from piebald.planner.describe import describe_plan
 from piebald.planner.search import Infeasible, search
 from piebald.planner.strategies import PIEBALD, STRATEGIES
+from piebald.report.describe import describe_plan
 from piebald.simulator.engine import simulate
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec

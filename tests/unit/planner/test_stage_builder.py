@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from piebald.cost.layer_table import pass_times
+from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.stage_builder import StageChoice, StageRules, build_stage, water_fill
 from piebald.planner.strategies import PIEBALD

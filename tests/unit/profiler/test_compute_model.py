@@ -15,7 +15,7 @@ from piebald.cost.compute import (
     layer_backward_time_s,
     layer_forward_time_s,
 )
-from piebald.cost.layer_table import pass_times
+from piebald.cost.pass_times import pass_times
 from piebald.profiler.apply import profiled_curve
 from piebald.profiler.calibrate import (
     Observation,

@@ -31,8 +31,8 @@ from piebald.profiler.apply import cost_inputs_for, profiled_inputs, recorded_cu
 from piebald.profiler.compute_model import ActivationTable, ProfiledCurve, Source
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.profiler.keys import layer_key, layer_signature
+from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate as simulate_plan
-from piebald.simulator.prices import Prices
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.devices import Dtype

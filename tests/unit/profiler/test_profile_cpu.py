@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import rank_memory
+from piebald.cost.pass_times import pass_times
 from piebald.planner.search import search
 from piebald.profiler.apply import cost_inputs_for, profiled_inputs
 from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile

@@ -15,7 +15,7 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.cost.compute import DEFAULT_CURVE
-from piebald.cost.layer_table import pass_times
+from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
 from piebald.profiler.apply import profiled_inputs, recorded_curve

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster_builders import HALF_GPU, ROUND_GPU, hand_model
-from piebald.simulator.prices import Prices, StagePrices, Transfer
+from piebald.schedule.prices import Prices, StagePrices, Transfer
 from piebald.specs.cluster import ClusterSpec, Link, LinkKind
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec

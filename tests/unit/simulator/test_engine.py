@@ -17,11 +17,11 @@ from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import IN_FLIGHT_SLACK, stage_in_flight
+from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
-from piebald.simulator.engine import simulate
-from piebald.simulator.ops import (
+from piebald.schedule.build import StepSchedule
+from piebald.schedule.ops import (
     Backward,
     Forward,
     OptimizerStep,
@@ -30,8 +30,8 @@ from piebald.simulator.ops import (
     SendActivation,
     SendGradient,
 )
+from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
-from piebald.simulator.schedules import StepSchedule
 from piebald.specs.plan import Schedule, ZeroMode
 
 
@@ -223,7 +223,7 @@ def test_two_ranks_each_waiting_to_receive_first_is_a_deadlock() -> None:
 def test_a_collective_a_rank_never_reaches_is_reported_as_waiting_for_it() -> None:
     plan = pipeline(cluster(("round", 2)), stage_ranks=[[0, 1]], counts=[[1, 1]], routes=[[0], [1]])
     prices = FixedPrices(plan, forward_s={0: 1.0, 1: 1.0}, backward_s={0: 1.0, 1: 1.0})
-    from piebald.simulator.ops import AllReduceGrads
+    from piebald.schedule.ops import AllReduceGrads
 
     schedule = StepSchedule(
         kind=Schedule.ONE_F_ONE_B,

@@ -14,10 +14,10 @@ import pytest
 from sim_plans import cluster, pipeline
 
 from piebald.cost.plan_estimate import MAX_BACKGROUND, estimate_plan
+from piebald.schedule.build import one_f_one_b_dry_run
+from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
-from piebald.simulator.prices import Prices
 from piebald.simulator.result import Lane
-from piebald.simulator.schedules import one_f_one_b_dry_run
 from piebald.specs.plan import Plan
 
 

@@ -1,5 +1,5 @@
 """The pipeline executor: one rank's operations for a step (from the simulator's schedule
-generator, ``piebald.simulator.schedules``) run on torch.distributed, with asynchronous
+generator, ``piebald.schedule.build``) run on torch.distributed, with asynchronous
 point-to-point transfers between stages of any sizes and, under emulation, each operation
 paced to the time the cost model gives it on the emulated GPU."""
 

@@ -43,7 +43,7 @@ from piebald.runtime.pipeline.layer_stream import Island, LayerStream
 from piebald.runtime.pipeline.mailbox import Mailbox, MessageKind
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.pipeline.rows import micro_batch_rows
-from piebald.simulator.ops import (
+from piebald.schedule.ops import (
     AllGatherParams,
     AllReduceGrads,
     Backward,

@@ -20,7 +20,7 @@ Gloo matches messages by tag. NCCL ignores tags and matches the messages of one 
 receiver) pair in the order both sides post them; that order agrees too: between a rank of
 stage s and one of stage s+1 activations flow one way and gradients the other, and both
 ends post each kind in ascending micro-batch order (every rank runs its forwards, and its
-backwards, in ascending micro-batch order; see ``piebald.simulator.schedules``).
+backwards, in ascending micro-batch order; see ``piebald.schedule.build``).
 ``Mailbox(one_tag=True)`` puts every message on tag 0, so gloo matches them as NCCL does,
 in posting order per pair; the equivalence tests run that way too, so this argument is
 tested on CPU. The NCCL path itself has not run yet: no GPU was available when it was

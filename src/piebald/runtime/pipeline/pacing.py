@@ -1,7 +1,7 @@
 """Emulation pacing: each operation does its real work, then waits until the time the cost
 model gives the emulated GPU has passed (times ``time_scale``).
 
-The durations are the simulator's (``piebald.simulator.prices``): forward and backward of
+The durations are the simulator's (``piebald.schedule.prices``): forward and backward of
 the rank's stage part on its GPU type (a ZeRO-3 pass lasting at least its gather), the
 activation hop alone on its link, and at the step's end the stage's collectives plus the
 optimizer step on the owned shard. Times are read from ``time.monotonic``, one clock for
@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from piebald.runtime.distributed.collectives import all_reduce
 from piebald.runtime.distributed.groups import CommGroup
-from piebald.simulator.prices import Prices
-from piebald.simulator.schedules import pass_durations_s
+from piebald.schedule.build import pass_durations_s
+from piebald.schedule.prices import Prices
 from piebald.specs.plan import Plan
 
 __all__ = ["Pacer", "PacingReport"]

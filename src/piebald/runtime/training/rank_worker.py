@@ -57,9 +57,9 @@ from piebald.runtime.training.metrics import (
 )
 from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
 from piebald.runtime.training.resume import checkpoint_extra, resolve_resume
-from piebald.simulator.ops import most_in_flight
-from piebald.simulator.prices import Prices
-from piebald.simulator.schedules import build_schedule
+from piebald.schedule.build import build_schedule
+from piebald.schedule.ops import most_in_flight
+from piebald.schedule.prices import Prices
 from piebald.specs.devices import Dtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan

@@ -13,8 +13,8 @@ from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
-from piebald.simulator.engine import simulate
-from piebald.simulator.ops import (
+from piebald.schedule.build import StepSchedule, build_schedule, check_schedule
+from piebald.schedule.ops import (
     Backward,
     Forward,
     Op,
@@ -22,8 +22,8 @@ from piebald.simulator.ops import (
     SendActivation,
     most_in_flight,
 )
-from piebald.simulator.prices import Prices
-from piebald.simulator.schedules import StepSchedule, build_schedule, check_schedule
+from piebald.schedule.prices import Prices
+from piebald.simulator.engine import simulate
 from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
 
 

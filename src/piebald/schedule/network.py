@@ -1,7 +1,7 @@
 """Transfers in flight and the bandwidth they share.
 
 Each transfer occupies a few physical resources (a GPU's port, a node's NIC in one
-direction, a site link; ``piebald.simulator.prices.Transfer``). Concurrent transfers on a
+direction, a site link; ``piebald.schedule.prices.Transfer``). Concurrent transfers on a
 resource share it equally: a transfer moves at
 
     rate = min(B_path, min over its resources r of capacity_r / flows_r),
@@ -12,10 +12,10 @@ held back elsewhere does not lend its unused share; this errs on the slow side.)
 a transfer starts or ends, the transfers sharing a resource with it are settled at their old
 rate and re-timed; their earlier completion times become stale (versions tell them apart).
 
-``Transfers`` puts the messages of a step on that network: a transfer starts once both its
-send and its receive are posted (NCCL's send/recv are a rendezvous), waits its link's
+``StepMessages`` puts the messages of a step on that network: a transfer starts once both
+its send and its receive are posted (NCCL's send/recv are a rendezvous), waits its link's
 latency, then moves its bytes. The engine and the schedule's 1F1B dry run
-(``simulator.schedules``) both move their messages through it, so the dry run foresees
+(``schedule.build``) both move their messages through it, so the dry run foresees
 the engine's timeline.
 """
 
@@ -26,9 +26,9 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from piebald.simulator.prices import Prices
+from piebald.schedule.prices import Prices
 
-__all__ = ["MessageKey", "Network", "Transfers"]
+__all__ = ["MessageKey", "Network", "StepMessages"]
 
 # A message: (an activation, not a gradient?, micro-batch, sender, receiver).
 MessageKey = tuple[bool, int, int, int]
@@ -115,7 +115,7 @@ class Network:
         return out
 
 
-class Transfers:
+class StepMessages:
     """The point-to-point messages of one step, in time order: post each end with
     :meth:`post`, then :meth:`advance` through the events while :meth:`next_s` is due."""
 

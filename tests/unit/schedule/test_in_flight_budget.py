@@ -20,10 +20,10 @@ from sim_plans import cluster, pipeline
 from piebald.cost.memory import in_flight_micro_batches, ranks_to_end, stage_in_flight
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
+from piebald.schedule.build import build_schedule
+from piebald.schedule.ops import most_in_flight
+from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
-from piebald.simulator.ops import most_in_flight
-from piebald.simulator.prices import Prices
-from piebald.simulator.schedules import build_schedule
 from piebald.specs.plan import Plan, Schedule
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 

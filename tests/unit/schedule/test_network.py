@@ -9,9 +9,9 @@ import pytest
 from sim_plans import cluster, pipeline
 
 from piebald.cost.comm import p2p_time_s
+from piebald.schedule.network import Network
+from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
-from piebald.simulator.network import Network
-from piebald.simulator.prices import Prices
 from piebald.simulator.result import Lane
 
 

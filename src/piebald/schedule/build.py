@@ -57,8 +57,8 @@ from dataclasses import dataclass
 
 from piebald.cost.memory import RECEIVES_POSTED
 from piebald.errors import SpecError
-from piebald.simulator.network import Transfers
-from piebald.simulator.ops import (
+from piebald.schedule.network import StepMessages
+from piebald.schedule.ops import (
     AllGatherParams,
     AllReduceGrads,
     Backward,
@@ -74,7 +74,7 @@ from piebald.simulator.ops import (
     SendActivation,
     SendGradient,
 )
-from piebald.simulator.prices import Prices
+from piebald.schedule.prices import Prices
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 __all__ = [
@@ -151,7 +151,7 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
     orders: dict[int, list[ComputeOp]] = {rank: [] for rank in queue}
     starts: dict[int, list[float]] = {rank: [] for rank in queue}
     backwards_run = dict.fromkeys(queue, 0)
-    transfers = Transfers(prices)
+    transfers = StepMessages(prices)
 
     def receive(rank: int, j: int, *, activation: bool, at_s: float) -> None:
         s = plan.stage_of_rank[rank]

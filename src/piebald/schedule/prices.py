@@ -11,7 +11,7 @@ Ranks of one device type and micro-batch size in a stage cost the same, so each 
 operation is priced once.
 
 A transfer also names the physical resources it occupies, so concurrent transfers can share
-them (``piebald.simulator.network``): inside a node each GPU's own port (NVLink and PCIe
+them (``piebald.schedule.network``): inside a node each GPU's own port (NVLink and PCIe
 lanes are per GPU), between nodes the sending node's NIC out and the receiving node's NIC in
 (the RDMA port or the Ethernet port, whichever the link uses; NICs are full duplex), between
 sites also the site link in that direction.
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.layer_table import pass_times
+from piebald.cost.link_resources import transfer_resources
 from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
-from piebald.cost.transfers import transfer_resources
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, ZeroMode

@@ -9,7 +9,7 @@ from sim_plans import cluster, pipeline
 from piebald.cost.comm import ring_profile
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.zero_comm import stage_comm
-from piebald.simulator.prices import Prices
+from piebald.schedule.prices import Prices
 from piebald.specs.plan import ZeroMode
 
 
