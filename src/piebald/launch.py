@@ -9,7 +9,7 @@ Per node the environment carries what the plan needs (Holmes, arXiv 2312.03549, 
 each data-parallel group inside one NIC class): RoCE nodes use GID index 3 (RoCE v2),
 Ethernet-only nodes have InfiniBand verbs turned off, every node sees exactly its GPUs, and
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` lets gloo groups reconnect after a restart
-(research/torch_distributed.md).
+(docs/research/torch_distributed.md).
 
 Both scripts start every node in the background and wait on each; the first node that
 fails stops the others and the script exits with its status. A bare ``wait`` returns 0

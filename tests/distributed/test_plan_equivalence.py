@@ -1,4 +1,4 @@
-"""The runtime's acceptance test (DESIGN section 3): training the ``tiny`` model under any
+"""The runtime's acceptance test (docs/design.md section 3): training the ``tiny`` model under any
 plan gives the losses of single-process training, step for step, to 1e-4, and the same
 parameters after the last step.
 

@@ -1,6 +1,6 @@
 """The physical upper bound a plan is judged against, and why nothing fits when nothing does.
 
-Upper bound (planners_survey.md section 10): the sum over GPUs of each GPU's best
+Upper bound (docs/research/planners_survey.md section 10): the sum over GPUs of each GPU's best
 standalone training throughput on the model's layers, T_i* = tokens of a micro-batch over
 its forward plus backward time through every layer, at the best micro-batch size whose
 activations for one layer fit the GPU. Training state is not charged (the cluster can shard

@@ -1,5 +1,5 @@
 """The strategies piebald searches: its own full plan space and the baselines, each a
-restriction of that space (DESIGN.md section 6), all scored by the same cost model.
+restriction of that space (docs/design.md section 7), all scored by the same cost model.
 
 A baseline here is what that system can express, "as modelled": its runtime's own kernels
 and overheads are not modelled, only its choices.

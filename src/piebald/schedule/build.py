@@ -1,6 +1,6 @@
 """Schedules: the ordered operations of every rank for one step of a plan.
 
-One generator feeds the simulator and the runtime's pipeline executor (DESIGN.md section 3):
+One generator feeds the simulator and the runtime's pipeline executor (docs/design.md section 3):
 ``build_schedule(plan)`` is pure and deterministic, so both see the same lists.
 
 Compute order. Every rank runs its micro-batches' forwards in ascending j and their

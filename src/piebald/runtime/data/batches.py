@@ -1,6 +1,6 @@
 """The global batch of a training step, a function of (seed, step) and the token data only.
 
-DESIGN section 3: the batch never depends on the plan, so every plan trains on exactly the
+docs/design.md section 3: the batch never depends on the plan, so every plan trains on exactly the
 same sequences, and each rank can draw the batch itself and keep the rows of its own
 micro-batches. As in nanoGPT's ``get_batch``, row r is a window of seq_len + 1 consecutive
 tokens starting at a uniformly drawn offset (with replacement); inputs are its first seq_len

@@ -29,7 +29,7 @@ match its content, when a ``step-N`` directory's manifest says another step, or 
 numbers are impossible (a negative step); the error then names the newest intact older
 checkpoint in the same directory, if there is one.
 
-DESIGN s.3 suggests ``torch.distributed.checkpoint`` with ``ShardedTensor`` adapters; this
+The founding design suggested ``torch.distributed.checkpoint`` with ``ShardedTensor`` adapters; this
 module writes its own small format instead because it needs exact control of atomic
 renames, per-file checksums for a one-line corruption error, and empty shards (a shard
 fraction of 0), and because resharding slices of flat tensors takes a dozen lines.

@@ -2,7 +2,7 @@
 
 Rank i of a group owns ``ranges[i]`` of the flat buffer (ranges tile it in group order,
 :mod:`piebald.runtime.distributed.shard_layout`). Neither gloo nor NCCL has an uneven
-reduce-scatter/all-gather primitive, so (measured in research/torch_distributed.md s.3 and
+reduce-scatter/all-gather primitive, so (measured in docs/research/torch_distributed.md s.3 and
 again here, 16 MB fp32, 3 ranks at 50/30/20 on 2 cores):
 
 * gloo reduce-scatter: ``all_to_all_single`` with split sizes (each rank sends every owner
@@ -26,8 +26,8 @@ measured with ``Tensor._use_count``), which makes a rank's peak memory vary from
 run. On gloo every collective here therefore returns only once the backend holds none of
 its tensors (``_Held``), as on NCCL, where buffers are stream-ordered.
 
-Every reduction is a plain SUM: the 1/num_tokens weight is in the loss (DESIGN s.3; gloo
-has no PREMUL_SUM and AVG would be wrong for uneven batches).
+Every reduction is a plain SUM: the 1/num_tokens weight is in the loss (docs/design.md
+section 3; gloo has no PREMUL_SUM and AVG would be wrong for uneven batches).
 """
 
 from __future__ import annotations

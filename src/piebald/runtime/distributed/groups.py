@@ -5,7 +5,7 @@ hang (what the groups are and why: :mod:`piebald.runtime.distributed.group_layou
 not, must call it for every group in the same order. :func:`build_process_groups` walks
 the plan's distinct rank tuples in one sorted order and creates each exactly once (a
 second group over the same ranks is never needed, and with local synchronisation it can
-hang, research/torch_distributed.md section 6). A group of one rank is never created: it
+hang, docs/research/torch_distributed.md section 6). A group of one rank is never created: it
 has nobody to talk to, so :class:`CommGroup` carries no process group and the collectives
 short-circuit.
 """

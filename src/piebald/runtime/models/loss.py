@@ -1,6 +1,6 @@
 """The per-micro-batch loss term: a sum of token cross-entropies.
 
-The runtime divides by the number of tokens in the whole global batch (DESIGN section 3), so
+The runtime divides by the number of tokens in the whole global batch (docs/design.md section 3), so
 summing these terms over micro-batches and ranks gives the mean loss of one process training
 on the whole batch, and every gradient reduction stays a plain sum.
 """

@@ -1,5 +1,5 @@
 """Run one rank's operations of a training step: the list ``build_schedule(plan)`` gives it,
-in order (DESIGN section 3; the simulator executes the same lists).
+in order (docs/design.md section 3; the simulator executes the same lists).
 
 How each operation maps onto torch:
 

@@ -1,7 +1,7 @@
 """Which rows of the global batch each micro-batch takes.
 
 Micro-batch j takes the next ``plan.micro_batch_sizes()[j]`` rows, in route order. The split
-depends on the plan, the batch does not (DESIGN section 3): every plan sums the same per-row
+depends on the plan, the batch does not (docs/design.md section 3): every plan sums the same per-row
 losses, so every plan computes the same loss and gradients as one process would.
 """
 

@@ -5,7 +5,7 @@ Setup, in an order every rank follows so no collective can wait on a rank doing 
 else: the plan's process groups (every rank, idle ones too), the rank's stage part under
 global parameter names, its flat buckets and sharded optimizer, the checkpoint to resume
 from, then the steps. Each step every used rank draws the global batch from (seed, step)
-(DESIGN section 3), runs its schedule (``PipelineExecutor``), and joins two small
+(docs/design.md section 3), runs its schedule (``PipelineExecutor``), and joins two small
 all-reduces for the metrics: the loss (a sum of the last stage's shares) and the peak
 memory (a max). The leader (the lowest used rank) prints and records them.
 """

@@ -1,4 +1,4 @@
-"""Single-process training: the reference every plan must reproduce (DESIGN section 3).
+"""Single-process training: the reference every plan must reproduce (docs/design.md section 3).
 
 The whole model in one process, the same initialisation (per layer, from the seed), the
 same batches (from (seed, step)), the same loss (token cross-entropies summed and divided
