@@ -22,6 +22,7 @@ no plan fitting memory raises :class:`Infeasible`.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -339,10 +340,7 @@ def train(
 
     >>> summary = train(load_plan("plan.json"), steps=100)  # doctest: +SKIP
     """
-    from piebald.runtime.training.config import TrainConfig
-    from piebald.runtime.training.torchrun import train_rank, under_torchrun
-
-    if not under_torchrun():
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # before importing torch
         raise RuntimeError(
             "piebald.train runs one rank of a torchrun job (RANK and WORLD_SIZE are not "
             "set); start it with torchrun (see `piebald launch --plan`), or call "
@@ -350,4 +348,7 @@ def train(
         )
     if device not in (None, "cpu", "cuda"):
         raise ArgumentError(argument="device", value=device, expected="cpu or cuda")
+    from piebald.runtime.training.config import TrainConfig
+    from piebald.runtime.training.torchrun import train_rank
+
     return train_rank(plan, config or TrainConfig(steps=steps, seed=seed), device=device)
