@@ -6,6 +6,7 @@ fits), never a traceback. Tables are drawn with rich; library code below never p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,15 +30,15 @@ from piebald.cli_common import (
     user_errors,
 )
 from piebald.cli_data import data_app
-from piebald.cli_profile import ProfilesOption, profile_app, scored_with_cost_inputs, with_profiles
-from piebald.errors import SpecError
+from piebald.cli_profile import ProfilesOption, profile_app, with_profiles
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
+from piebald.planner.choices import strategy_named, zero_mode_named
 from piebald.planner.compare import Comparison
 from piebald.planner.search import search
-from piebald.planner.strategies import STRATEGIES, Strategy, with_zero_mode
 from piebald.plots import plot_comparison
 from piebald.profiler.apply import recorded_curve
+from piebald.profiler.pricing import plan_with_cost_inputs
 from piebald.render import (
     catalog_table,
     cluster_table,
@@ -48,10 +49,9 @@ from piebald.render import (
     plan_table,
 )
 from piebald.report.explain import explain_plan
+from piebald.simulator.verify import verify_by_simulation
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
-from piebald.specs.fields import suggest
-from piebald.specs.plan import ZeroMode
 from piebald.specs.plan_io import plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
 from piebald.specs.units import format_rate
@@ -137,14 +137,8 @@ def plan(
     profiles: ProfilesOption = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
-    if strategy not in STRATEGIES:
-        raise SpecError(
-            source="--strategy",
-            field="",
-            value=strategy,
-            expected=f"one of {list(STRATEGIES)}{suggest(strategy, STRATEGIES)}",
-        )
-    zero_mode = _zero_mode(zero, strategy=STRATEGIES[strategy])
+    chosen = strategy_named(strategy)
+    zero_mode = zero_mode_named(zero, strategy=chosen)
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
@@ -154,13 +148,17 @@ def plan(
             cluster_spec,
             model=model_spec,
             job=job,
-            strategy=STRATEGIES[strategy],
+            strategy=chosen,
             progress=progress,
             curve=curve,
             zero=zero_mode,
         )
-    best = cli_simulate.verify_by_simulation(result, curve=curve) if simulate else result.best
-    best = scored_with_cost_inputs(best, profiled)
+    best = result.best
+    if simulate:
+        verification = verify_by_simulation(result, curve=curve)
+        cli_simulate.print_verification(verification)
+        best = verification.chosen
+    best = dataclasses.replace(best, plan=plan_with_cost_inputs(best.plan, profiled))
     if out is not None:
         save_plan(best.plan, out, overwrite=force)
     if as_json:
@@ -173,24 +171,6 @@ def plan(
         console.print(line, highlight=False)
     if out is not None:
         console.print(f"plan written to {out}")
-
-
-def _zero_mode(value: str | None, *, strategy: Strategy) -> ZeroMode | None:
-    """``--zero``: a ZeRO mode the strategy can express, or None."""
-    if value is None:
-        return None
-    modes = [m.value for m in ZeroMode]
-    if value not in modes:
-        raise SpecError(source="--zero", field="", value=value, expected=f"one of {modes}")
-    if with_zero_mode(strategy, ZeroMode(value)) is None:
-        allowed = [m.value for m in strategy.stage_rules.zero_modes]
-        raise SpecError(
-            source="--zero",
-            field="",
-            value=value,
-            expected=f"a mode strategy {strategy.name} can use: {allowed}",
-        )
-    return ZeroMode(value)
 
 
 @app.command("explain")

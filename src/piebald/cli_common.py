@@ -28,7 +28,7 @@ from rich.progress import (
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_fit import first_memory_overflow
-from piebald.errors import SpecError
+from piebald.errors import ArgumentError, SpecError
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible
 from piebald.planner.strategies import STRATEGIES
@@ -47,6 +47,7 @@ from piebald.specs.units import format_bytes
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_INFEASIBLE",
+    "FLAG_OF_ARGUMENT",
     "BatchOption",
     "ClusterOption",
     "ModelOption",
@@ -73,6 +74,16 @@ R = TypeVar("R")
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 
+# The flag of each library argument an ArgumentError can name: the library speaks of its
+# arguments (piebald.plan(strategy=...)), a command-line user of flags.
+FLAG_OF_ARGUMENT = {
+    "model": "--model",
+    "profiles": "--profiles",
+    "seq_len": "--seq-len",
+    "strategy": "--strategy",
+    "zero": "--zero",
+}
+
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Report bad input as one line and a non-zero exit code instead of a traceback."""
@@ -82,6 +93,8 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except SpecError as error:
+            if isinstance(error, ArgumentError):
+                error = error.with_source(FLAG_OF_ARGUMENT.get(error.argument, error.argument))
             errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except FileExistsError as error:

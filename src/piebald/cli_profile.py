@@ -7,7 +7,6 @@ planning with one stay torch-free.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -26,8 +25,7 @@ from piebald.cli_common import (
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
 from piebald.outputs import check_output_directory
-from piebald.planner.search import ScoredPlan
-from piebald.profiler.apply import ProfiledInputs, cost_inputs_for, profiled_inputs
+from piebald.profiler.apply import ProfiledInputs
 from piebald.profiler.calibrate import (
     ErrorRow,
     calibrate_device,
@@ -36,24 +34,17 @@ from piebald.profiler.calibrate import (
     observations_of,
 )
 from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
+from piebald.profiler.pricing import load_profiles, unmatched_profiles
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan
 from piebald.specs.presets import load_model
 from piebald.specs.units import format_bytes
 
-__all__ = [
-    "ProfilesOption",
-    "load_profiles",
-    "plan_with_cost_inputs",
-    "profile_app",
-    "scored_with_cost_inputs",
-    "with_profiles",
-]
+__all__ = ["ProfilesOption", "profile_app", "warn_unmatched", "with_profiles"]
 
 profile_app = typer.Typer(
     no_args_is_help=True,
@@ -71,79 +62,26 @@ ProfilesOption = Annotated[
 OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]
 
 
-def _pairs(pairs: tuple[tuple[str, Dtype], ...]) -> str:
-    return ", ".join(f"{name} in {dtype}" for name, dtype in pairs)
-
-
-def _unmatched_warnings(profiles: Path, inputs: ProfiledInputs, cluster: ClusterSpec) -> list[str]:
-    """One line per kind of measurement the DB holds but ``cluster`` cannot use."""
-    db, lines = inputs.db, []
-    if db.compute_runs and inputs.unmeasured_devices:
-        measured = inputs.unused_devices or tuple(
-            sorted({(key.device, key.dtype) for key in db.compute_runs})
+def warn_unmatched(profiles: Path, inputs: ProfiledInputs, *, cluster: ClusterSpec) -> None:
+    """Measurements of ``--profiles`` that ``cluster`` cannot use: a warning on stderr each
+    (the planner prices those parts analytically), never silently ignored."""
+    for line in unmatched_profiles(inputs, cluster=cluster):
+        errors.print(
+            f"[yellow]warning:[/yellow] {escape(f'--profiles {profiles}: {line}')}",
+            highlight=False,
+            soft_wrap=True,
         )
-        types = {group.device.name for group in cluster.node_groups}
-        none_used = len(inputs.unmeasured_devices) == len(types)
-        lines.append(
-            f"--profiles {profiles}: no compute profile of {_pairs(inputs.unmeasured_devices)} "
-            f"(the GPU types of {cluster.name} and the dtype each trains in; the DB measured "
-            f"{_pairs(measured)}): "
-            + ("compute is" if none_used else "those GPUs are")
-            + " priced from the analytic model"
-        )
-    if db.network_runs and not inputs.links:
-        groups = sorted({name for key in db.network_runs for name in key.groups})
-        lines.append(
-            f"--profiles {profiles}: no network profile is between node groups of "
-            f"{cluster.name} (the DB measured groups {', '.join(groups)}): links are priced "
-            "from the cluster file"
-        )
-    return lines
-
-
-def load_profiles(
-    profiles: Path, *, cluster: ClusterSpec, model: ModelSpec, precision: Dtype
-) -> ProfiledInputs:
-    """``--profiles DIR`` applied to ``cluster``: a directory that holds no profile is
-    refused; measurements the cluster cannot use are a warning on stderr (the planner
-    falls back to the analytic model for them), never silently ignored."""
-    db = load_profile_db(profiles)
-    if db.num_files == 0:
-        raise SpecError(
-            source="--profiles",
-            field="",
-            value=str(profiles),
-            expected="a profile DB directory holding profile files (*.json, made by "
-            "piebald profile compute / network); this one holds none",
-        )
-    inputs = profiled_inputs(db, cluster=cluster, model=model, precision=precision)
-    for line in _unmatched_warnings(profiles, inputs, cluster):
-        errors.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-    return inputs
 
 
 def with_profiles(
     profiles: Path | None, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
 ) -> tuple[ClusterSpec, EfficiencyCurve, ProfiledInputs | None]:
-    """The cluster and curve to plan with: as given, or priced from ``profiles``."""
+    """The cluster and curve to plan with: as given, or priced from ``--profiles``."""
     if profiles is None:
         return cluster, DEFAULT_CURVE, None
     inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
+    warn_unmatched(profiles, inputs, cluster=cluster)
     return inputs.cluster, inputs.curve, inputs
-
-
-def plan_with_cost_inputs(plan: Plan, inputs: ProfiledInputs | None) -> Plan:
-    """``plan`` recording the measured numbers it was priced with (if any)."""
-    if inputs is None:
-        return plan
-    return dataclasses.replace(plan, cost_inputs=cost_inputs_for(plan, inputs))
-
-
-def scored_with_cost_inputs(best: ScoredPlan, inputs: ProfiledInputs | None) -> ScoredPlan:
-    """The planner's best plan, recording the measured numbers it was priced with."""
-    if inputs is None:
-        return best
-    return dataclasses.replace(best, plan=plan_with_cost_inputs(best.plan, inputs))
 
 
 def _sizes(text: str, option: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """``piebald simulate``: execute a plan's step event by event, compare with the planner's
-prediction, and draw it (Perfetto trace, Gantt PNG). Also the verification ``piebald plan
---simulate`` runs on its top candidates before choosing.
+prediction, and draw it (Perfetto trace, Gantt PNG). Also the table of the verification
+``piebald plan --simulate`` runs on its top candidates (``simulator.verify``).
 
 Prices: with ``--profiles DIR``, compute and links from that profile DB (as ``plan
 --profiles`` prices them); otherwise the numbers the plan file records in ``cost_inputs``
@@ -9,7 +9,6 @@ with use the numbers the planner used; otherwise the analytic model."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,27 +17,27 @@ import typer
 from rich.table import Table
 
 from piebald.cli_common import console, errors, load_checked_plan, user_errors
-from piebald.cli_profile import load_profiles
-from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cli_profile import warn_unmatched
+from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.search import ScoredPlan, SearchResult
-from piebald.profiler.apply import recorded_curve
+from piebald.profiler.pricing import PriceBasis, plan_prices
 from piebald.report.describe import describe_plan
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.gantt import plot_gantt
 from piebald.simulator.result import SimulationResult
 from piebald.simulator.trace import write_trace
-from piebald.specs.plan import Plan, RunnerUp
+from piebald.simulator.verify import Verification
+from piebald.specs.plan import Plan
 
 __all__ = [
     "EXIT_DEADLOCK",
     "priced_plan",
+    "print_verification",
     "result_to_dict",
     "simulate",
-    "verify_by_simulation",
 ]
 
 EXIT_DEADLOCK = 4
@@ -118,28 +117,26 @@ def priced_plan(
     plan: Plan, profiles: Path | None, *, source: str = "plan"
 ) -> tuple[Plan, EfficiencyCurve, str]:
     """The plan to simulate (its cluster's links measured, with ``profiles``), the curve
-    to price its compute with, and a line saying where the prices come from. ``source``
-    names the plan file in errors about the measurements it records."""
-    if profiles is not None:
-        inputs = load_profiles(
-            profiles, cluster=plan.cluster, model=plan.model, precision=plan.job.precision
+    to price its compute with (``profiler.pricing.plan_prices``), and a line saying where
+    the prices come from. ``source`` names the plan file in errors about the measurements
+    it records."""
+    prices = plan_prices(plan, profiles=profiles, source=source)
+    if prices.inputs is not None:
+        assert profiles is not None
+        warn_unmatched(profiles, prices.inputs, cluster=plan.cluster)
+    if prices.basis is PriceBasis.PROFILE_DB:
+        line = f"priced from the profile DB {profiles}" + (
+            " (not the one the plan was made with)" if prices.other_db else ""
         )
-        recorded = plan.cost_inputs
-        differs = recorded is not None and recorded.profile_db_digest != inputs.db.digest
-        return (
-            dataclasses.replace(plan, cluster=inputs.cluster),
-            inputs.curve,
-            f"priced from the profile DB {profiles}"
-            + (" (not the one the plan was made with)" if differs else ""),
-        )
-    if plan.cost_inputs is not None:
-        return (
-            plan,
-            recorded_curve(plan, source=source),
+    elif prices.basis is PriceBasis.RECORDED:
+        assert plan.cost_inputs is not None
+        line = (
             f"priced from the measurements the plan records (profile DB "
-            f"{plan.cost_inputs.profile_db})",
+            f"{plan.cost_inputs.profile_db})"
         )
-    return plan, DEFAULT_CURVE, "priced by the analytic cost model"
+    else:
+        line = "priced by the analytic cost model"
+    return prices.plan, prices.curve, line
 
 
 @user_errors
@@ -195,55 +192,18 @@ def simulate(
         raise typer.Exit(EXIT_DEADLOCK)
 
 
-def verify_by_simulation(
-    result: SearchResult, *, curve: EfficiencyCurve = DEFAULT_CURVE
-) -> ScoredPlan:
-    """Simulate the search's best plan and runner-ups, priced with the ``curve`` the search
-    used; return the one whose simulated step is shortest (deadlocked candidates never
-    win), printing what was compared."""
-    candidates = [result.best, *result.runners_up]
-    simulated = [
-        simulate_plan(c.plan, prices=Prices(c.plan, curve=curve), record=False) for c in candidates
-    ]
+def print_verification(verification: Verification) -> None:
+    """The candidates ``plan --simulate`` compared, the chosen one starred."""
     table = Table(title="top candidates, verified in the simulator")
     for name in ("#", "plan", "predicted step", "simulated step", "sim / pred"):
         table.add_column(name, justify="left" if name == "plan" else "right")
-    finishing = [
-        (sim.step_time_s, index) for index, sim in enumerate(simulated) if sim.deadlock is None
-    ]
-    chosen = min(finishing)[1] if finishing else 0
-    for index, (candidate, sim) in enumerate(zip(candidates, simulated, strict=True)):
-        step = "deadlock" if sim.deadlock else f"{sim.step_time_s:.3f} s"
+    for index, candidate in enumerate(verification.candidates):
+        sim, estimate = candidate.simulated, candidate.scored.estimate
         table.add_row(
-            f"{index}{' *' if index == chosen else ''}",
-            describe_plan(candidate.plan),
-            f"{candidate.estimate.step_time_s:.3f} s",
-            step,
-            "-" if sim.deadlock else f"{sim.step_time_s / candidate.estimate.step_time_s:.3f}",
+            f"{index}{' *' if index == verification.chosen_index else ''}",
+            describe_plan(candidate.scored.plan),
+            f"{estimate.step_time_s:.3f} s",
+            "deadlock" if sim.deadlock else f"{sim.step_time_s:.3f} s",
+            "-" if sim.deadlock else f"{sim.step_time_s / estimate.step_time_s:.3f}",
         )
     console.print(table)
-    if chosen == 0:
-        return result.best
-    winner = candidates[chosen]
-    others = [c for i, c in enumerate(candidates) if i != chosen]
-    plan = dataclasses.replace(
-        winner.plan,
-        predicted=winner.estimate.prediction(),
-        upper_bound_tokens_per_s=result.upper_bound_tokens_per_s,
-        notes=(
-            f"strategy {winner.strategy}; chosen by simulation over the planner's first "
-            f"choice (simulated {simulated[chosen].step_time_s:.3f} s against "
-            f"{simulated[0].step_time_s:.3f} s)",
-        ),
-        runners_up=tuple(
-            RunnerUp(
-                description=describe_plan(c.plan),
-                tokens_per_s=c.estimate.tokens_per_s,
-                step_time_s=c.estimate.step_time_s,
-            )
-            for c in others
-        ),
-    )
-    return ScoredPlan(
-        plan=plan, estimate=estimate_plan(plan, curve=curve), strategy=winner.strategy
-    )

@@ -12,7 +12,6 @@ planning commands stay fast on machines without it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -483,35 +482,21 @@ def _train_distributed(
     as_json: bool,
 ) -> None:
     """One rank of a real run: ``torchrun`` set RANK, WORLD_SIZE and the rendezvous."""
-    from dataclasses import replace
-    from datetime import timedelta
+    from piebald.runtime.training.torchrun import train_rank, under_torchrun
 
-    import torch
-    import torch.distributed as dist
-
-    from piebald.runtime.training.precision import ComputeDtype
-    from piebald.runtime.training.rank_worker import run_rank
-
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    if not under_torchrun():
         raise _fail(
             "--plan",
             str(plan_file),
             "a run under torchrun (see `piebald launch --plan`), or --emulate to run the "
             "plan's cluster on this machine",
         )
-    plan = load_checked_plan(plan_file)
-    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = replace(config, device=chosen)
-    if not compute_dtype_given:  # GPUs run what the plan priced; a CPU run compares exactly
-        native = chosen == "cuda"
-        config = replace(config, compute_dtype=ComputeDtype.NATIVE if native else ComputeDtype.FP32)
-    dist.init_process_group(
-        "nccl" if chosen == "cuda" else "gloo", timeout=timedelta(seconds=config.timeout_s)
+    summary = train_rank(
+        load_checked_plan(plan_file),
+        config,
+        device=device,
+        compute_dtype=config.compute_dtype if compute_dtype_given else None,
+        print_line=_line_printer(as_json),
     )
-    try:
-        result = run_rank(plan, config, print_line=_line_printer(as_json))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    if result.summary is not None:
-        _print_summary(result.summary, as_json=as_json, saved_to=config.save_model_path)
+    if summary is not None:
+        _print_summary(summary, as_json=as_json, saved_to=config.save_model_path)

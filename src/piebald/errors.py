@@ -2,14 +2,16 @@
 
 Every mistake in a file the user wrote (cluster YAML, model config.json, plan JSON) is
 reported as a :class:`SpecError` that names the file, the field, the value and what was
-expected, so the CLI can print it as one line and exit 2 instead of a traceback.
+expected, so the CLI can print it as one line and exit 2 instead of a traceback. A bad
+argument of a library function (``piebald.plan(strategy=...)``) is an
+:class:`ArgumentError` naming the argument; the command line names its flag instead.
 """
 
 from __future__ import annotations
 
 import reprlib
 
-__all__ = ["SpecError", "error_fields"]
+__all__ = ["ArgumentError", "SpecError", "error_fields"]
 
 _MAX_VALUE_CHARS = 80
 
@@ -66,6 +68,22 @@ class SpecError(ValueError):
             expected=self.expected,
             has_value=self._has_value,
         )
+
+
+class ArgumentError(SpecError):
+    """A bad value of a library function's argument: ``argument: got value; expected ...``.
+
+    ``argument`` is the name a Python caller passed it as (``strategy``, ``zero``,
+    ``profiles``, ``seq_len``); the command line reports it under its own flag
+    (``with_source("--strategy")``), so library messages never mention flags."""
+
+    def __init__(
+        self, *, argument: str, expected: str, value: object = None, has_value: bool = True
+    ) -> None:
+        super().__init__(
+            source=argument, field="", expected=expected, value=value, has_value=has_value
+        )
+        self.argument = argument
 
 
 def error_fields(error: SpecError) -> dict[str, object]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from piebald.errors import SpecError
+from piebald.errors import ArgumentError, SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.fields import Fields
 from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ_LEN
@@ -76,13 +76,14 @@ def job_from_dict(data: object, *, source: str) -> JobSpec:
     )
 
 
-def check_job_fits_model(job: JobSpec, model: ModelSpec, *, source: str = "--seq-len") -> None:
+def check_job_fits_model(job: JobSpec, model: ModelSpec, *, source: str | None = None) -> None:
     """The job's sequences are ones the model computes as it was built to (check_seq_len)."""
     check_seq_len(model, seq_len=job.seq_len, source=source)
 
 
-def check_seq_len(model: ModelSpec, *, seq_len: int, source: str = "--seq-len") -> None:
-    """A SpecError naming ``source`` if ``model`` cannot run sequences of ``seq_len`` tokens.
+def check_seq_len(model: ModelSpec, *, seq_len: int, source: str | None = None) -> None:
+    """A SpecError naming ``source`` if ``model`` cannot run sequences of ``seq_len`` tokens
+    (without a source: an ArgumentError naming ``seq_len``, which the CLI shows as its flag).
 
     GPT-2 has learned positions: nothing beyond max_seq_len. Mistral and Qwen2 with a sliding
     window attend to the last ``sliding_window`` tokens only, which piebald's runtime does
@@ -91,18 +92,22 @@ def check_seq_len(model: ModelSpec, *, seq_len: int, source: str = "--seq-len") 
     """
     arch = model.arch
     if arch.family is Family.GPT2 and seq_len > arch.max_seq_len:
-        raise SpecError(
-            source=source,
-            field="",
-            value=seq_len,
-            expected=f"at most {arch.max_seq_len} for {model.name} (GPT-2 has learned positions)",
+        raise _seq_len_error(
+            source,
+            seq_len,
+            f"at most {arch.max_seq_len} for {model.name} (GPT-2 has learned positions)",
         )
     if arch.sliding_window is not None and seq_len > arch.sliding_window:
-        raise SpecError(
-            source=source,
-            field="",
-            value=seq_len,
-            expected=f"at most {arch.sliding_window} for {model.name}: its sliding attention "
+        raise _seq_len_error(
+            source,
+            seq_len,
+            f"at most {arch.sliding_window} for {model.name}: its sliding attention "
             f"window is {arch.sliding_window} tokens, which piebald does not implement (it "
             "attends to every earlier token, the same computation only within the window)",
         )
+
+
+def _seq_len_error(source: str | None, seq_len: int, expected: str) -> SpecError:
+    if source is None:
+        return ArgumentError(argument="seq_len", value=seq_len, expected=expected)
+    return SpecError(source=source, field="", value=seq_len, expected=expected)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from piebald.errors import SpecError
+from piebald.errors import ArgumentError, SpecError
 from piebald.specs.fields import Fields, suggest
 from piebald.specs.hf_config import arch_from_hf_config
 from piebald.specs.json_file import read_json
@@ -196,9 +196,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise SpecError(
-            source="--model",
-            field="",
+        raise ArgumentError(  # the CLI names its --model flag
+            argument="model",
             value=name_or_path,
             expected=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face "
             f"config.json{suggest(name_or_path, PRESETS)}",
