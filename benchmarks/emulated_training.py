@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from piebald.cli_demo import GLOBAL_BATCH, MODEL, SEQ_LEN, TIME_SCALE, best_homogeneous
+from piebald.cli.demo import GLOBAL_BATCH, MODEL, SEQ_LEN, TIME_SCALE, best_homogeneous
 from piebald.examples import example_path
 from piebald.planner.compare import compare_strategies
 from piebald.runtime.training.config import TrainConfig

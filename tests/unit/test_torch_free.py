@@ -54,7 +54,7 @@ def test_data_preparation_imports_where_torch_cannot_be_imported() -> None:
     code = (
         "import sys\n"
         "sys.modules['torch'] = None\n"
-        "import piebald.runtime.data.prepare, piebald.cli_data\n"
+        "import piebald.runtime.data.prepare, piebald.cli.data\n"
         "from piebald.runtime.data import open_token_file\n"
         "print('ok')\n"
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from piebald.cli_common import load_checked_plan
+from piebald.cli.common import load_checked_plan
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.memory import GIB, framework_reserve_bytes, plan_rank_memory, stage_in_flight
 from piebald.cost.plan_fit import first_memory_overflow

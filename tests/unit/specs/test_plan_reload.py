@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli
-from piebald.cli_common import load_checked_plan
+from piebald.cli.common import load_checked_plan
 from piebald.errors import SpecError
 from piebald.examples import example_path
 from piebald.specs.plan_io import load_plan

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from piebald.cli_common import (
+from piebald.cli.common import (
     ModelOption,
     SeqOption,
     console,

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from piebald.cli_common import console, errors, load_checked_plan, user_errors
-from piebald.cli_profile import warn_unmatched
+from piebald.cli.common import console, errors, load_checked_plan, user_errors
+from piebald.cli.profile import warn_unmatched
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.figure_files import check_figure_file

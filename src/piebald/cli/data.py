@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from piebald.cli_common import console, errors, user_errors
+from piebald.cli.common import console, errors, user_errors
 
 __all__ = ["data_app"]
 

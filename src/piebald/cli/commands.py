@@ -14,8 +14,12 @@ from typing import Annotated
 
 import typer
 
-from piebald import __version__, cli_demo, cli_launch, cli_simulate, cli_train
-from piebald.cli_common import (
+from piebald import __version__
+from piebald.cli import demo as cli_demo
+from piebald.cli import launch as cli_launch
+from piebald.cli import simulate as cli_simulate
+from piebald.cli import train as cli_train
+from piebald.cli.common import (
     BatchOption,
     ClusterOption,
     ModelOption,
@@ -29,17 +33,10 @@ from piebald.cli_common import (
     run_comparison,
     user_errors,
 )
-from piebald.cli_data import data_app
-from piebald.cli_profile import ProfilesOption, profile_app, with_profiles
-from piebald.figure_files import check_figure_file
-from piebald.outputs import check_output_file
-from piebald.planner.choices import strategy_named, zero_mode_named
-from piebald.planner.compare import Comparison
-from piebald.planner.search import search
-from piebald.plots import plot_comparison
-from piebald.profiler.apply import recorded_curve
-from piebald.profiler.pricing import plan_with_cost_inputs
-from piebald.render import (
+from piebald.cli.data import data_app
+from piebald.cli.plots import plot_comparison
+from piebald.cli.profile import ProfilesOption, profile_app, with_profiles
+from piebald.cli.render import (
     catalog_table,
     cluster_table,
     comparison_table,
@@ -48,6 +45,13 @@ from piebald.render import (
     plan_summary,
     plan_table,
 )
+from piebald.figure_files import check_figure_file
+from piebald.outputs import check_output_file
+from piebald.planner.choices import strategy_named, zero_mode_named
+from piebald.planner.compare import Comparison
+from piebald.planner.search import search
+from piebald.profiler.apply import recorded_curve
+from piebald.profiler.pricing import plan_with_cost_inputs
 from piebald.report.explain import explain_plan
 from piebald.simulator.verify import verify_by_simulation
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster

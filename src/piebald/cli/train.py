@@ -2,7 +2,7 @@
 plan's cluster on local CPU processes (``--emulate``), or, without a plan, train in one
 process as the reference every plan must reproduce.
 
-Every flag can also come from a TOML job file, ``--config job.toml`` (``cli_job_file``); the
+Every flag can also come from a TOML job file, ``--config job.toml`` (``cli.job_file``); the
 flags given on the command line win.
 
 torch is imported inside the command, never at import time: ``piebald --help`` and the
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from piebald.cli_common import console, errors, job_from, load_checked_plan, user_errors
-from piebald.cli_job_file import ConfigOption
+from piebald.cli.common import console, errors, job_from, load_checked_plan, user_errors
+from piebald.cli.job_file import ConfigOption
 from piebald.errors import SpecError
 from piebald.outputs import (
     check_appendable_file,
@@ -243,7 +243,7 @@ def train(
     from piebald.runtime.distributed.optimizer import OptimizerConfig
     from piebald.runtime.training.config import TrainConfig
 
-    del job_file  # its keys are already the defaults of the options above (cli_job_file)
+    del job_file  # its keys are already the defaults of the options above (cli.job_file)
     run_train(
         plan_file=plan_file,
         emulate=emulate,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from piebald.cli_common import (
+from piebald.cli.common import (
     comparison_title,
     console,
     job_from,
@@ -26,19 +26,19 @@ from piebald.cli_common import (
     run_comparison,
     user_errors,
 )
-from piebald.cost.plan_estimate import estimate_plan
-from piebald.examples import example_path
-from piebald.outputs import check_output_directory, check_output_file
-from piebald.planner.compare import Comparison
-from piebald.planner.search import search
-from piebald.plots import plot_comparison
-from piebald.render import (
+from piebald.cli.plots import plot_comparison
+from piebald.cli.render import (
     cluster_table,
     comparison_table,
     explanation_tables,
     plan_summary,
     plan_table,
 )
+from piebald.cost.plan_estimate import estimate_plan
+from piebald.examples import example_path
+from piebald.outputs import check_output_directory, check_output_file
+from piebald.planner.compare import Comparison
+from piebald.planner.search import search
 from piebald.report.explain import explain_plan
 from piebald.simulator.engine import simulate
 from piebald.simulator.gantt import plot_gantt

@@ -34,7 +34,7 @@ from typing import Annotated, Any
 
 import typer
 
-from piebald.cli_common import user_errors
+from piebald.cli.common import user_errors
 from piebald.errors import SpecError
 from piebald.specs.fields import suggest
 

@@ -139,7 +139,7 @@ def test_compare_plot_needs_force(
     _one_line_error(*run_cli(*run, "--plot", str(tmp_path / "c.xyz")), "--plot", ".png")
     _unchanged(things)
     # With --force the checks pass and the comparison starts.
-    monkeypatch.setattr("piebald.cli.run_comparison", _reach)
+    monkeypatch.setattr("piebald.cli.commands.run_comparison", _reach)
     code, _ = run_cli("compare", *TINY, "--plot", str(things["file"]), "--force")
     assert code == 1  # ReachedWorkError: past the checks, into the comparison
 
@@ -202,7 +202,7 @@ def test_demo_refuses_a_users_files_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finding 1: `demo --out-dir d` replaced d/plan.json and the other artefacts."""
-    monkeypatch.setattr("piebald.cli_demo.load_cluster", _forbid)  # the demo's first step
+    monkeypatch.setattr("piebald.cli.demo.load_cluster", _forbid)  # the demo's first step
     out = tmp_path / "d"
     out.mkdir()
     for name in ("plan.json", "compare.png", "trace.json", "gantt.png", "metrics-piebald.jsonl"):
@@ -228,7 +228,7 @@ def test_demo_refuses_a_users_files_before_any_work(
     _one_line_error(*run_cli("demo", "--out-dir", str(afile)), "--out-dir", "a directory")
     (out / "gantt.png").rmdir()
     (out / "plan.json").write_text("{}")
-    monkeypatch.setattr("piebald.cli_demo.load_cluster", _reach)
+    monkeypatch.setattr("piebald.cli.demo.load_cluster", _reach)
     code, _ = run_cli("demo", "--out-dir", str(out), "--force")
     assert code == 1  # with --force the regular files pass the checks
 

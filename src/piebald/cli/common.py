@@ -1,7 +1,7 @@
 """What every ``piebald`` command shares: the consoles, the bad-input guard, a progress
 bar that appears after a second, the common options, and reading cluster, model and job.
 
-Command modules (``cli_*.py``) import from here; ``cli.py`` registers them on the app.
+Command modules (``cli/*.py``) import from here; ``cli.commands`` registers them on the app.
 """
 
 from __future__ import annotations

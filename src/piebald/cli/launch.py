@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from piebald.cli_common import console, load_checked_plan, user_errors
+from piebald.cli.common import console, load_checked_plan, user_errors
 from piebald.errors import SpecError
 from piebald.launch import DEFAULT_PORT, MAX_PORT, node_launches, shell_script, slurm_script
 from piebald.outputs import check_output_file, write_atomic
