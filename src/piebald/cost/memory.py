@@ -136,12 +136,12 @@ def bytes_per_param(
     *, dtype: Dtype, optimizer: Optimizer, zero: ZeroMode = ZeroMode.NONE
 ) -> tuple[float, float, float]:
     """(weights, gradient accumulator, optimizer state) bytes per parameter a rank keeps
-    between passes. Under ZeRO-3 with 16-bit compute no weights are kept: the fp32 master
-    shard (optimizer state) is the only copy, and each layer's 16-bit weights exist only
-    while gathered (a working buffer)."""
+    between passes. Where the weights are sharded at rest (ZeRO-3) with 16-bit compute, no
+    weights are kept: the fp32 master shard (optimizer state) is the only copy, and each
+    layer's 16-bit weights exist only while gathered for a pass (a working buffer)."""
     if dtype is Dtype.FP32:
         return 4.0, 4.0, 8.0 if optimizer is Optimizer.ADAMW else 0.0
-    weights = 0.0 if zero is ZeroMode.FULL else 2.0
+    weights = 0.0 if zero.shards_weights else 2.0
     return weights, 4.0, 12.0 if optimizer is Optimizer.ADAMW else 4.0
 
 
@@ -464,12 +464,9 @@ def stage_params_matrix(model: ModelSpec) -> npt.NDArray[np.float64]:
 
 
 def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
-    """Which of (weights, gradients, optimizer state) a ZeRO mode shards."""
-    return (
-        zero is ZeroMode.FULL,
-        zero in (ZeroMode.GRADIENTS, ZeroMode.FULL),
-        zero is not ZeroMode.NONE,
-    )
+    """Which of (weights, gradients, optimizer state) a ZeRO mode shards, in the order of
+    :func:`bytes_per_param`."""
+    return zero.shards_weights, zero.shards_gradients, zero.shards_optimizer
 
 
 def _round_bytes(
@@ -568,10 +565,10 @@ def _activations_and_working(
     # AdamW's fp32 temporaries (:func:`adamw_temporary_elements`) over what the rank
     # steps: its part of the stage (sharded optimizer state) or all of it, one bucket per
     # layer under ZeRO-2/3.
-    optimizer_share = shard_fraction if _sharded(zero)[2] else 1.0
+    optimizer_share = shard_fraction if zero.shards_optimizer else 1.0
     own = r.params[index] - r.tied_params[index]
     rounds = 0.0 * largest
-    if not zero.per_pass:
+    if not zero.per_pass:  # streamed layer buckets reduce in the passes
         rounds = _round_bytes(
             numel=own,
             chunk=chunk,
@@ -614,7 +611,7 @@ def _activations_and_working(
     # after its backward: the reduce-scatter buffers, while the next layer is gathered
     # (ZeRO-3).
     gathered = 0.0 * largest
-    if zero is ZeroMode.FULL:
+    if zero.gathers_per_pass:
         gathered = largest * dtype.num_bytes
         if wire.num_bytes != dtype.num_bytes:
             gathered = gathered + largest * wire.num_bytes
@@ -623,7 +620,11 @@ def _activations_and_working(
     recomputed = block_bytes if recompute else 0.0
     block_backward = np.where(r.has_block[index], mlp_backward + recomputed, 0.0)
     computing = 2 * gathered + np.maximum(loss_backward, block_backward)
-    reducing = gathered + pass_reduce * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
+    reducing = (
+        gathered + pass_reduce * largest * wire.num_bytes
+        if zero.reduces_per_pass
+        else 0.0 * largest
+    )
     working = np.maximum(computing, reducing)
     # Point-to-point buffers of activations and their gradients (``simulator.schedules``):
     # per neighbouring stage, the receives posted from it, and on every stage but the

@@ -42,7 +42,7 @@ from piebald.specs.plan import Schedule, Stage, ZeroMode
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
 
-ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
+ALL_ZERO_MODES = tuple(ZeroMode)  # in declaration order: the first of equals wins
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,12 +165,10 @@ def build_stage(
                     continue
                 # Per-pass traffic with even shards; the exact plan estimate re-prices it.
                 comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
+                before_s, during_s = comm.before_forward_s, comm.during_backward_s
                 # A pass never takes zero time (a stage of only the embedding of a tiny model
                 # comes close); the allocation needs positive times.
-                pass_s = [
-                    max(max(f, comm.before_forward_s) + max(b, comm.during_backward_s), 1e-12)
-                    for f, b in compute_s
-                ]
+                pass_s = [max(max(f, before_s) + max(b, during_s), 1e-12) for f, b in compute_s]
                 counts = _counts(
                     pass_s,
                     micro_batch_sizes,
@@ -190,7 +188,7 @@ def build_stage(
                     recompute=recompute,
                     neighbors=neighbors,
                     widths=widths,
-                    even_shards=rules.even_shards or zero is ZeroMode.NONE,
+                    even_shards=rules.even_shards or zero.replicated,
                     shrink=shrink,
                     curve=curve,
                 )
@@ -215,7 +213,7 @@ def build_stage(
                 working = [t for c, t in zip(counts, pass_s, strict=True) if c]
                 optimizer = max(
                     optimizer_step_time_s(
-                        num_params=params * (1.0 if zero is ZeroMode.NONE else fraction),
+                        num_params=params * (fraction if zero.shards_optimizer else 1.0),
                         device=device,
                         optimizer=job.optimizer,
                         curve=curve,

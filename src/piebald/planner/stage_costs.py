@@ -185,10 +185,10 @@ def stage_cost(
                 )
             memory = _Memory(
                 kinds=kinds,
-                even_shards=rules.even_shards or zero is ZeroMode.NONE,
+                even_shards=rules.even_shards or zero.replicated,
                 num_ranks=len(ranks),
             )
-            owned = 1.0 if zero is ZeroMode.NONE else 1.0 / len(ranks)
+            owned = 1.0 / len(ranks) if zero.shards_optimizer else 1.0
             settings.append(
                 _Setting(
                     busy=timed.busy,
