@@ -31,12 +31,13 @@ from piebald.cost.memory import (
     rank_memory,
     slack_of,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import DeviceType
-from piebald.specs.job import JobSpec
+from piebald.specs.devices import Dtype
+from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Schedule, Stage, ZeroMode
 
@@ -131,7 +132,8 @@ def build_stage(
     budget and its slack (``cost.memory.in_flight_micro_batches``, ``slack_of``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
-    wire_bytes = params * wire_dtype_of_devices(devices, precision=job.precision).num_bytes
+    wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
+    wire_bytes = params * wire_dtype.num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(ranks) for _ in ranks)
     profile = ring_profile(cluster, ranks)
@@ -140,17 +142,13 @@ def build_stage(
     # the fewest extra round trips that fit.
     for shrink in (False, True):
         for recompute in rules.recompute:
+            shapes = [
+                PassShape.for_job(job, device=device, micro_batch_size=size, recompute=recompute)
+                for device, size in zip(devices, micro_batch_sizes, strict=True)
+            ]
             compute_s = []
-            for device, size in zip(devices, micro_batch_sizes, strict=True):
-                times = pass_times(
-                    model,
-                    device=device,
-                    dtype=device.training_dtype(job.precision),
-                    micro_batch_size=size,
-                    seq_len=job.seq_len,
-                    recompute=recompute,
-                    curve=curve,
-                )
+            for shape in shapes:
+                times = pass_times(model, shape=shape, curve=curve)
                 compute_s.append(
                     (
                         times.forward_s(layer_start, layer_end),
@@ -179,13 +177,12 @@ def build_stage(
                     continue
                 fitted = _fit_in_flight(
                     model,
-                    job=job,
-                    devices=devices,
+                    shapes=shapes,
+                    optimizer=job.optimizer,
+                    wire_dtype=wire_dtype,
                     layers=(layer_start, layer_end),
-                    sizes=micro_batch_sizes,
                     counts=counts,
                     zero=zero,
-                    recompute=recompute,
                     neighbors=neighbors,
                     widths=widths,
                     even_shards=rules.even_shards or zero.replicated,
@@ -243,13 +240,12 @@ def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:
 def _fit_in_flight(
     model: ModelSpec,
     *,
-    job: JobSpec,
-    devices: list[DeviceType],
+    shapes: Sequence[PassShape],
+    optimizer: Optimizer,
+    wire_dtype: Dtype,
     layers: tuple[int, int],
-    sizes: Sequence[int],
     counts: Sequence[int],
     zero: ZeroMode,
-    recompute: bool,
     neighbors: int,
     widths: Sequence[int],
     even_shards: bool,
@@ -258,44 +254,39 @@ def _fit_in_flight(
 ) -> tuple[tuple[float, ...], tuple[int, ...] | None, float] | None:
     """(shard fractions, the lowered in-flight budget or None, round trips over those of
     Little's law) under which every rank fits its memory holding Little's budget, or with
-    ``shrink`` the fewest round trips' budget; None if that does not fit. Activations are
-    measured where ``curve`` has them (``rank_memory``)."""
+    ``shrink`` the fewest round trips' budget; None if that does not fit. ``shapes``: each
+    rank's passes; ``wire_dtype``: the stage group's. Activations are measured where
+    ``curve`` has them (``rank_memory``)."""
 
     # A rank's memory is affine in its micro-batches in flight and its shard fraction.
-    per_kind: dict[tuple[DeviceType, int], tuple[float, float, float]] = {}
-    for device, size in zip(devices, sizes, strict=True):
-        if (device, size) not in per_kind:
+    per_kind: dict[PassShape, tuple[float, float, float]] = {}
+    for shape in shapes:
+        if shape not in per_kind:
 
-            def memory(
-                fraction: float, in_flight: int, device: DeviceType = device, size: int = size
-            ) -> float:
+            def memory(fraction: float, in_flight: int, shape: PassShape = shape) -> float:
                 return rank_memory(
                     model,
+                    shape=shape,
                     layer_start=layers[0],
                     layer_end=layers[1],
-                    device=device,
-                    dtype=device.training_dtype(job.precision),
-                    optimizer=job.optimizer,
+                    optimizer=optimizer,
                     zero=zero,
                     shard_fraction=fraction,
-                    micro_batch_size=size,
-                    seq_len=job.seq_len,
                     num_in_flight=in_flight,
-                    recompute=recompute,
                     num_neighbor_stages=neighbors,
-                    wire_dtype=wire_dtype_of_devices(devices, precision=job.precision),
+                    wire_dtype=wire_dtype,
                     curve=curve,
                 ).total_bytes
 
             empty = memory(0.0, 0)
-            per_kind[device, size] = (empty, memory(0.0, 1) - empty, memory(1.0, 0) - empty)
-    kinds = [per_kind[device, size] for device, size in zip(devices, sizes, strict=True)]
+            per_kind[shape] = (empty, memory(0.0, 1) - empty, memory(1.0, 0) - empty)
+    kinds = [per_kind[shape] for shape in shapes]
 
     def fit(budgets: Sequence[int]) -> tuple[float, ...] | None:
         return _fit_memory(
             fixed_bytes=[f + w * a for (f, a, _), w in zip(kinds, budgets, strict=True)],
             sharded_bytes=[z for _, _, z in kinds],
-            capacity_bytes=[device.memory_bytes for device in devices],
+            capacity_bytes=[shape.device.memory_bytes for shape in shapes],
             even_shards=even_shards,
         )
 

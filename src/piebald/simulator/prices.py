@@ -26,6 +26,7 @@ from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.layer_table import pass_times
 from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
 from piebald.cost.transfers import transfer_resources
 from piebald.cost.zero_comm import StageComm, stage_comm
@@ -72,15 +73,10 @@ class Prices:
                 size = stage.micro_batch_size[position]
                 fraction = stage.shard_fraction[position]
                 if (device, size, index) not in pass_of:
-                    times = pass_times(
-                        plan.model,
-                        device=device,
-                        dtype=device.training_dtype(plan.job.precision),
-                        micro_batch_size=size,
-                        seq_len=plan.job.seq_len,
-                        recompute=stage.recompute,
-                        curve=curve,
+                    shape = PassShape.for_job(
+                        plan.job, device=device, micro_batch_size=size, recompute=stage.recompute
                     )
+                    times = pass_times(plan.model, shape=shape, curve=curve)
                     pass_of[device, size, index] = (
                         times.forward_s(stage.layer_start, stage.layer_end),
                         times.backward_s(stage.layer_start, stage.layer_end),
