@@ -13,6 +13,7 @@ field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class ZeroMode(StrEnum):
     them after, never holding the stage's whole weights (runtime ``LayerStream``). The
     ranks of such a stage meet inside every pass: they run equal numbers of micro-batches
     (of their own sizes) in one pass pattern.
+
+    Each property is computed once per mode, then stored on it (the planner reads them in
+    its inner loops).
     """
 
     NONE = "none"  # replicated; all-reduce gradients once per step
@@ -73,59 +77,59 @@ class ZeroMode(StrEnum):
     GRADIENTS = "gradients"  # ZeRO-2: + gradients sharded; reduce-scatter per layer and pass
     FULL = "full"  # ZeRO-3: + parameters sharded, gathered per layer for each pass
 
-    @property
+    @functools.cached_property
     def shards_optimizer(self) -> bool:
         """Whether each rank keeps only its shard of the optimizer state (fp32 master
         weights and moments), and steps only that shard."""
         return self is not ZeroMode.NONE
 
-    @property
+    @functools.cached_property
     def shards_gradients(self) -> bool:
         """Whether each rank keeps only its shard of the gradient accumulator."""
         return self in (ZeroMode.GRADIENTS, ZeroMode.FULL)
 
-    @property
+    @functools.cached_property
     def shards_weights(self) -> bool:
         """Whether each rank keeps only its shard of the weights between passes."""
         return self is ZeroMode.FULL
 
-    @property
+    @functools.cached_property
     def replicated(self) -> bool:
         """Whether nothing is sharded: every rank holds and steps the whole state."""
         return not (self.shards_optimizer or self.shards_gradients or self.shards_weights)
 
-    @property
+    @functools.cached_property
     def gathers_per_pass(self) -> bool:
         """Whether every layer's parameters are gathered before each pass through it (its
         weights are sharded at rest)."""
         return self.shards_weights
 
-    @property
+    @functools.cached_property
     def reduces_per_pass(self) -> bool:
         """Whether every layer's gradients are reduce-scattered as each backward pass
         through it ends (only a shard of them is kept, so they cannot accumulate whole)."""
         return self.shards_gradients
 
-    @property
+    @functools.cached_property
     def per_pass(self) -> bool:
         """Whether the stage's ranks meet in collectives inside every pass (layer by
         layer), so they must run their passes in lockstep."""
         return self.gathers_per_pass or self.reduces_per_pass
 
-    @property
+    @functools.cached_property
     def step_end_all_reduce(self) -> bool:
         """Whether the accumulated gradients are all-reduced at the step's end (every rank
         steps the whole optimizer state, so it needs the whole sum)."""
         return not self.shards_optimizer
 
-    @property
+    @functools.cached_property
     def step_end_reduce_scatter(self) -> bool:
         """Whether the accumulated gradients are reduce-scattered onto their owners at the
         step's end (the optimizer state is sharded, the gradients were not reduced per
         pass)."""
         return self.shards_optimizer and not self.reduces_per_pass
 
-    @property
+    @functools.cached_property
     def step_end_all_gather(self) -> bool:
         """Whether the updated parameters are all-gathered after the optimizer step (each
         rank updated its shard, and the weights stay whole between passes)."""
