@@ -36,7 +36,7 @@ from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import Dtype
+from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Schedule, Stage, ZeroMode
@@ -142,19 +142,27 @@ def build_stage(
     # the fewest extra round trips that fit.
     for shrink in (False, True):
         for recompute in rules.recompute:
-            shapes = [
-                PassShape.for_job(job, device=device, micro_batch_size=size, recompute=recompute)
-                for device, size in zip(devices, micro_batch_sizes, strict=True)
-            ]
-            compute_s = []
-            for shape in shapes:
-                times = pass_times(model, shape=shape, curve=curve)
-                compute_s.append(
-                    (
-                        times.forward_s(layer_start, layer_end),
-                        times.backward_s(layer_start, layer_end),
+            # Ranks of one device type and micro-batch size pass alike: one shape and one
+            # lookup each (a stage may have thousands of ranks).
+            of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
+            shapes, compute_s = [], []
+            for key in zip(devices, micro_batch_sizes, strict=True):
+                if key not in of_kind:
+                    device, size = key
+                    shape = PassShape.for_job(
+                        job, device=device, micro_batch_size=size, recompute=recompute
                     )
-                )
+                    times = pass_times(model, shape=shape, curve=curve)
+                    of_kind[key] = (
+                        shape,
+                        (
+                            times.forward_s(layer_start, layer_end),
+                            times.backward_s(layer_start, layer_end),
+                        ),
+                    )
+                shape, compute = of_kind[key]
+                shapes.append(shape)
+                compute_s.append(compute)
             for zero in rules.zero_modes:
                 # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
                 # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).

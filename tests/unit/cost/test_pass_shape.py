@@ -3,6 +3,11 @@ that prices equal shapes once."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+import subprocess
+import sys
+
 import pytest
 
 from cluster_builders import hand_model
@@ -64,3 +69,24 @@ def test_equal_shapes_share_one_cache_entry_and_recompute_adds_a_forward() -> No
         assert recomputed.backward_s(end, end + 1) == pytest.approx(
             plain.backward_s(end, end + 1), rel=1e-12
         )
+
+
+def test_a_pickled_shape_hashes_as_one_built_in_the_other_process() -> None:
+    """The hash is computed once per object; a pickle carries the fields, not the hash
+    (string hashes differ between processes)."""
+    shape = PassShape.for_job(JOB, device=V100_LIKE, micro_batch_size=2, recompute=False)
+    assert pickle.loads(pickle.dumps(shape)) == shape
+    assert copy.deepcopy(shape) == shape and hash(copy.copy(shape)) == hash(shape)
+    code = (
+        "import pickle, sys; shape = pickle.loads(sys.stdin.buffer.read()); "
+        "from piebald.cost.pass_shape import PassShape; import dataclasses; "
+        "fresh = dataclasses.replace(shape); print(hash(shape) == hash(fresh), shape == fresh)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(shape),
+        capture_output=True,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PYTHONPATH": ":".join(sys.path)},
+    )
+    assert result.stdout.split() == [b"True", b"True"]
