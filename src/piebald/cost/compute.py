@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from piebald.cost.pass_shape import PassShape
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, LayerSpec
@@ -94,28 +95,13 @@ class EfficiencyCurve:
         return max(compute_s, memory_s) + exposed_s + self.half_saturation_s
 
     def measured_time_s(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        kind: PassKind,
+        self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
     ) -> float | None:
-        """A measured time for this pass, or None: the analytic curve has no measurements."""
+        """A measured time for this pass (``kind``, not ``shape.recompute``, says which),
+        or None: the analytic curve has no measurements."""
         return None
 
-    def measured_activation_bytes(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        recompute: bool,
-    ) -> float | None:
+    def measured_activation_bytes(self, layer: LayerSpec, *, shape: PassShape) -> float | None:
         """Measured bytes one micro-batch keeps through ``layer`` for its backward, or None:
         the analytic curve has none (``cost.memory`` then uses the model's per-token bytes)."""
         return None
@@ -148,30 +134,19 @@ def _forward_bytes(layer: LayerSpec, *, tokens: int, dtype: Dtype) -> float:
 
 
 def layer_forward_time_s(
-    layer: LayerSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    curve: EfficiencyCurve = DEFAULT_CURVE,
+    layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
-    """Forward time of one micro-batch through ``layer`` on ``device`` computing in ``dtype``."""
-    measured = curve.measured_time_s(
-        layer,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        kind=PassKind.FORWARD,
-    )
+    """Forward time of one micro-batch of ``shape`` through ``layer`` (``shape.recompute``
+    does not change a forward pass)."""
+    measured = curve.measured_time_s(layer, shape=shape, kind=PassKind.FORWARD)
     if measured is not None:
         return measured
+    device, dtype = shape.device, shape.dtype
     analytic = curve.for_device(
         device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
     )
-    tokens = micro_batch_size * seq_len
-    flops = layer.forward_flops_per_token(seq_len=seq_len) * tokens
+    tokens = shape.num_tokens
+    flops = layer.forward_flops_per_token(seq_len=shape.seq_len) * tokens
     return analytic.time_s(
         flops=flops,
         num_bytes=_forward_bytes(layer, tokens=tokens, dtype=dtype),
@@ -181,33 +156,25 @@ def layer_forward_time_s(
 
 
 def layer_backward_time_s(
-    layer: LayerSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
-    curve: EfficiencyCurve = DEFAULT_CURVE,
+    layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
     """Backward time: 2x the forward FLOPs and bytes (input and weight gradients), plus a
-    repeated forward when the layer's activations were recomputed (blocks only)."""
-    recomputed = recompute and layer.kind is LayerKind.BLOCK
+    repeated forward when the layer's activations were recomputed (``shape.recompute``,
+    blocks only)."""
+    recomputed = shape.recompute and layer.kind is LayerKind.BLOCK
     measured = curve.measured_time_s(
         layer,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
+        shape=shape,
         kind=PassKind.BACKWARD_RECOMPUTE if recomputed else PassKind.BACKWARD,
     )
     if measured is not None:
         return measured
+    device, dtype = shape.device, shape.dtype
     analytic = curve.for_device(
         device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
     )
-    tokens = micro_batch_size * seq_len
-    flops = 2.0 * layer.forward_flops_per_token(seq_len=seq_len) * tokens
+    tokens = shape.num_tokens
+    flops = 2.0 * layer.forward_flops_per_token(seq_len=shape.seq_len) * tokens
     num_bytes = 2.0 * _forward_bytes(layer, tokens=tokens, dtype=dtype)
     if layer.kind is LayerKind.EMBEDDING:
         num_bytes += analytic.embedding_table_passes * layer.num_params * dtype.num_bytes
@@ -218,14 +185,7 @@ def layer_backward_time_s(
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
     )
     if recomputed:
-        backward_s += layer_forward_time_s(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            curve=curve,
-        )
+        backward_s += layer_forward_time_s(layer, shape=shape, curve=curve)
     return backward_s
 
 

@@ -32,13 +32,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
@@ -136,12 +137,12 @@ def bytes_per_param(
     *, dtype: Dtype, optimizer: Optimizer, zero: ZeroMode = ZeroMode.NONE
 ) -> tuple[float, float, float]:
     """(weights, gradient accumulator, optimizer state) bytes per parameter a rank keeps
-    between passes. Under ZeRO-3 with 16-bit compute no weights are kept: the fp32 master
-    shard (optimizer state) is the only copy, and each layer's 16-bit weights exist only
-    while gathered (a working buffer)."""
+    between passes. Where the weights are sharded at rest (ZeRO-3) with 16-bit compute, no
+    weights are kept: the fp32 master shard (optimizer state) is the only copy, and each
+    layer's 16-bit weights exist only while gathered for a pass (a working buffer)."""
     if dtype is Dtype.FP32:
         return 4.0, 4.0, 8.0 if optimizer is Optimizer.ADAMW else 0.0
-    weights = 0.0 if zero is ZeroMode.FULL else 2.0
+    weights = 0.0 if zero.shards_weights else 2.0
     return weights, 4.0, 12.0 if optimizer is Optimizer.ADAMW else 4.0
 
 
@@ -350,51 +351,25 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
 
 
 def layer_activation_bytes(
-    layer: LayerSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
-    curve: EfficiencyCurve = DEFAULT_CURVE,
+    layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
-    """Bytes one micro-batch keeps through ``layer`` until its backward: measured where
-    ``curve`` has it, else tokens x per-token bytes, scaled from 16-bit to ``dtype``."""
-    return _activation_bytes(
-        layer,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        recompute=recompute,
-        curve=curve,
-    )[0]
+    """Bytes one micro-batch of ``shape`` keeps through ``layer`` until its backward:
+    measured where ``curve`` has it, else tokens x per-token bytes, scaled from 16-bit to
+    the shape's dtype."""
+    return _activation_bytes(layer, shape=shape, curve=curve)[0]
 
 
 def _activation_bytes(
-    layer: LayerSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
-    curve: EfficiencyCurve,
+    layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve
 ) -> tuple[float, bool]:
     """:func:`layer_activation_bytes` and whether it was measured."""
-    measured = curve.measured_activation_bytes(
-        layer,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        recompute=recompute,
-    )
+    measured = curve.measured_activation_bytes(layer, shape=shape)
     if measured is not None:
         return measured, True
-    per_token = layer.activation_bytes_per_token(dtype_bytes=dtype.num_bytes, recompute=recompute)
-    return micro_batch_size * seq_len * per_token, False
+    per_token = layer.activation_bytes_per_token(
+        dtype_bytes=shape.dtype.num_bytes, recompute=shape.recompute
+    )
+    return shape.micro_batch_size * shape.seq_len * per_token, False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -407,29 +382,11 @@ class _MeasuredActivations:
 
 @functools.lru_cache(maxsize=256)
 def _measured_activations(
-    model: ModelSpec,
-    *,
-    curve: EfficiencyCurve,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
+    model: ModelSpec, *, shape: PassShape, curve: EfficiencyCurve
 ) -> _MeasuredActivations | None:
     """Per range, measured bytes for the measured layers and the formula's for the others;
-    None where nothing of ``model`` was measured on ``device`` (the formula alone, exactly)."""
-
-    def bytes_of(layer: LayerSpec, recompute: bool) -> tuple[float, bool]:
-        return _activation_bytes(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=recompute,
-            curve=curve,
-        )
-
+    None where nothing of ``model`` was measured on the shape's device (the formula alone,
+    exactly)."""
     per_layer: dict[tuple[object, ...], tuple[float, bool]] = {}
     kept: list[float] = []
     any_measured = False
@@ -441,14 +398,16 @@ def _measured_activations(
             layer.activation_values_per_token,
         )
         if key not in per_layer:
-            per_layer[key] = bytes_of(layer, recompute)
+            per_layer[key] = _activation_bytes(layer, shape=shape, curve=curve)
         value, measured_here = per_layer[key]
         kept.append(value)
         any_measured |= measured_here
     block = next((layer for layer in model.layers if layer.kind is LayerKind.BLOCK), None)
     block_bytes = 0.0
     if block is not None:
-        block_bytes, measured_block = bytes_of(block, False)
+        # Its full activations (held while it is recomputed): those without recompute.
+        whole = replace(shape, recompute=False) if shape.recompute else shape
+        block_bytes, measured_block = _activation_bytes(block, shape=whole, curve=curve)
         any_measured |= measured_block
     if not any_measured:
         return None
@@ -464,12 +423,9 @@ def stage_params_matrix(model: ModelSpec) -> npt.NDArray[np.float64]:
 
 
 def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
-    """Which of (weights, gradients, optimizer state) a ZeRO mode shards."""
-    return (
-        zero is ZeroMode.FULL,
-        zero in (ZeroMode.GRADIENTS, ZeroMode.FULL),
-        zero is not ZeroMode.NONE,
-    )
+    """Which of (weights, gradients, optimizer state) a ZeRO mode shards, in the order of
+    :func:`bytes_per_param`."""
+    return zero.shards_weights, zero.shards_gradients, zero.shards_optimizer
 
 
 def _round_bytes(
@@ -503,12 +459,9 @@ def _activations_and_working(
     index: Any,
     *,
     measured: _MeasuredActivations | None,
-    dtype: Dtype,
+    shape: PassShape,
     zero: ZeroMode,
-    micro_batch_size: int,
-    seq_len: int,
     num_in_flight: Any,
-    recompute: bool,
     num_neighbor_stages: int,
     wire: Dtype,
     adamw: bool,
@@ -520,7 +473,8 @@ def _activations_and_working(
     """(activations, working buffers during the passes, buffers at the step's end);
     ``shard_fraction``: the rank's (1.0 gives the largest buffers, which is how the
     planner's matrices bound every fraction)."""
-    tokens = float(micro_batch_size * seq_len)  # a float: products with it never wrap
+    dtype, seq_len, recompute = shape.dtype, shape.seq_len, shape.recompute
+    tokens = float(shape.num_tokens)  # a float: products with it never wrap
     if measured is None:
         kept = r.kept_per_token(index, dtype=dtype, recompute=recompute)
         activations = num_in_flight * tokens * kept
@@ -568,10 +522,10 @@ def _activations_and_working(
     # AdamW's fp32 temporaries (:func:`adamw_temporary_elements`) over what the rank
     # steps: its part of the stage (sharded optimizer state) or all of it, one bucket per
     # layer under ZeRO-2/3.
-    optimizer_share = shard_fraction if _sharded(zero)[2] else 1.0
+    optimizer_share = shard_fraction if zero.shards_optimizer else 1.0
     own = r.params[index] - r.tied_params[index]
     rounds = 0.0 * largest
-    if not zero.per_pass:
+    if not zero.per_pass:  # streamed layer buckets reduce in the passes
         rounds = _round_bytes(
             numel=own,
             chunk=chunk,
@@ -614,7 +568,7 @@ def _activations_and_working(
     # after its backward: the reduce-scatter buffers, while the next layer is gathered
     # (ZeRO-3).
     gathered = 0.0 * largest
-    if zero is ZeroMode.FULL:
+    if zero.gathers_per_pass:
         gathered = largest * dtype.num_bytes
         if wire.num_bytes != dtype.num_bytes:
             gathered = gathered + largest * wire.num_bytes
@@ -623,7 +577,11 @@ def _activations_and_working(
     recomputed = block_bytes if recompute else 0.0
     block_backward = np.where(r.has_block[index], mlp_backward + recomputed, 0.0)
     computing = 2 * gathered + np.maximum(loss_backward, block_backward)
-    reducing = gathered + pass_reduce * largest * wire.num_bytes if zero.per_pass else 0.0 * largest
+    reducing = (
+        gathered + pass_reduce * largest * wire.num_bytes
+        if zero.reduces_per_pass
+        else 0.0 * largest
+    )
     working = np.maximum(computing, reducing)
     # Point-to-point buffers of activations and their gradients (``schedule.build``):
     # per neighbouring stage, the receives posted from it, and on every stage but the
@@ -636,15 +594,11 @@ def _activations_and_working(
 def stage_memory_bytes(
     model: ModelSpec,
     *,
+    shape: PassShape,
     layers: tuple[int, int] | None,
-    device: DeviceType,
-    dtype: Dtype,
     optimizer: Optimizer,
     zero: ZeroMode,
-    micro_batch_size: int,
-    seq_len: int,
     num_in_flight: Any,
-    recompute: bool,
     num_neighbor_stages: int,
     wire_dtype: Dtype | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
@@ -656,9 +610,11 @@ def stage_memory_bytes(
     told more where it knows more: AdamW's step-end temporaries, which shrink with a shard
     smaller than two chunks (priced here at fraction 1, their most), and the stage's and
     the tied weight's groups (here an even pair, and the widest tied group).
-    ``wire_dtype``: the stage group's (``cost.precision``; default ``dtype``). ``curve``:
-    the measured activations, if any (see the module docstring)."""
+    ``shape``: the rank's passes; ``wire_dtype``: the stage group's (``cost.precision``;
+    default the shape's dtype). ``curve``: the measured activations, if any (see the module
+    docstring)."""
     r = _ranges(model)
+    dtype = shape.dtype
     index: Any = slice(None) if layers is None else layers
     tied = r.tied_params[index]
     params = r.params[index] - tied  # the stage's own buffers
@@ -668,21 +624,10 @@ def stage_memory_bytes(
     activations, working, step_end = _activations_and_working(
         r,
         index,
-        measured=_measured_activations(
-            model,
-            curve=curve,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=recompute,
-        ),
-        dtype=dtype,
+        measured=_measured_activations(model, shape=shape, curve=curve),
+        shape=shape,
         zero=zero,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
         num_in_flight=num_in_flight,
-        recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
         adamw=optimizer is Optimizer.ADAMW,
@@ -696,7 +641,7 @@ def stage_memory_bytes(
         + tied * (tied_weight_b + tied_grad_b)
         + activations
         + np.maximum(working, step_end)  # MemoryBreakdown.working_bytes
-        + framework_reserve_bytes(device)
+        + framework_reserve_bytes(shape.device)
     )
     return fixed, params * sharded_per_param + tied * tied_optim_b * TIED_SHARE
 
@@ -704,17 +649,13 @@ def stage_memory_bytes(
 def rank_memory(
     model: ModelSpec,
     *,
+    shape: PassShape,
     layer_start: int,
     layer_end: int,
-    device: DeviceType,
-    dtype: Dtype,
     optimizer: Optimizer,
     zero: ZeroMode,
     shard_fraction: float,
-    micro_batch_size: int,
-    seq_len: int,
     num_in_flight: int,
-    recompute: bool,
     num_neighbor_stages: int,
     wire_dtype: Dtype | None = None,
     group_shares: Sequence[float] | None = None,
@@ -722,14 +663,16 @@ def rank_memory(
     tied_group: tuple[int, int, float] | None = None,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
-    """Peak memory of a rank holding layers [layer_start, layer_end) of ``model``, its
-    activations measured where ``curve`` has measurements (see the module docstring);
-    ``wire_dtype``: its stage group's (default ``dtype``); ``group_shares``: the shard
+    """Peak memory of a rank holding layers [layer_start, layer_end) of ``model`` and
+    running passes of ``shape``, its activations measured where ``curve`` has measurements
+    (see the module docstring); ``wire_dtype``: its stage group's (default the shape's
+    dtype); ``group_shares``: the shard
     fractions of its stage's ranks (default: an even pair); ``receive_share``: the share
     of a layer the per-layer reduce-scatter receives from each rank (default: even
     shares); ``tied_group``: the tied weight's group (its size, wire bytes per element and
     largest share) where the rank holds a part of it (default: the most it takes)."""
     r = _ranges(model)
+    dtype = shape.dtype
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])
     params = float(r.params[index]) - tied  # the stage's own buffers
@@ -739,21 +682,10 @@ def rank_memory(
     activations, working, step_end = _activations_and_working(
         r,
         index,
-        measured=_measured_activations(
-            model,
-            curve=curve,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=recompute,
-        ),
-        dtype=dtype,
+        measured=_measured_activations(model, shape=shape, curve=curve),
+        shape=shape,
         zero=zero,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
         num_in_flight=num_in_flight,
-        recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire=wire_dtype or dtype,
         adamw=optimizer is Optimizer.ADAMW,
@@ -770,7 +702,7 @@ def rank_memory(
         activations_bytes=float(activations),
         pass_working_bytes=float(working),
         step_end_bytes=float(step_end),
-        reserve_bytes=framework_reserve_bytes(device),
+        reserve_bytes=framework_reserve_bytes(shape.device),
     )
 
 
@@ -787,20 +719,20 @@ def plan_rank_memory(
     ``plan`` holding ``num_in_flight`` micro-batches: what the plan estimate, the
     simulator's prices and the planner's final check all price a plan's rank with."""
     stage = plan.stages[stage_index]
-    device = plan.cluster.device_of(stage.ranks[position])
     return rank_memory(
         plan.model,
+        shape=PassShape.for_job(
+            plan.job,
+            device=plan.cluster.device_of(stage.ranks[position]),
+            micro_batch_size=stage.micro_batch_size[position],
+            recompute=stage.recompute,
+        ),
         layer_start=stage.layer_start,
         layer_end=stage.layer_end,
-        device=device,
-        dtype=device.training_dtype(plan.job.precision),
         optimizer=plan.job.optimizer,
         zero=stage.zero,
         shard_fraction=stage.shard_fraction[position],
-        micro_batch_size=stage.micro_batch_size[position],
-        seq_len=plan.job.seq_len,
         num_in_flight=num_in_flight,
-        recompute=stage.recompute,
         num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
         wire_dtype=stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision),
         group_shares=stage.shard_fraction,

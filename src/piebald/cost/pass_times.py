@@ -1,8 +1,9 @@
 """Prefix sums of per-layer pass times, cached, so a stage's time is two lookups.
 
 The planner prices thousands of (stage, layer range) pairs; summing layer times each time
-would dominate planning. For one (model, device, dtype, micro-batch size, sequence length,
-recompute) the forward and backward times of layers [a, b) are ``prefix[b] - prefix[a]``.
+would dominate planning. For one model and one ``PassShape`` (device, dtype, micro-batch
+size, sequence length, recompute) the forward and backward times of layers [a, b) are
+``prefix[b] - prefix[a]``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from piebald.cost.compute import (
     layer_backward_time_s,
     layer_forward_time_s,
 )
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.cost.pass_shape import PassShape
 from piebald.specs.model import ModelSpec
 
 __all__ = ["PassTimes", "pass_times"]
@@ -47,16 +48,10 @@ class PassTimes:
 
 @functools.lru_cache(maxsize=4096)
 def pass_times(
-    model: ModelSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
-    curve: EfficiencyCurve = DEFAULT_CURVE,
+    model: ModelSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> PassTimes:
-    """Prefix sums of forward and backward times of ``model``'s layers on ``device``."""
+    """Prefix sums of forward and backward times of ``model``'s layers, one micro-batch of
+    ``shape`` each."""
     # Blocks are identical: price each distinct layer once.
     forward_of: dict[object, float] = {}
     backward_of: dict[object, float] = {}
@@ -65,23 +60,8 @@ def pass_times(
     for layer in model.layers:
         key = (layer.kind, layer.num_params, layer.matmul_flops_per_token)
         if key not in forward_of:
-            forward_of[key] = layer_forward_time_s(
-                layer,
-                device=device,
-                dtype=dtype,
-                micro_batch_size=micro_batch_size,
-                seq_len=seq_len,
-                curve=curve,
-            )
-            backward_of[key] = layer_backward_time_s(
-                layer,
-                device=device,
-                dtype=dtype,
-                micro_batch_size=micro_batch_size,
-                seq_len=seq_len,
-                recompute=recompute,
-                curve=curve,
-            )
+            forward_of[key] = layer_forward_time_s(layer, shape=shape, curve=curve)
+            backward_of[key] = layer_backward_time_s(layer, shape=shape, curve=curve)
         forward[layer.index + 1] = forward_of[key]
         backward[layer.index + 1] = backward_of[key]
     return PassTimes(forward_prefix_s=np.cumsum(forward), backward_prefix_s=np.cumsum(backward))

@@ -31,6 +31,7 @@ from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.link_resources import transfer_resources
 from piebald.cost.memory import MemoryBreakdown, plan_rank_memory, stage_in_flight
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
 from piebald.cost.zero_comm import stage_comm
@@ -290,15 +291,10 @@ def _stage_estimate(
         size, count = stage.micro_batch_size[index], stage.num_micro_batches[index]
         fraction = stage.shard_fraction[index]
         if (device, size) not in pass_of:
-            times = pass_times(
-                plan.model,
-                device=device,
-                dtype=device.training_dtype(precision),
-                micro_batch_size=size,
-                seq_len=plan.job.seq_len,
-                recompute=stage.recompute,
-                curve=curve,
+            shape = PassShape.for_job(
+                plan.job, device=device, micro_batch_size=size, recompute=stage.recompute
             )
+            times = pass_times(plan.model, shape=shape, curve=curve)
             forward_s = max(times.forward_s(stage.layer_start, stage.layer_end), before_forward_s)
             backward_s = max(
                 times.backward_s(stage.layer_start, stage.layer_end), during_backward_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.memory import bytes_per_param, framework_reserve_bytes, layer_activation_bytes
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType
@@ -34,35 +35,18 @@ def gpu_upper_bound_tokens_per_s(
     device: DeviceType, *, model: ModelSpec, job: JobSpec, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
     """T_i*: the best standalone throughput of one GPU of this type (0 if nothing fits)."""
-    dtype = device.training_dtype(job.precision)
     usable = device.memory_bytes - framework_reserve_bytes(device)
     best = 0.0
     for size in MICRO_BATCH_SIZES:
         if size > job.global_batch_size:
             break
+        shape = PassShape.for_job(job, device=device, micro_batch_size=size, recompute=False)
         largest_layer_bytes = max(  # measured where ``curve`` has it, as the planner's
-            layer_activation_bytes(
-                layer,
-                device=device,
-                dtype=dtype,
-                micro_batch_size=size,
-                seq_len=job.seq_len,
-                recompute=False,
-                curve=curve,
-            )
-            for layer in model.layers
+            layer_activation_bytes(layer, shape=shape, curve=curve) for layer in model.layers
         )
         if largest_layer_bytes > usable:
             break
-        times = pass_times(
-            model,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=size,
-            seq_len=job.seq_len,
-            recompute=False,
-            curve=curve,
-        )
+        times = pass_times(model, shape=shape, curve=curve)
         best = max(best, size * job.seq_len / times.pass_s(0, model.num_layers))
     return best
 

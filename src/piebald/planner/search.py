@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.memory import slack_of, stage_memory_bytes
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.cost.precision import activation_message_bytes
@@ -545,29 +546,23 @@ def _fastest_size(state: _Search, device: DeviceType, num_ranks: int) -> int:
             continue
         fixed, sharded = stage_memory_bytes(
             state.model,
+            shape=PassShape.for_job(
+                state.job,
+                device=device,
+                micro_batch_size=size,
+                recompute=state.strategy.stage_rules.recompute[-1],
+            ),
             layers=(0, last),
-            device=device,
-            dtype=device.training_dtype(state.job.precision),
             optimizer=state.job.optimizer,
             zero=state.strategy.stage_rules.zero_modes[-1],
-            micro_batch_size=size,
-            seq_len=state.job.seq_len,
             num_in_flight=1,
-            recompute=state.strategy.stage_rules.recompute[-1],
             num_neighbor_stages=0,
             curve=state.curve,
         )
         if float(fixed) + float(sharded) / num_ranks > device.memory_bytes:
             break
-        times = pass_times(
-            state.model,
-            device=device,
-            dtype=device.training_dtype(state.job.precision),
-            micro_batch_size=size,
-            seq_len=state.job.seq_len,
-            recompute=False,
-            curve=state.curve,
-        )
+        shape = PassShape.for_job(state.job, device=device, micro_batch_size=size, recompute=False)
+        times = pass_times(state.model, shape=shape, curve=state.curve)
         rate = size / times.pass_s(0, last)
         if rate > best_rate * 1.01:  # a bigger micro-batch must pay for its memory
             best_size, best_rate = size, rate

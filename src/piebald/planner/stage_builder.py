@@ -30,19 +30,20 @@ from piebald.cost.memory import (
     rank_memory,
     slack_of,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import DeviceType
-from piebald.specs.job import JobSpec
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Schedule, Stage, ZeroMode
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
 
-ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
+ALL_ZERO_MODES = tuple(ZeroMode)  # in declaration order: the first of equals wins
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +132,8 @@ def build_stage(
     budget and its slack (``cost.memory.in_flight_micro_batches``, ``slack_of``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
-    wire_bytes = params * wire_dtype_of_devices(devices, precision=job.precision).num_bytes
+    wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
+    wire_bytes = params * wire_dtype.num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(ranks) for _ in ranks)
     profile = ring_profile(cluster, ranks)
@@ -140,23 +142,27 @@ def build_stage(
     # the fewest extra round trips that fit.
     for shrink in (False, True):
         for recompute in rules.recompute:
-            compute_s = []
-            for device, size in zip(devices, micro_batch_sizes, strict=True):
-                times = pass_times(
-                    model,
-                    device=device,
-                    dtype=device.training_dtype(job.precision),
-                    micro_batch_size=size,
-                    seq_len=job.seq_len,
-                    recompute=recompute,
-                    curve=curve,
-                )
-                compute_s.append(
-                    (
-                        times.forward_s(layer_start, layer_end),
-                        times.backward_s(layer_start, layer_end),
+            # Ranks of one device type and micro-batch size pass alike: one shape and one
+            # lookup each (a stage may have thousands of ranks).
+            of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
+            shapes, compute_s = [], []
+            for key in zip(devices, micro_batch_sizes, strict=True):
+                if key not in of_kind:
+                    device, size = key
+                    shape = PassShape.for_job(
+                        job, device=device, micro_batch_size=size, recompute=recompute
                     )
-                )
+                    times = pass_times(model, shape=shape, curve=curve)
+                    of_kind[key] = (
+                        shape,
+                        (
+                            times.forward_s(layer_start, layer_end),
+                            times.backward_s(layer_start, layer_end),
+                        ),
+                    )
+                shape, compute = of_kind[key]
+                shapes.append(shape)
+                compute_s.append(compute)
             for zero in rules.zero_modes:
                 # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
                 # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).
@@ -165,12 +171,10 @@ def build_stage(
                     continue
                 # Per-pass traffic with even shards; the exact plan estimate re-prices it.
                 comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
+                before_s, during_s = comm.before_forward_s, comm.during_backward_s
                 # A pass never takes zero time (a stage of only the embedding of a tiny model
                 # comes close); the allocation needs positive times.
-                pass_s = [
-                    max(max(f, comm.before_forward_s) + max(b, comm.during_backward_s), 1e-12)
-                    for f, b in compute_s
-                ]
+                pass_s = [max(max(f, before_s) + max(b, during_s), 1e-12) for f, b in compute_s]
                 counts = _counts(
                     pass_s,
                     micro_batch_sizes,
@@ -181,16 +185,15 @@ def build_stage(
                     continue
                 fitted = _fit_in_flight(
                     model,
-                    job=job,
-                    devices=devices,
+                    shapes=shapes,
+                    optimizer=job.optimizer,
+                    wire_dtype=wire_dtype,
                     layers=(layer_start, layer_end),
-                    sizes=micro_batch_sizes,
                     counts=counts,
                     zero=zero,
-                    recompute=recompute,
                     neighbors=neighbors,
                     widths=widths,
-                    even_shards=rules.even_shards or zero is ZeroMode.NONE,
+                    even_shards=rules.even_shards or zero.replicated,
                     shrink=shrink,
                     curve=curve,
                 )
@@ -215,7 +218,7 @@ def build_stage(
                 working = [t for c, t in zip(counts, pass_s, strict=True) if c]
                 optimizer = max(
                     optimizer_step_time_s(
-                        num_params=params * (1.0 if zero is ZeroMode.NONE else fraction),
+                        num_params=params * (fraction if zero.shards_optimizer else 1.0),
                         device=device,
                         optimizer=job.optimizer,
                         curve=curve,
@@ -245,13 +248,12 @@ def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:
 def _fit_in_flight(
     model: ModelSpec,
     *,
-    job: JobSpec,
-    devices: list[DeviceType],
+    shapes: Sequence[PassShape],
+    optimizer: Optimizer,
+    wire_dtype: Dtype,
     layers: tuple[int, int],
-    sizes: Sequence[int],
     counts: Sequence[int],
     zero: ZeroMode,
-    recompute: bool,
     neighbors: int,
     widths: Sequence[int],
     even_shards: bool,
@@ -260,44 +262,39 @@ def _fit_in_flight(
 ) -> tuple[tuple[float, ...], tuple[int, ...] | None, float] | None:
     """(shard fractions, the lowered in-flight budget or None, round trips over those of
     Little's law) under which every rank fits its memory holding Little's budget, or with
-    ``shrink`` the fewest round trips' budget; None if that does not fit. Activations are
-    measured where ``curve`` has them (``rank_memory``)."""
+    ``shrink`` the fewest round trips' budget; None if that does not fit. ``shapes``: each
+    rank's passes; ``wire_dtype``: the stage group's. Activations are measured where
+    ``curve`` has them (``rank_memory``)."""
 
     # A rank's memory is affine in its micro-batches in flight and its shard fraction.
-    per_kind: dict[tuple[DeviceType, int], tuple[float, float, float]] = {}
-    for device, size in zip(devices, sizes, strict=True):
-        if (device, size) not in per_kind:
+    per_kind: dict[PassShape, tuple[float, float, float]] = {}
+    for shape in shapes:
+        if shape not in per_kind:
 
-            def memory(
-                fraction: float, in_flight: int, device: DeviceType = device, size: int = size
-            ) -> float:
+            def memory(fraction: float, in_flight: int, shape: PassShape = shape) -> float:
                 return rank_memory(
                     model,
+                    shape=shape,
                     layer_start=layers[0],
                     layer_end=layers[1],
-                    device=device,
-                    dtype=device.training_dtype(job.precision),
-                    optimizer=job.optimizer,
+                    optimizer=optimizer,
                     zero=zero,
                     shard_fraction=fraction,
-                    micro_batch_size=size,
-                    seq_len=job.seq_len,
                     num_in_flight=in_flight,
-                    recompute=recompute,
                     num_neighbor_stages=neighbors,
-                    wire_dtype=wire_dtype_of_devices(devices, precision=job.precision),
+                    wire_dtype=wire_dtype,
                     curve=curve,
                 ).total_bytes
 
             empty = memory(0.0, 0)
-            per_kind[device, size] = (empty, memory(0.0, 1) - empty, memory(1.0, 0) - empty)
-    kinds = [per_kind[device, size] for device, size in zip(devices, sizes, strict=True)]
+            per_kind[shape] = (empty, memory(0.0, 1) - empty, memory(1.0, 0) - empty)
+    kinds = [per_kind[shape] for shape in shapes]
 
     def fit(budgets: Sequence[int]) -> tuple[float, ...] | None:
         return _fit_memory(
             fixed_bytes=[f + w * a for (f, a, _), w in zip(kinds, budgets, strict=True)],
             sharded_bytes=[z for _, _, z in kinds],
-            capacity_bytes=[device.memory_bytes for device in devices],
+            capacity_bytes=[shape.device.memory_bytes for shape in shapes],
             even_shards=even_shards,
         )
 

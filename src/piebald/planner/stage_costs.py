@@ -29,13 +29,14 @@ import numpy.typing as npt
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.job import JobSpec
+from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
 
@@ -117,18 +118,16 @@ def stage_cost(
     )
     settings: list[_Setting] = []
     for recompute in rules.recompute:
+        shapes = {
+            device: PassShape.for_job(
+                job, device=device, micro_batch_size=micro_batch_size, recompute=recompute
+            )
+            for device in classes
+        }
         forward: dict[DeviceType, Ranges] = {}
         backward: dict[DeviceType, Ranges] = {}
-        for device in classes:
-            forward[device], backward[device] = _pass_ranges(
-                model,
-                device=device,
-                dtype=device.training_dtype(job.precision),
-                micro_batch_size=micro_batch_size,
-                seq_len=job.seq_len,
-                recompute=recompute,
-                curve=curve,
-            )
+        for device, shape in shapes.items():
+            forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
         passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
@@ -164,11 +163,9 @@ def stage_cost(
             for device, count in classes.items():
                 free, per_in_flight, sharded = _memory_ranges(
                     model,
-                    job=job,
-                    device=device,
+                    shape=shapes[device],
+                    optimizer=job.optimizer,
                     zero=zero,
-                    recompute=recompute,
-                    micro_batch_size=micro_batch_size,
                     neighbors=neighbors,
                     wire=wire_dtype,
                     curve=curve,
@@ -185,10 +182,10 @@ def stage_cost(
                 )
             memory = _Memory(
                 kinds=kinds,
-                even_shards=rules.even_shards or zero is ZeroMode.NONE,
+                even_shards=rules.even_shards or zero.replicated,
                 num_ranks=len(ranks),
             )
-            owned = 1.0 if zero is ZeroMode.NONE else 1.0 / len(ranks)
+            owned = 1.0 / len(ranks) if zero.shards_optimizer else 1.0
             settings.append(
                 _Setting(
                     busy=timed.busy,
@@ -333,26 +330,11 @@ def _params(model: ModelSpec) -> Ranges:
 
 @functools.lru_cache(maxsize=1024)
 def _pass_ranges(
-    model: ModelSpec,
-    *,
-    device: DeviceType,
-    dtype: Dtype,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: bool,
-    curve: EfficiencyCurve,
+    model: ModelSpec, *, shape: PassShape, curve: EfficiencyCurve
 ) -> tuple[Ranges, Ranges]:
-    """Forward and backward time of every layer range on ``device``, prefix[b] - prefix[a]
-    (the same for every stage of these GPUs, so computed once)."""
-    times = pass_times(
-        model,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        recompute=recompute,
-        curve=curve,
-    )
+    """Forward and backward time of every layer range in passes of ``shape``,
+    prefix[b] - prefix[a] (the same for every stage of these GPUs, so computed once)."""
+    times = pass_times(model, shape=shape, curve=curve)
     forward, backward = (
         _read_only_ranges(prefix[None, :] - prefix[:, None])
         for prefix in (times.forward_prefix_s, times.backward_prefix_s)
@@ -398,11 +380,9 @@ def _makespan(
 def _memory_matrices(
     model: ModelSpec,
     *,
-    job: JobSpec,
-    device: DeviceType,
+    shape: PassShape,
+    optimizer: Optimizer,
     zero: ZeroMode,
-    recompute: bool,
-    micro_batch_size: int,
     neighbors: int,
     wire: Dtype,
     curve: EfficiencyCurve,
@@ -415,15 +395,11 @@ def _memory_matrices(
     empty, one = (
         stage_memory_bytes(
             model,
+            shape=shape,
             layers=None,
-            device=device,
-            dtype=device.training_dtype(job.precision),
-            optimizer=job.optimizer,
+            optimizer=optimizer,
             zero=zero,
-            micro_batch_size=micro_batch_size,
-            seq_len=job.seq_len,
             num_in_flight=in_flight,
-            recompute=recompute,
             num_neighbor_stages=neighbors,
             wire_dtype=wire,
             curve=curve,
@@ -441,11 +417,9 @@ def _memory_matrices(
 def _memory_ranges(
     model: ModelSpec,
     *,
-    job: JobSpec,
-    device: DeviceType,
+    shape: PassShape,
+    optimizer: Optimizer,
     zero: ZeroMode,
-    recompute: bool,
-    micro_batch_size: int,
     neighbors: int,
     wire: Dtype,
     curve: EfficiencyCurve,
@@ -454,16 +428,14 @@ def _memory_ranges(
     bytes with no micro-batch in flight) in place of the latter (read-only)."""
     fixed, per_in_flight, sharded = _memory_matrices(
         model,
-        job=job,
-        device=device,
+        shape=shape,
+        optimizer=optimizer,
         zero=zero,
-        recompute=recompute,
-        micro_batch_size=micro_batch_size,
         neighbors=neighbors,
         wire=wire,
         curve=curve,
     )
-    free = device.memory_bytes - fixed
+    free = shape.device.memory_bytes - fixed
     return _read_only_ranges(free), _read_only_ranges(per_in_flight), _read_only_ranges(sharded)
 
 

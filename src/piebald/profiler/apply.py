@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import TypeVar
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
+from piebald.cost.pass_shape import PassShape
 from piebald.errors import SpecError
 from piebald.profiler.calibrate import calibrate_device, observations_of
 from piebald.profiler.compute_model import ActivationTable, KindCurve, LayerTable, ProfiledCurve
@@ -211,11 +212,9 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                 kept = {
                     recompute: curve.activation_lookup(
                         layer,
-                        device=device,
-                        dtype=dtype,
-                        micro_batch_size=size,
-                        seq_len=job.seq_len,
-                        recompute=recompute,
+                        shape=PassShape.for_job(
+                            job, device=device, micro_batch_size=size, recompute=recompute
+                        ),
                     )
                     for recompute in (False, True)
                 }
@@ -239,17 +238,11 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                             recomputed[0] if recomputed is not None else None
                         ),
                     )
-                found = {
-                    kind: curve.lookup(
-                        layer,
-                        device=device,
-                        dtype=dtype,
-                        micro_batch_size=size,
-                        seq_len=job.seq_len,
-                        kind=kind,
-                    )
-                    for kind in PassKind
-                }
+                # The pass kind says whether it recomputes, not the shape.
+                shape = PassShape.for_job(
+                    job, device=device, micro_batch_size=size, recompute=False
+                )
+                found = {kind: curve.lookup(layer, shape=shape, kind=kind) for kind in PassKind}
                 forward, backward = found[PassKind.FORWARD], found[PassKind.BACKWARD]
                 if forward is None or backward is None:
                     continue

@@ -32,6 +32,7 @@ from piebald.cost.compute import (
     layer_backward_time_s,
     layer_forward_time_s,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.profiler.compute_model import KindCurve, ProfiledCurve
 from piebald.profiler.keys import layer_key
 from piebald.profiler.records import ComputeProfile
@@ -96,24 +97,16 @@ def predict_s(
     observation: Observation, *, device: DeviceType, dtype: Dtype, curve: EfficiencyCurve
 ) -> float:
     """The analytic time of an observation's pass under ``curve`` (which may route per kind)."""
-    if observation.pass_kind is PassKind.FORWARD:
-        return layer_forward_time_s(
-            observation.layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=observation.micro_batch_size,
-            seq_len=observation.seq_len,
-            curve=curve,
-        )
-    return layer_backward_time_s(
-        observation.layer,
+    shape = PassShape(
         device=device,
         dtype=dtype,
         micro_batch_size=observation.micro_batch_size,
         seq_len=observation.seq_len,
         recompute=observation.pass_kind is PassKind.BACKWARD_RECOMPUTE,
-        curve=curve,
     )
+    if observation.pass_kind is PassKind.FORWARD:
+        return layer_forward_time_s(observation.layer, shape=shape, curve=curve)
+    return layer_backward_time_s(observation.layer, shape=shape, curve=curve)
 
 
 # The shared parameters, in order: log max_fraction, log bandwidth_fraction, log

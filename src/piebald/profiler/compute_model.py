@@ -27,7 +27,7 @@ Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
@@ -38,6 +38,7 @@ from piebald.cost.compute import (
     layer_backward_time_s,
     layer_forward_time_s,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.profiler.keys import layer_key
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
@@ -207,41 +208,21 @@ class ProfiledCurve(EfficiencyCurve):
         return self._activation_table_of.get((device.name, dtype, seq_len, layer_key(layer)))
 
     def activation_lookup(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        recompute: bool,
+        self, layer: LayerSpec, *, shape: PassShape
     ) -> tuple[float, Source] | None:
         """The measured (or interpolated, or extrapolated) activation bytes of one
-        micro-batch through ``layer`` and where they came from; None where not measured."""
-        table = self.activation_table(layer, device=device, dtype=dtype, seq_len=seq_len)
-        values = table.values(recompute=recompute) if table is not None else None
+        micro-batch of ``shape`` through ``layer`` and where they came from; None where not
+        measured."""
+        table = self.activation_table(
+            layer, device=shape.device, dtype=shape.dtype, seq_len=shape.seq_len
+        )
+        values = table.values(recompute=shape.recompute) if table is not None else None
         if table is None or values is None:
             return None
-        return _affine_lookup(table.micro_batch_sizes, values, micro_batch_size)
+        return _affine_lookup(table.micro_batch_sizes, values, shape.micro_batch_size)
 
-    def measured_activation_bytes(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        recompute: bool,
-    ) -> float | None:
-        found = self.activation_lookup(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=recompute,
-        )
+    def measured_activation_bytes(self, layer: LayerSpec, *, shape: PassShape) -> float | None:
+        found = self.activation_lookup(layer, shape=shape)
         return None if found is None else found[0]
 
     def for_device(
@@ -279,89 +260,49 @@ class ProfiledCurve(EfficiencyCurve):
                 return own
         return self._curve_of.get((device.name, layer_kind, pass_kind, None))
 
-    def _analytic_s(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        kind: PassKind,
-    ) -> float:
-        """The calibrated analytic time, never a measured one (used to extrapolate)."""
+    def _analytic_s(self, layer: LayerSpec, *, shape: PassShape, kind: PassKind) -> float:
+        """The calibrated analytic time of pass ``kind`` (not ``shape.recompute``), never a
+        measured one (used to extrapolate)."""
+        shape = replace(shape, recompute=False) if shape.recompute else shape
         forward_curve = self.for_device(
-            device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
+            shape.device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
         )
-        forward_s = layer_forward_time_s(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            curve=forward_curve,
-        )
+        forward_s = layer_forward_time_s(layer, shape=shape, curve=forward_curve)
         if kind is PassKind.FORWARD:
             return forward_s
         backward_s = layer_backward_time_s(
             layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            recompute=False,
+            shape=shape,
             curve=self.for_device(
-                device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
+                shape.device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
             ),
         )
         return backward_s + (forward_s if kind is PassKind.BACKWARD_RECOMPUTE else 0.0)
 
     def lookup(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        kind: PassKind,
+        self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
     ) -> tuple[float, Source] | None:
-        """The measured (or interpolated, or extrapolated) time and where it came from."""
-        table = self.table(layer, device=device, dtype=dtype, seq_len=seq_len)
+        """The measured (or interpolated, or extrapolated) time of pass ``kind`` (not
+        ``shape.recompute``) and where it came from."""
+        table = self.table(layer, device=shape.device, dtype=shape.dtype, seq_len=shape.seq_len)
         values = table.values(kind) if table is not None else None
         if table is None or values is None:
             return None
         sizes = table.micro_batch_sizes
+        micro_batch_size = shape.micro_batch_size
         if micro_batch_size in sizes:
             return values[sizes.index(micro_batch_size)], Source.MEASURED
         if sizes[0] < micro_batch_size < sizes[-1]:
             return float(np.interp(micro_batch_size, sizes, values)), Source.INTERPOLATED
         edge = 0 if micro_batch_size < sizes[0] else len(sizes) - 1
-
-        def analytic(size: int) -> float:
-            return self._analytic_s(
-                layer, device=device, dtype=dtype, micro_batch_size=size, seq_len=seq_len, kind=kind
-            )
-
-        scale = analytic(micro_batch_size) / analytic(sizes[edge])
+        at_edge = replace(shape, micro_batch_size=sizes[edge])
+        scale = self._analytic_s(layer, shape=shape, kind=kind) / self._analytic_s(
+            layer, shape=at_edge, kind=kind
+        )
         return values[edge] * scale, Source.EXTRAPOLATED
 
     def measured_time_s(
-        self,
-        layer: LayerSpec,
-        *,
-        device: DeviceType,
-        dtype: Dtype,
-        micro_batch_size: int,
-        seq_len: int,
-        kind: PassKind,
+        self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
     ) -> float | None:
-        found = self.lookup(
-            layer,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            kind=kind,
-        )
+        found = self.lookup(layer, shape=shape, kind=kind)
         return None if found is None else found[0]

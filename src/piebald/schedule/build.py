@@ -75,7 +75,7 @@ from piebald.schedule.ops import (
     SendGradient,
 )
 from piebald.schedule.prices import Prices
-from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.plan import Plan, Schedule
 
 __all__ = [
     "DryRun",
@@ -252,10 +252,10 @@ def _channel_inputs(plan: Plan, op: ComputeOp) -> list[Op]:
     if len(stage.ranks) == 1:
         return []
     ops: list[Op] = []
-    if stage.zero is ZeroMode.FULL:
+    if stage.zero.gathers_per_pass:
         for_pass = Pass.FORWARD if isinstance(op, Forward) else Pass.BACKWARD
         ops.append(GatherPassParams(micro_batch=op.micro_batch, for_pass=for_pass))
-    if isinstance(op, Backward) and stage.zero.per_pass:
+    if isinstance(op, Backward) and stage.zero.reduces_per_pass:
         ops.append(ScatterPassGrads(micro_batch=op.micro_batch))
     return ops
 
@@ -275,12 +275,12 @@ def _step_end(plan: Plan, s: int) -> list[Op]:
     stage = plan.stages[s]
     shared = len(stage.ranks) > 1  # a one-rank group has nothing to exchange
     ops: list[Op] = []
-    if shared and stage.zero is ZeroMode.NONE:
+    if shared and stage.zero.step_end_all_reduce:
         ops.append(AllReduceGrads(stage=s))
-    if shared and stage.zero is ZeroMode.OPTIMIZER:
+    if shared and stage.zero.step_end_reduce_scatter:
         ops.append(ReduceScatterGrads(stage=s))
     ops.append(OptimizerStep(stage=s))
-    if shared and stage.zero in (ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS):
+    if shared and stage.zero.step_end_all_gather:
         ops.append(AllGatherParams(stage=s))
     return ops
 

@@ -33,7 +33,7 @@ SendActivation(j, r)   p2p         send j's output activation to rank r of the n
 RecvActivation(j, r)   p2p         receive j's input activation from rank r
 SendGradient(j, r)     p2p         send the gradient of j's input to rank r of the previous stage
 RecvGradient(j, r)     p2p         receive the gradient of j's output from rank r
-GatherPassParams(j,p)  dp channel  ZeRO-3: gather the stage's parameters for pass p of j
+GatherPassParams(j,p)  dp channel  ZeRO-3: gather each layer's parameters for pass p of j
 ScatterPassGrads(j)    dp channel  ZeRO-2/3: reduce-scatter j's gradients as B(j) makes them
 AllReduceGrads(s)      dp, group   replicated stage: all-reduce the accumulated gradients
 ReduceScatterGrads(s)  dp, group   ZeRO-1: uneven reduce-scatter of the accumulated gradients

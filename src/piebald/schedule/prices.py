@@ -3,10 +3,10 @@
 The simulator must differ from the closed-form estimate (``piebald.cost.plan_estimate``)
 only through the schedule, never through prices, so every number here comes from the same
 functions with the same arguments: ``pass_times`` for compute, ``p2p_time_s``'s alpha-beta
-model over ``cluster.link_between`` for activation hops, ``ring_profile(...).time_s`` with
-the stage's state bytes and shard fractions for collectives (exactly what ``stage_comm``
-adds up), ``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory (its
-activations measured where the curve carries measurements, as the planner's are).
+model over ``cluster.link_between`` for activation hops, ``stage_comm`` (the stage's state
+bytes and shard fractions over its ``ring_profile``) for collectives,
+``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory (its activations
+measured where the curve carries measurements, as the planner's are).
 Ranks of one device type and micro-batch size in a stage cost the same, so each distinct
 operation is priced once.
 
@@ -22,17 +22,19 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from piebald.cost.comm import Collective, p2p_time_s, ring_profile
+from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.link_resources import transfer_resources
 from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
+from piebald.cost.zero_comm import StageComm, stage_comm
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
-from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.plan import Plan
 
-__all__ = ["Prices", "StagePrices", "Transfer"]
+__all__ = ["Prices", "Transfer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,19 +49,6 @@ class Transfer:
     def alone_s(self) -> float:
         """The message with nothing else on its path: alpha + S / B."""
         return p2p_time_s(num_bytes=self.num_bytes, link=self.link)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StagePrices:
-    """Data-parallel traffic of one stage, split into its collectives (``stage_comm`` sums
-    these: FULL waits ``gather_pass_s`` before a forward and ``gather + scatter`` during a
-    backward; the step-end collectives make up its ``sync_s``)."""
-
-    gather_pass_s: float  # ZeRO-3 parameter gather before each pass
-    scatter_pass_s: float  # ZeRO-2/3 gradient reduce-scatter after each backward
-    all_reduce_s: float  # replicated: once per step
-    reduce_scatter_s: float  # ZeRO-1: once per step
-    all_gather_s: float  # ZeRO-1/2: once per step, after the optimizer
 
 
 class Prices:
@@ -84,21 +73,16 @@ class Prices:
                 size = stage.micro_batch_size[position]
                 fraction = stage.shard_fraction[position]
                 if (device, size, index) not in pass_of:
-                    times = pass_times(
-                        plan.model,
-                        device=device,
-                        dtype=device.training_dtype(plan.job.precision),
-                        micro_batch_size=size,
-                        seq_len=plan.job.seq_len,
-                        recompute=stage.recompute,
-                        curve=curve,
+                    shape = PassShape.for_job(
+                        plan.job, device=device, micro_batch_size=size, recompute=stage.recompute
                     )
+                    times = pass_times(plan.model, shape=shape, curve=curve)
                     pass_of[device, size, index] = (
                         times.forward_s(stage.layer_start, stage.layer_end),
                         times.backward_s(stage.layer_start, stage.layer_end),
                     )
                 self._forward[rank], self._backward[rank] = pass_of[device, size, index]
-                owned = fraction if stage.zero is not ZeroMode.NONE else 1.0
+                owned = fraction if stage.zero.shards_optimizer else 1.0
                 if (device, index, owned) not in optimizer_of:
                     optimizer_of[device, index, owned] = optimizer_step_time_s(
                         num_params=params * owned,
@@ -113,32 +97,16 @@ class Prices:
                     memory_of[key] = self._rank_memory(index, position)
                 self._memory[rank] = memory_of[key]
 
-    def _stage_prices(self, index: int) -> StagePrices:
+    def _stage_prices(self, index: int) -> StageComm:
         plan = self.plan
         stage = plan.stages[index]
         params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
         wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision)
-        state_bytes = params * wire.num_bytes  # as plan_estimate passes it
-        profile = ring_profile(plan.cluster, stage.ranks)
-
-        def collective(kind: Collective, *, uneven: bool) -> float:
-            return profile.time_s(
-                kind,
-                num_bytes=state_bytes,
-                shard_fractions=stage.shard_fraction if uneven else None,
-            )
-
-        zero = stage.zero
-        gather = collective(Collective.ALL_GATHER, uneven=True)
-        scatter = collective(Collective.REDUCE_SCATTER, uneven=True)
-        return StagePrices(
-            gather_pass_s=gather if zero is ZeroMode.FULL else 0.0,
-            scatter_pass_s=scatter if zero in (ZeroMode.GRADIENTS, ZeroMode.FULL) else 0.0,
-            all_reduce_s=(
-                collective(Collective.ALL_REDUCE, uneven=False) if zero is ZeroMode.NONE else 0.0
-            ),
-            reduce_scatter_s=scatter if zero is ZeroMode.OPTIMIZER else 0.0,
-            all_gather_s=gather if zero in (ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS) else 0.0,
+        return stage_comm(
+            ring_profile(plan.cluster, stage.ranks),
+            shard_fractions=stage.shard_fraction,
+            zero=stage.zero,
+            state_bytes=params * wire.num_bytes,  # as plan_estimate passes it
         )
 
     def _rank_memory(self, index: int, position: int) -> tuple[float, float, int]:

@@ -13,6 +13,7 @@ field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,11 +54,22 @@ class Schedule(StrEnum):
 class ZeroMode(StrEnum):
     """How a stage's data-parallel group holds its training state (ZeRO, Rajbhandari 2020).
 
+    What each mode means is decided here only, by which of the three states it shards
+    (:attr:`shards_optimizer`, :attr:`shards_gradients`, :attr:`shards_weights`); every
+    other property follows from those, and the cost model, the simulator, the planner and
+    the runtime read the properties, never the mode's name.
+
     Under NONE and OPTIMIZER gradients are accumulated over a step's micro-batches before
-    they are reduced, once (Zorse's pipeline-efficient ZeRO). GRADIENTS and FULL reduce
-    every layer's gradients as its backward pass ends, and FULL gathers every layer's
-    parameters before each pass, so the ranks of such a stage meet inside every pass: they
-    run equal numbers of micro-batches (of their own sizes) in one pass pattern.
+    they are reduced, once (Zorse's pipeline-efficient ZeRO). GRADIENTS and FULL keep only
+    their shard of the gradients, so they reduce-scatter every layer's gradients as its
+    backward pass ends; FULL keeps only its shard of the parameters, so it gathers every
+    layer's parameters before each pass (the next layer's while one computes) and releases
+    them after, never holding the stage's whole weights (runtime ``LayerStream``). The
+    ranks of such a stage meet inside every pass: they run equal numbers of micro-batches
+    (of their own sizes) in one pass pattern.
+
+    Each property is computed once per mode, then stored on it (the planner reads them in
+    its inner loops).
     """
 
     NONE = "none"  # replicated; all-reduce gradients once per step
@@ -65,11 +77,63 @@ class ZeroMode(StrEnum):
     GRADIENTS = "gradients"  # ZeRO-2: + gradients sharded; reduce-scatter per layer and pass
     FULL = "full"  # ZeRO-3: + parameters sharded, gathered per layer for each pass
 
-    @property
+    @functools.cached_property
+    def shards_optimizer(self) -> bool:
+        """Whether each rank keeps only its shard of the optimizer state (fp32 master
+        weights and moments), and steps only that shard."""
+        return self is not ZeroMode.NONE
+
+    @functools.cached_property
+    def shards_gradients(self) -> bool:
+        """Whether each rank keeps only its shard of the gradient accumulator."""
+        return self in (ZeroMode.GRADIENTS, ZeroMode.FULL)
+
+    @functools.cached_property
+    def shards_weights(self) -> bool:
+        """Whether each rank keeps only its shard of the weights between passes."""
+        return self is ZeroMode.FULL
+
+    @functools.cached_property
+    def replicated(self) -> bool:
+        """Whether nothing is sharded: every rank holds and steps the whole state."""
+        return not (self.shards_optimizer or self.shards_gradients or self.shards_weights)
+
+    @functools.cached_property
+    def gathers_per_pass(self) -> bool:
+        """Whether every layer's parameters are gathered before each pass through it (its
+        weights are sharded at rest)."""
+        return self.shards_weights
+
+    @functools.cached_property
+    def reduces_per_pass(self) -> bool:
+        """Whether every layer's gradients are reduce-scattered as each backward pass
+        through it ends (only a shard of them is kept, so they cannot accumulate whole)."""
+        return self.shards_gradients
+
+    @functools.cached_property
     def per_pass(self) -> bool:
         """Whether the stage's ranks meet in collectives inside every pass (layer by
         layer), so they must run their passes in lockstep."""
-        return self in (ZeroMode.GRADIENTS, ZeroMode.FULL)
+        return self.gathers_per_pass or self.reduces_per_pass
+
+    @functools.cached_property
+    def step_end_all_reduce(self) -> bool:
+        """Whether the accumulated gradients are all-reduced at the step's end (every rank
+        steps the whole optimizer state, so it needs the whole sum)."""
+        return not self.shards_optimizer
+
+    @functools.cached_property
+    def step_end_reduce_scatter(self) -> bool:
+        """Whether the accumulated gradients are reduce-scattered onto their owners at the
+        step's end (the optimizer state is sharded, the gradients were not reduced per
+        pass)."""
+        return self.shards_optimizer and not self.reduces_per_pass
+
+    @functools.cached_property
+    def step_end_all_gather(self) -> bool:
+        """Whether the updated parameters are all-gathered after the optimizer step (each
+        rank updated its shard, and the weights stay whole between passes)."""
+        return self.shards_optimizer and not self.shards_weights
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,7 +384,7 @@ def _validate_stage(
         )
     _validate_in_flight(plan, where, stage)
     _validate_lockstep(plan, where, stage)
-    if stage.zero is ZeroMode.NONE and len(set(fractions)) > 1:
+    if stage.zero.replicated and len(set(fractions)) > 1:
         raise _fail(
             f"{where}.shard_fraction",
             list(fractions),

@@ -14,6 +14,7 @@ from piebald.cost.compute import (
     layer_forward_time_s,
     optimizer_step_time_s,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
@@ -63,10 +64,13 @@ def _forward_s(
 ) -> float:
     return layer_forward_time_s(
         layer,
-        device=device,
-        dtype=dtype,
-        micro_batch_size=micro_batch_size,
-        seq_len=SEQ_LEN,
+        shape=PassShape(
+            device=device,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=SEQ_LEN,
+            recompute=False,
+        ),
         curve=curve,
     )
 
@@ -74,11 +78,13 @@ def _forward_s(
 def _backward_s(layer: LayerSpec, *, recompute: bool) -> float:
     return layer_backward_time_s(
         layer,
-        device=DEVICE,
-        dtype=Dtype.BF16,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        recompute=recompute,
+        shape=PassShape(
+            device=DEVICE,
+            dtype=Dtype.BF16,
+            micro_batch_size=MICRO_BATCH,
+            seq_len=SEQ_LEN,
+            recompute=recompute,
+        ),
         curve=CURVE,
     )
 

@@ -26,6 +26,7 @@ from piebald.cost.memory import (
     in_flight_micro_batches,
     rank_memory,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, ModelArch, ModelSpec
@@ -92,15 +93,17 @@ def _blocks_memory(
         MODEL,
         layer_start=layer_start,
         layer_end=layer_end,
-        device=DEVICE,
-        dtype=dtype,
+        shape=PassShape(
+            device=DEVICE,
+            dtype=dtype,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            recompute=recompute,
+        ),
         optimizer=optimizer,
         zero=zero,
         shard_fraction=shard_fraction,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
         num_in_flight=num_in_flight,
-        recompute=recompute,
         num_neighbor_stages=num_neighbor_stages,
         wire_dtype=wire_dtype,
         group_shares=group_shares,
@@ -259,15 +262,13 @@ def test_the_tied_weight_lives_in_its_own_zero1_buffer() -> None:
         tied_model,
         layer_start=0,
         layer_end=2,
-        device=DEVICE,
-        dtype=Dtype.BF16,
+        shape=PassShape(
+            device=DEVICE, dtype=Dtype.BF16, micro_batch_size=2, seq_len=32, recompute=False
+        ),
         optimizer=Optimizer.ADAMW,
         zero=ZeroMode.FULL,
         shard_fraction=0.25,
-        micro_batch_size=2,
-        seq_len=32,
         num_in_flight=3,
-        recompute=False,
         num_neighbor_stages=1,
     )
     block = BLOCK_PARAMS

@@ -25,6 +25,7 @@ from piebald.cost.memory import (
     rank_memory,
     slack_of,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.planner.stage_builder import StageRules, build_stage
 from piebald.planner.stage_costs import _Kind, _Memory
 from piebald.specs.cluster import ClusterSpec
@@ -66,15 +67,17 @@ def _memory_bytes(cluster: ClusterSpec, rank: int, in_flight: int) -> float:
         MODEL,
         layer_start=LAYERS[0],
         layer_end=LAYERS[1],
-        device=device,
-        dtype=device.training_dtype(JOB.precision),
+        shape=PassShape(
+            device=device,
+            dtype=device.training_dtype(JOB.precision),
+            micro_batch_size=1,
+            seq_len=JOB.seq_len,
+            recompute=False,
+        ),
         optimizer=JOB.optimizer,
         zero=ZeroMode.NONE,
         shard_fraction=0.5,
-        micro_batch_size=1,
-        seq_len=JOB.seq_len,
         num_in_flight=in_flight,
-        recompute=False,
         num_neighbor_stages=1,
     ).total_bytes
 

@@ -40,6 +40,7 @@ import pytest
 from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.compute import optimizer_step_time_s
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import search
@@ -183,11 +184,13 @@ class _Oracle:
         device = self.cluster.device_of(rank)
         prefix = pass_times(
             self.model,
-            device=device,
-            dtype=device.training_dtype(self.job.precision),
-            micro_batch_size=size,
-            seq_len=self.job.seq_len,
-            recompute=False,
+            shape=PassShape(
+                device=device,
+                dtype=device.training_dtype(self.job.precision),
+                micro_batch_size=size,
+                seq_len=self.job.seq_len,
+                recompute=False,
+            ),
         ).total_prefix_s
         return np.where(self.upper, prefix[None, :] - prefix[:, None], np.inf)
 

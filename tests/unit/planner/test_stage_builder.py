@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.stage_builder import StageChoice, StageRules, build_stage, water_fill
@@ -153,11 +154,13 @@ def _pass_s(cluster: ClusterSpec, rank: int, model: str, job: JobSpec) -> float:
     spec, device = load_model(model), cluster.device_of(rank)
     times = pass_times(
         spec,
-        device=device,
-        dtype=device.training_dtype(job.precision),
-        micro_batch_size=1,
-        seq_len=job.seq_len,
-        recompute=False,
+        shape=PassShape(
+            device=device,
+            dtype=device.training_dtype(job.precision),
+            micro_batch_size=1,
+            seq_len=job.seq_len,
+            recompute=False,
+        ),
     )
     return times.pass_s(0, spec.num_layers)
 

@@ -15,6 +15,7 @@ from piebald.cost.compute import (
     layer_backward_time_s,
     layer_forward_time_s,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.profiler.apply import profiled_curve
 from piebald.profiler.calibrate import (
@@ -65,7 +66,11 @@ def test_measured_interpolated_and_extrapolated_times(
 
     def lookup(size: int, kind: PassKind = PassKind.FORWARD) -> tuple[float, Source]:
         found = curve.lookup(
-            block, device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, kind=kind
+            block,
+            shape=PassShape(
+                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, recompute=False
+            ),
+            kind=kind,
         )
         assert found is not None
         return found
@@ -84,7 +89,11 @@ def test_measured_interpolated_and_extrapolated_times(
 
     def analytic(size: int) -> float:
         return layer_forward_time_s(
-            block, device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, curve=fitted
+            block,
+            shape=PassShape(
+                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, recompute=False
+            ),
+            curve=fitted,
         )
 
     assert source is Source.EXTRAPOLATED
@@ -97,10 +106,9 @@ def test_measured_interpolated_and_extrapolated_times(
     assert (
         curve.measured_time_s(
             block,
-            device=CPU_A,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=64,
+            shape=PassShape(
+                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=2, seq_len=64, recompute=False
+            ),
             kind=PassKind.FORWARD,
         )
         is None
@@ -108,10 +116,9 @@ def test_measured_interpolated_and_extrapolated_times(
     assert (
         curve.measured_time_s(
             block,
-            device=other,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=32,
+            shape=PassShape(
+                device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+            ),
             kind=PassKind.FORWARD,
         )
         is None
@@ -120,10 +127,9 @@ def test_measured_interpolated_and_extrapolated_times(
     assert (
         curve.measured_time_s(
             gpt2_block,
-            device=CPU_A,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=32,
+            shape=PassShape(
+                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+            ),
             kind=PassKind.FORWARD,
         )
         is None
@@ -155,11 +161,9 @@ def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakePro
     for recompute in (False, True):
         times = pass_times(
             model,
-            device=CPU_A,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=32,
-            recompute=recompute,
+            shape=PassShape(
+                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=recompute
+            ),
             curve=curve,
         )
         forward = np.diff(times.forward_prefix_s)
@@ -172,20 +176,16 @@ def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakePro
     other = DeviceType(**{**_fields(CPU_A), "name": "cpu-z"})
     assert layer_backward_time_s(
         model.layers[1],
-        device=other,
-        dtype=Dtype.FP32,
-        micro_batch_size=2,
-        seq_len=32,
-        recompute=False,
+        shape=PassShape(
+            device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+        ),
         curve=curve,
     ) == pytest.approx(
         layer_backward_time_s(
             model.layers[1],
-            device=other,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=32,
-            recompute=False,
+            shape=PassShape(
+                device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+            ),
         )
     )
 

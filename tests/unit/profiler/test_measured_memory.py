@@ -24,6 +24,7 @@ from piebald.cost.memory import (
     stage_in_flight,
     stage_memory_bytes,
 )
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import search
 from piebald.planner.stage_costs import _memory_matrices
@@ -154,15 +155,13 @@ def _memory(
         MODEL,
         layer_start=layers[0],
         layer_end=layers[1],
-        device=DEVICE,
-        dtype=Dtype.FP32,
+        shape=PassShape(
+            device=DEVICE, dtype=Dtype.FP32, micro_batch_size=size, seq_len=SEQ, recompute=recompute
+        ),
         optimizer=JOB.optimizer,
         zero=zero,
         shard_fraction=fraction,
-        micro_batch_size=size,
-        seq_len=SEQ,
         num_in_flight=in_flight,
-        recompute=recompute,
         num_neighbor_stages=neighbors,
         curve=curve,
     )
@@ -206,7 +205,10 @@ def test_activation_lookup_interpolates_and_extrapolates_linearly(
 ) -> None:
     curve = _table(sizes, values)
     found = curve.activation_lookup(
-        BLOCK, device=DEVICE, dtype=Dtype.FP32, micro_batch_size=size, seq_len=SEQ, recompute=False
+        BLOCK,
+        shape=PassShape(
+            device=DEVICE, dtype=Dtype.FP32, micro_batch_size=size, seq_len=SEQ, recompute=False
+        ),
     )
     assert found is not None
     assert found[0] == pytest.approx(expected, rel=1e-12) and found[1] is source
@@ -220,11 +222,13 @@ def test_activation_lookup_interpolates_and_extrapolates_linearly(
     ):
         unmeasured = curve.measured_activation_bytes(
             layer,
-            device=DEVICE,
-            dtype=dtype,
-            micro_batch_size=size,
-            seq_len=seq_len,
-            recompute=recompute,
+            shape=PassShape(
+                device=DEVICE,
+                dtype=dtype,
+                micro_batch_size=size,
+                seq_len=seq_len,
+                recompute=recompute,
+            ),
         )
         assert unmeasured is None
 
@@ -278,14 +282,14 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
     stage DP's affine split of it) equal ``rank_memory`` range by range."""
     measured = _curve(_write_db(tmp_path / "db", block_factor=3.0))
     for recompute in (False, True):
+        shape = PassShape.for_job(JOB, device=DEVICE, micro_batch_size=4, recompute=recompute)
+        assert shape.dtype is Dtype.FP32
         for zero in (ZeroMode.NONE, ZeroMode.FULL):
             fixed, per_in_flight, sharded = _memory_matrices(
                 MODEL,
-                job=JOB,
-                device=DEVICE,
+                shape=shape,
+                optimizer=JOB.optimizer,
                 zero=zero,
-                recompute=recompute,
-                micro_batch_size=4,
                 neighbors=1,
                 wire=Dtype.FP32,
                 curve=measured,
@@ -293,14 +297,10 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
             whole_fixed, whole_sharded = stage_memory_bytes(
                 MODEL,
                 layers=None,
-                device=DEVICE,
-                dtype=Dtype.FP32,
+                shape=shape,
                 optimizer=JOB.optimizer,
                 zero=zero,
-                micro_batch_size=4,
-                seq_len=SEQ,
                 num_in_flight=2,
-                recompute=recompute,
                 num_neighbor_stages=1,
                 curve=measured,
             )

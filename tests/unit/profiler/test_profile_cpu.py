@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
 from piebald.cost.memory import rank_memory
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.planner.search import search
 from piebald.profiler.apply import cost_inputs_for, profiled_inputs
@@ -119,11 +120,13 @@ def test_plan_from_profiles_uses_the_measured_times(
             for recompute in (False, True):
                 times = pass_times(
                     model,
-                    device=device,
-                    dtype=Dtype.FP32,
-                    micro_batch_size=size,
-                    seq_len=SEQ,
-                    recompute=recompute,
+                    shape=PassShape(
+                        device=device,
+                        dtype=Dtype.FP32,
+                        micro_batch_size=size,
+                        seq_len=SEQ,
+                        recompute=recompute,
+                    ),
                     curve=inputs.curve,
                 )
                 for layer in model.layers[stage.layer_start : stage.layer_end]:
@@ -197,15 +200,17 @@ def test_memory_from_profiles_uses_the_measured_activation_bytes(
             model,
             layer_start=layers[0],
             layer_end=layers[1],
-            device=device,
-            dtype=Dtype.FP32,
+            shape=PassShape(
+                device=device,
+                dtype=Dtype.FP32,
+                micro_batch_size=size,
+                seq_len=SEQ,
+                recompute=recompute,
+            ),
             optimizer=Optimizer.ADAMW,
             zero=ZeroMode.NONE,
             shard_fraction=1.0,
-            micro_batch_size=size,
-            seq_len=SEQ,
             num_in_flight=3,
-            recompute=recompute,
             num_neighbor_stages=1,
             curve=curve,
         )
@@ -272,10 +277,9 @@ def test_two_machines_merge_into_one_db_a_plan_uses(
         block = model.layers[1]
         found = inputs.curve.lookup(
             block,
-            device=device,
-            dtype=Dtype.FP32,
-            micro_batch_size=2,
-            seq_len=SEQ,
+            shape=PassShape(
+                device=device, dtype=Dtype.FP32, micro_batch_size=2, seq_len=SEQ, recompute=False
+            ),
             kind=PassKind.FORWARD,
         )
         key = next(k for k in db.compute_runs if k.device == name and "block" in k.signature)

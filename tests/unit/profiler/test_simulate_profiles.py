@@ -15,6 +15,7 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.cost.compute import DEFAULT_CURVE
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
@@ -95,11 +96,13 @@ def test_recorded_curve_prices_the_plan_as_the_planner_did(
                 times = [
                     pass_times(
                         plan.model,
-                        device=device,
-                        dtype=device.training_dtype(plan.job.precision),
-                        micro_batch_size=size,
-                        seq_len=SEQ,
-                        recompute=recompute,
+                        shape=PassShape(
+                            device=device,
+                            dtype=device.training_dtype(plan.job.precision),
+                            micro_batch_size=size,
+                            seq_len=SEQ,
+                            recompute=recompute,
+                        ),
                         curve=curve,
                     )
                     for curve in (inputs.curve, rebuilt)

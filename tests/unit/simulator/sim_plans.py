@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster_builders import HALF_GPU, ROUND_GPU, hand_model
-from piebald.schedule.prices import Prices, StagePrices, Transfer
+from piebald.cost.zero_comm import StageComm
+from piebald.schedule.prices import Prices, Transfer
 from piebald.specs.cluster import ClusterSpec, Link, LinkKind
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
@@ -83,7 +84,7 @@ def pipeline(
 
 
 FREE_LINK = Link(kind=LinkKind.INTRA_NODE, bandwidth_bytes_per_s=math.inf, latency_s=0.0)
-NO_COMM = StagePrices(
+NO_COMM = StageComm(
     gather_pass_s=0.0, scatter_pass_s=0.0, all_reduce_s=0.0, reduce_scatter_s=0.0, all_gather_s=0.0
 )
 

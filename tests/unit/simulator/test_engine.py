@@ -18,6 +18,7 @@ from sim_plans import FixedPrices, cluster, pipeline
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import optimizer_step_time_s
 from piebald.cost.memory import IN_FLIGHT_SLACK, stage_in_flight
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.schedule.build import StepSchedule
@@ -76,11 +77,13 @@ def _one_stage(zero: ZeroMode, fractions: tuple[float, float]) -> None:
     device = c.device_of(0)
     times = pass_times(
         plan.model,
-        device=device,
-        dtype=device.training_dtype(plan.job.precision),
-        micro_batch_size=2,
-        seq_len=plan.job.seq_len,
-        recompute=False,
+        shape=PassShape(
+            device=device,
+            dtype=device.training_dtype(plan.job.precision),
+            micro_batch_size=2,
+            seq_len=plan.job.seq_len,
+            recompute=False,
+        ),
     )
     passes_s = 3 * times.pass_s(0, plan.model.num_layers)  # rank 0 runs three
     state_bytes = plan.model.num_params * plan.job.precision.num_bytes

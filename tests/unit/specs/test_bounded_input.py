@@ -14,6 +14,7 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.cost.memory import _prefix, _ranges, rank_memory
+from piebald.cost.pass_shape import PassShape
 from piebald.errors import SpecError
 from piebald.examples import example_path
 from piebald.profiler.db import load_profile_db
@@ -201,15 +202,17 @@ def test_largest_model_within_the_limits_prices_exact_positive_memory() -> None:
         model,
         layer_start=0,
         layer_end=model.num_layers,
-        device=load_cluster(example_path()).device_of(0),
-        dtype=Dtype.BF16,
+        shape=PassShape(
+            device=load_cluster(example_path()).device_of(0),
+            dtype=Dtype.BF16,
+            micro_batch_size=limits.MAX_GLOBAL_BATCH,
+            seq_len=limits.MAX_SEQ_LEN,
+            recompute=False,
+        ),
         optimizer=Optimizer.ADAMW,
         zero=ZeroMode.NONE,
         shard_fraction=1.0,
-        micro_batch_size=limits.MAX_GLOBAL_BATCH,
-        seq_len=limits.MAX_SEQ_LEN,
         num_in_flight=1,
-        recompute=False,
         num_neighbor_stages=0,
     )
     assert memory.weights_bytes == pytest.approx(2.0 * expected, rel=1e-12)

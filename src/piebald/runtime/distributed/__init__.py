@@ -2,10 +2,12 @@
 shard layouts, flat parameter buffers, uneven reduce-scatter/all-gather, the sharded
 optimizer step (ZeRO modes, clipping, loss scaling) and atomic sharded checkpoints.
 
-Typical use on one rank (the pipeline executor drives the passes in between)::
+Typical use on one rank, with each stage in one bucket (``stream_layers=False``, as the
+optimizer's tests drive it)::
 
     groups = build_process_groups(plan, timeout_s=60)  # every rank of the world, idle too
-    buckets = build_buckets(groups, named_params=params, tied_name=tied)  # used ranks
+    buckets = build_buckets(groups, named_params=params, tied_name=tied,
+                            stream_layers=False)  # used ranks
     optimizer = ShardedOptimizer(buckets, config=config, used_group=groups.used)
     for step in ...:
         optimizer.gather_params()       # ZeRO FULL only; a no-op otherwise
@@ -30,4 +32,10 @@ Contract for the caller:
 * Under ZeRO FULL keep parameters gathered from a micro-batch's forward until its
   backward is done: autograd saved views of them.
 * Idle ranks call only ``build_process_groups``.
+
+Training streams instead (``build_buckets``' default): a ZeRO-2/3 stage gets one bucket
+per layer, and the pipeline executor's ``LayerStream`` gathers each layer's parameters
+(ZeRO-3) for every pass and reduce-scatters its gradients after every backward, so a
+ZeRO-3 rank never holds its stage's whole weights; ``gather_params(streamed=False)`` is
+left for the buckets that are not streamed. ``cost.memory`` prices the streamed runtime.
 """

@@ -76,7 +76,6 @@ from piebald.runtime.distributed.flat_layout import (
 from piebald.runtime.distributed.group_layout import BucketPlacement
 from piebald.runtime.distributed.groups import CommGroup
 from piebald.runtime.distributed.shard_layout import ShardRange, back_to_back, shard_ranges
-from piebald.specs.plan import ZeroMode
 
 __all__ = ["FlatBucket"]
 
@@ -159,13 +158,13 @@ class FlatBucket:
         self.pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.shard)
         # ZeRO none: every rank steps the whole buffer (a replicated optimizer); ``shard``
         # still says which elements it counts in the global norm and checkpoints.
-        self.replicated = placement.zero is ZeroMode.NONE
+        self.replicated = not placement.zero.shards_optimizer
         self.stepped = ShardRange(start=0, end=numel) if self.replicated else self.shard
         self.stepped_pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.stepped)
         self.params_flat = initial if compute_dtype == torch.float32 else initial.to(compute_dtype)
         stepped = initial[self.stepped.start : self.stepped.end]
         # fp32 compute: the weights are the master (a view), unless released at rest.
-        fp32_view = compute_dtype == torch.float32 and placement.zero is not ZeroMode.FULL
+        fp32_view = compute_dtype == torch.float32 and not placement.zero.shards_weights
         self.master = stepped if fp32_view else stepped.clone()
         del initial, stepped
         with torch.no_grad():
@@ -260,7 +259,7 @@ class FlatBucket:
 
     @property
     def sharded_at_rest(self) -> bool:
-        return self.placement.zero is ZeroMode.FULL
+        return self.placement.zero.shards_weights
 
     @property
     def numel(self) -> int:

@@ -1,0 +1,80 @@
+"""What one micro-batch's pass through a model's layers is priced by, besides the layers
+and the pricing curve: the device, the dtype it computes in, the micro-batch's shape, and
+whether blocks recompute their activations.
+
+Compute time (``cost.compute``, ``cost.layer_table``), activation memory
+(``cost.memory``) and the profile's measurements (``profiler.compute_model``) all take one
+of these instead of the five values one by one. It is hashable (frozen, its hash
+computed once), so the caches on the planner's hot path key on it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.job import JobSpec
+
+__all__ = ["PassShape"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassShape:
+    device: DeviceType
+    dtype: Dtype  # what ``device`` computes in (``DeviceType.training_dtype``)
+    micro_batch_size: int  # sequences
+    seq_len: int  # tokens per sequence
+    # Blocks keep only their input and rerun their forward in the backward pass
+    # (activation checkpointing); a forward pass costs the same either way.
+    recompute: bool
+    # Hashed once: the planner looks shapes up per rank, and a device type's hash walks
+    # all its fields.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.seq_len < 1:
+            raise ValueError(
+                f"pass of micro_batch_size = {self.micro_batch_size}, seq_len = "
+                f"{self.seq_len}; expected both >= 1"
+            )
+        key = (self.device, self.dtype, self.micro_batch_size, self.seq_len, self.recompute)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its fields and rebuilt, never with its hash: string hashes differ
+        # between processes.
+        fields = (self.device, self.dtype, self.micro_batch_size, self.seq_len, self.recompute)
+        return _rebuild, fields
+
+    @classmethod
+    def for_job(
+        cls, job: JobSpec, *, device: DeviceType, micro_batch_size: int, recompute: bool
+    ) -> PassShape:
+        """A pass of ``job``'s sequences on ``device``, in the dtype it trains ``job`` in."""
+        return cls(
+            device=device,
+            dtype=device.training_dtype(job.precision),
+            micro_batch_size=micro_batch_size,
+            seq_len=job.seq_len,
+            recompute=recompute,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+
+def _rebuild(
+    device: DeviceType, dtype: Dtype, micro_batch_size: int, seq_len: int, recompute: bool
+) -> PassShape:
+    return PassShape(
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        recompute=recompute,
+    )
