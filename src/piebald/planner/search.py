@@ -21,20 +21,26 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import slack_of, stage_memory_bytes
+from piebald.cost.memory import stage_memory_bytes
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
-from piebald.cost.precision import activation_message_bytes
+from piebald.cost.traffic import BoundaryTraffic
 from piebald.planner.bounds import diagnose_infeasible, upper_bound_tokens_per_s
 from piebald.planner.cuts import depths_to_try, quantile_cuts, required_cuts, stages_of
 from piebald.planner.describe import describe_plan
 from piebald.planner.partition import split_layers
-from piebald.planner.proxy import Hop, Way, pipeline_proxy, polish_bounds, uniform_bounds
+from piebald.planner.proxy import (
+    ShareTrips,
+    pipeline_proxy,
+    polish_bounds,
+    share_round_trips,
+    uniform_bounds,
+)
 from piebald.planner.stage_builder import StageChoice, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost
 from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
+from piebald.planner.structure_traffic import NodeSignatures, StructureTraffic
 from piebald.planner.units import GPU_UNITS_UP_TO, Unit, build_units, node_classes, unit_orders
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
@@ -107,27 +113,11 @@ class _Search:
         self.costs: dict[tuple[tuple[tuple[int, int], ...], int, int, int], StageCost] = {}
         self.candidates: dict[tuple[tuple[tuple[int, ...], ...], int], _Candidate] = {}
         self.num_structures = 0
-        self.hops: dict[tuple[object, ...], tuple[float, float]] = {}
-        self.signatures: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
-        # Identical node groups price the same: keys use each group's class.
-        self.class_of = node_classes(cluster)
+        # Identical node groups price the same: keys use each stage's node signature.
+        self.signature = NodeSignatures(cluster)
+        self.traffic = StructureTraffic(cluster, model=model, job=job, signatures=self.signature)
 
     # -- pricing a structure with the DP ------------------------------------------------
-    def signature(self, ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-        """(node class, GPUs of the node in the stage) for each node, in rank order."""
-        if ranks in self.signatures:
-            return self.signatures[ranks]
-        per_node: dict[int, int] = {}
-        for rank in sorted(ranks):
-            node = self.cluster.gpus[rank].node_index
-            per_node[node] = per_node.get(node, 0) + 1
-        signature = tuple(
-            (self.class_of[self.cluster.nodes[node].group_index], count)
-            for node, count in per_node.items()
-        )
-        self.signatures[ranks] = signature
-        return signature
-
     def stage_cost(
         self, ranks: tuple[int, ...], index: int, depth: int, size: int, downstream: int
     ) -> StageCost:
@@ -171,8 +161,7 @@ class _Search:
             value, bounds = split_layers([c.cost_s for c in costs])
         if not math.isfinite(value):
             return math.inf
-        hops, link_busy = self.links(stages, size)
-        proxy = pipeline_proxy(costs, bounds, hops, link_busy, self.round_trips(stages, size))
+        proxy = pipeline_proxy(costs, bounds, *self.shape(stages, size))
         key = (stages, size)
         if key not in self.candidates or proxy < self.candidates[key].proxy_s:
             self.candidates[key] = _Candidate(
@@ -186,139 +175,19 @@ class _Search:
             return candidate
         stages, size = candidate.stages, candidate.micro_batch_size
         costs = self.stage_costs(stages, size)
-        hops, link_busy = self.links(stages, size)
         bounds, proxy = polish_bounds(
-            costs,
-            candidate.bounds,
-            hops,
-            link_busy,
-            self.round_trips(stages, size),
-            candidate.proxy_s,
+            costs, candidate.bounds, *self.shape(stages, size), candidate.proxy_s
         )
         return _Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
 
-    def links(
+    def shape(
         self, stages: tuple[tuple[int, ...], ...], size: int
-    ) -> tuple[list[Hop], list[float]]:
-        """Per boundary: one micro-batch's hop there and back, and the busy time of its
-        busiest NIC or GPU port over the step, as the plan estimate prices them
-        (``cost.plan_estimate._traffic``): the GPUs of a stage run in step, so those
-        sharing a node's NIC (or a receiver's port) send at once and split it; and a node's
-        NIC carries both of its stage's boundaries (activations out to the next stage,
-        gradients out to the previous one; in, the other way round)."""
-        num_micro_batches = self.job.global_batch_size / size
-        p = len(stages)
-        signatures = [self.signature(ranks) for ranks in stages]
-        num_nodes = [len(signature) for signature in signatures]
-        most_per_node = [max(count for _, count in signature) for signature in signatures]
-        node_of = [self.cluster.gpus[ranks[0]].node_index for ranks in stages]
-        inter = [  # not both stages on one and the same node
-            not (num_nodes[i] == num_nodes[i + 1] == 1 and node_of[i] == node_of[i + 1])
-            for i in range(p - 1)
-        ]
-
-        def crossing(i: int, kind: bool) -> bool:
-            """Boundary i exists and is inter-node (``kind``) or intra-node (not)."""
-            return 0 <= i < p - 1 and inter[i] == kind
-
-        # Streams one way over a resource: its senders, each sending at once, but no more
-        # than its receivers, each receiving one at a time (cost.plan_estimate).
-        def out_streams(s: int, kind: bool, to: int) -> int:  # a NIC out, or a GPU's port
-            return min(most_per_node[s], len(stages[to])) if kind else 1
-
-        def in_streams(sender: int, receiver: int, kind: bool) -> int:  # into a NIC or GPU
-            if not kind:
-                return 1
-            return min(len(stages[sender]), most_per_node[receiver])
-
-        parts = [
-            self.hop_parts(stages[i], stages[i + 1], size, inter=inter[i]) for i in range(p - 1)
-        ]
-
-        def load(i: int, s: int, kind: bool) -> float:
-            """Seconds boundary i's activations (or gradients) keep one direction of a NIC
-            of stage s (or a GPU's port) busy over the step, if it crosses that way."""
-            if not crossing(i, kind):
-                return 0.0
-            per = num_nodes[s] if kind else len(stages[s])
-            return parts[i][1] * num_micro_batches / per
-
-        hops: list[Hop] = []
-        for i in range(p - 1):
-            k = inter[i]
-            latency_s, alone_s = parts[i]
-            there = (  # activations: stage i's way out, stage i+1's way in
-                Way(out_streams(i, k, i + 1), load(i - 1, i, k)),
-                Way(in_streams(i, i + 1, k), load(i + 1, i + 1, k)),
-            )
-            back = (  # gradients: stage i+1's way out, stage i's way in
-                Way(out_streams(i + 1, k, i), load(i + 1, i + 1, k)),
-                Way(in_streams(i + 1, i, k), load(i - 1, i, k)),
-            )
-            hops.append(Hop(latency_s, alone_s, there, back))
-        nic = [0.0] * p  # per stage: one direction of each of its nodes' NICs
-        port = [0.0] * p  # ... of each of its GPUs' ports
-        for i, (_, alone_s) in enumerate(parts):
-            for s in (i, i + 1):
-                if inter[i]:
-                    nic[s] += alone_s * num_micro_batches / num_nodes[s]
-                else:
-                    port[s] += alone_s * num_micro_batches / len(stages[s])
-        busy = [
-            max(nic[i], nic[i + 1]) if inter[i] else max(port[i], port[i + 1]) for i in range(p - 1)
-        ]
-        return hops, busy
-
-    def round_trips(
-        self, stages: tuple[tuple[int, ...], ...], size: int
-    ) -> list[tuple[int, float, bool]]:
-        """Per stage, the 1F1B round trips its in-flight budget forces (cost.memory: the
-        micro-batches of an equal share over Little's budget with its slack, about the
-        share's ranks from the stage to the end), and the share of the stage's busy time
-        one micro-batch of an equal share takes (its ranks over the micro-batches), and
-        whether the stages from there on are more than a chain of one rank each (the plan
-        estimate's waits)."""
-        num_micro_batches = self.job.global_batch_size // size
-        trips = []
-        for i, ranks in enumerate(stages):
-            share = num_micro_batches / len(ranks)
-            downstream = sum(len(r) for r in stages[i:])
-            widths = [len(r) for r in stages[i:]]
-            slack = slack_of(schedule=Schedule.ONE_F_ONE_B, widths=widths)
-            budget = min(share, math.ceil(downstream * share / num_micro_batches) + slack)
-            trips.append(
-                (math.ceil(share / budget), len(ranks) / num_micro_batches, max(widths) > 1)
-            )
-        return trips
-
-    def hop_parts(
-        self, sender: tuple[int, ...], receiver: tuple[int, ...], size: int, *, inter: bool
-    ) -> tuple[float, float]:
-        """(latency, bytes over bandwidth) of one micro-batch's activation over the slowest
-        link between two neighbouring stages (one GPU per node group on each side)."""
-        key = (self.signature(sender), self.signature(receiver), size, inter)
-        if key not in self.hops:
-            left = {self.class_of[self.cluster.gpus[r].group_index]: r for r in sender}
-            right = {self.class_of[self.cluster.gpus[r].group_index]: r for r in receiver}
-            hops = [
-                (
-                    activation_message_bytes(
-                        self.cluster.device_of(a),
-                        precision=self.job.precision,
-                        micro_batch_size=size,
-                        seq_len=self.job.seq_len,
-                        hidden_size=self.model.arch.hidden_size,
-                    ),
-                    self.cluster.link_between(a, b),
-                )
-                for a in left.values()
-                for b in right.values()
-            ]
-            num_bytes, slowest = max(
-                hops, key=lambda hop: p2p_time_s(num_bytes=hop[0], link=hop[1])
-            )
-            self.hops[key] = (slowest.latency_s, num_bytes / slowest.bandwidth_bytes_per_s)
-        return self.hops[key]
+    ) -> tuple[tuple[BoundaryTraffic, ...], list[ShareTrips], list[int]]:
+        """What the proxy needs of a structure beyond its stage prices: its boundaries'
+        traffic, its stages' round trips and their widths."""
+        widths = [len(ranks) for ranks in stages]
+        trips = share_round_trips(widths, self.job.global_batch_size // size)
+        return self.traffic.boundaries(stages, size), trips, widths
 
     # -- exact construction -------------------------------------------------------------
     def assemble(

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import Collective, p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.layer_table import pass_times
-from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.memory import plan_rank_memory
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
 from piebald.cost.transfers import transfer_resources
 from piebald.specs.cluster import Link
