@@ -14,27 +14,16 @@ from dataclasses import dataclass
 from piebald.cost.in_flight import little_budget, mean_in_flight, num_round_trips, slack_of
 from piebald.cost.step_model import RoundTrip, StageTerms, settle
 from piebald.cost.traffic import BoundaryTraffic
+from piebald.planner.improvement import improves
 from piebald.planner.stage_costs import StageCost
 from piebald.specs.plan import Schedule
 
 __all__ = [
-    "IMPROVEMENT",
     "ShareTrips",
-    "improves",
     "pipeline_proxy",
     "polish_bounds",
     "share_round_trips",
-    "uniform_bounds",
 ]
-
-# A new value must beat the old by more than this relative margin to count: float noise
-# between two equal structures must not move a search.
-IMPROVEMENT = 1e-9
-
-
-def improves(new: float, old: float) -> bool:
-    """Whether ``new`` is better (smaller) than ``old`` by more than float noise."""
-    return new < old * (1 - IMPROVEMENT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,12 +120,3 @@ def polish_bounds(
                 if improves(value, proxy):
                     bounds, proxy, improved = trial, value, True
     return bounds, proxy
-
-
-def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Layers split as evenly as possible, earlier stages taking the remainder."""
-    base, extra = divmod(num_layers, num_stages)
-    bounds = [0]
-    for index in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
-    return tuple(bounds)

@@ -43,6 +43,7 @@ from piebald.specs.plan import Schedule, Stage, ZeroMode
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
 
+# In the order of what they shard: nothing, optimizer state, gradients, weights.
 ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
 
 
@@ -54,6 +55,16 @@ class StageRules:
     recompute: tuple[bool, ...] = (False, True)
     even_shards: bool = False
     equal_micro_batches: bool = False
+
+    @property
+    def most_frugal_zero(self) -> ZeroMode:
+        """The allowed ZeRO mode that shards the most (``ALL_ZERO_MODES`` order)."""
+        return max(self.zero_modes, key=ALL_ZERO_MODES.index)
+
+    @property
+    def most_frugal_recompute(self) -> bool:
+        """Recompute where allowed: it keeps the fewest activations."""
+        return True in self.recompute
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
