@@ -29,6 +29,7 @@ from piebald.specs.plan import Plan, Schedule
 
 __all__ = [
     "IN_FLIGHT_SLACK",
+    "chains_from",
     "in_flight_for_rounds",
     "in_flight_micro_batches",
     "is_chain",
@@ -50,7 +51,17 @@ def is_chain(widths: Sequence[int]) -> bool:
     """Whether stages of these working-rank counts are a chain of one rank per stage: each
     micro-batch then arrives at a rank as its predecessor leaves and waits for no one (the
     textbook 1F1B)."""
-    return not any(width > 1 for width in widths)
+    return not widths or chains_from(widths)[0]
+
+
+def chains_from(widths: Sequence[int]) -> list[bool]:
+    """Per stage, whether it and the stages after it are a chain (:func:`is_chain`)."""
+    chains = [True] * len(widths)
+    chain = True
+    for index in range(len(widths) - 1, -1, -1):
+        chain = chain and widths[index] <= 1
+        chains[index] = chain
+    return chains
 
 
 def mean_in_flight(*, ranks_to_end: Any, rank_micro_batches: Any, stage_micro_batches: Any) -> Any:

@@ -28,7 +28,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from piebald.cost.in_flight import is_chain
+from piebald.cost.in_flight import chains_from
 from piebald.cost.traffic import BoundaryTraffic
 
 __all__ = [
@@ -124,17 +124,23 @@ def step_at(
     if len(boundaries) != len(stages) - 1:
         raise ValueError(f"{len(stages)} stages need {len(stages) - 1} boundaries")
     last = len(stages) - 1
-    hop_s = (*(boundary.hop_s(horizon_s=horizon_s) for boundary in boundaries), 0.0)
-    micro_batch_s = tuple(stage.pass_s + hop for stage, hop in zip(stages, hop_s, strict=True))
+    hop_s = (*[boundary.hop_s(horizon_s=horizon_s) for boundary in boundaries], 0.0)
+    micro_batch_s = tuple([stage.pass_s + hop for stage, hop in zip(stages, hop_s, strict=True)])
     # The busiest stage, the last of equals; a link only where it is busier still.
-    stage_index = max(range(len(stages)), key=lambda i: (stages[i].busy_s, i))
-    bottleneck = Bottleneck(stage_index=stage_index, link=False)
-    bottleneck_s = stages[stage_index].busy_s
-    if boundaries:
-        link_index = max(range(last), key=lambda i: (boundaries[i].busy_s, i))
-        if boundaries[link_index].busy_s > bottleneck_s:
-            bottleneck = Bottleneck(stage_index=link_index, link=True)
-            bottleneck_s = boundaries[link_index].busy_s
+    stage_index, bottleneck_s = 0, stages[0].busy_s
+    for index in range(1, len(stages)):
+        if stages[index].busy_s >= bottleneck_s:
+            stage_index, bottleneck_s = index, stages[index].busy_s
+    link_index = -1
+    for index, boundary in enumerate(boundaries):
+        if boundary.busy_s > bottleneck_s:
+            link_index, bottleneck_s = index, boundary.busy_s
+        elif link_index >= 0 and boundary.busy_s == bottleneck_s:
+            link_index = index  # the last of equal links
+    if link_index >= 0:
+        bottleneck = Bottleneck(stage_index=link_index, link=True)
+    else:
+        bottleneck = Bottleneck(stage_index=stage_index, link=False)
     # Fill and drain: one micro-batch through every stage but the bottleneck stage, and
     # over every boundary (the bottleneck stage's own hop too: its last micro-batch still
     # has to cross it before the later stages can drain).
@@ -147,24 +153,28 @@ def step_at(
     # round trip of a micro-batch through its stage and the later ones (1F1B), waiting at
     # each later stage unless they form a chain, where each micro-batch arrives as the
     # last one leaves.
-    if horizon_s is None:
-        waits = [0.0] * len(stages)
-    else:
-        waits = [
-            residual_wait_s(
-                busy_s=stage.busy_s, horizon_s=horizon_s, pass_s=stage.pass_s, last=index == last
-            )
-            for index, stage in enumerate(stages)
-        ]
-    widths = [stage.num_working_ranks for stage in stages]
+    chains = chains_from([stage.num_working_ranks for stage in stages])
+    with_waits = micro_batch_s
+    if horizon_s is not None and not chains[0]:  # in a chain throughout, no one waits
+        with_waits = tuple(
+            [
+                mb_s
+                + residual_wait_s(
+                    busy_s=stage.busy_s,
+                    horizon_s=horizon_s,
+                    pass_s=stage.pass_s,
+                    last=index == last,
+                )
+                for index, (stage, mb_s) in enumerate(zip(stages, micro_batch_s, strict=True))
+            ]
+        )
     # before_s[s]: one micro-batch through stages 0..s-1, summed left to right.
     before_s = (0.0, *itertools.accumulate(micro_batch_s))
     for index, stage in enumerate(stages):
-        met = not is_chain(widths[index:])
-        later_s = hop_s[index] + sum(
-            mb_s + (wait_s if met else 0.0)
-            for mb_s, wait_s in zip(micro_batch_s[index + 1 :], waits[index + 1 :], strict=True)
-        )
+        if not stage.round_trips:
+            continue
+        later = micro_batch_s if chains[index] else with_waits
+        later_s = hop_s[index] + sum(later[index + 1 :])
         for trip in stage.round_trips:
             pipeline_s = max(pipeline_s, trip.rounds * (trip.pass_s + later_s) + before_s[index])
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.

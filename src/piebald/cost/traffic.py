@@ -53,8 +53,9 @@ def background_stretch(background_s: float, *, horizon_s: float | None) -> float
     """How much slower a transfer moves over a resource that other traffic keeps busy
     ``background_s`` of ``horizon_s``: 1 / (1 - rho) under processor sharing (M/G/1-PS),
     rho capped at MAX_BACKGROUND; 1 without a horizon."""
-    rho = background_s / horizon_s if horizon_s else 0.0
-    return 1.0 / (1.0 - min(rho, MAX_BACKGROUND))
+    if not horizon_s:
+        return 1.0
+    return 1.0 / (1.0 - min(background_s / horizon_s, MAX_BACKGROUND))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,11 +78,11 @@ class Way:
     def seconds(self, num_bytes: float, *, horizon_s: float | None) -> float:
         """A message of ``num_bytes`` this way, at its share of each resource."""
         seconds_per_byte = 1.0 / self.bandwidth_bytes_per_s
-        for crossing in self.crossings:
+        for crossing in self.crossings:  # (a loop, not max(): the planner runs this a lot)
             stretch = background_stretch(crossing.background_s, horizon_s=horizon_s)
-            seconds_per_byte = max(
-                seconds_per_byte, crossing.streams * stretch / crossing.capacity_bytes_per_s
-            )
+            shared = crossing.streams * stretch / crossing.capacity_bytes_per_s
+            if shared > seconds_per_byte:
+                seconds_per_byte = shared
         return self.latency_s + num_bytes * seconds_per_byte
 
 
@@ -109,7 +110,10 @@ class BoundaryTraffic:
 
     def hop_s(self, *, horizon_s: float | None) -> float:
         """One micro-batch's hop across the boundary: its slowest pair's."""
-        return max((pair.seconds(horizon_s=horizon_s) for pair in self.pairs), default=0.0)
+        slowest_s = 0.0
+        for pair in self.pairs:
+            slowest_s = max(slowest_s, pair.seconds(horizon_s=horizon_s))
+        return slowest_s
 
 
 _WayKey = tuple[float, float, tuple[Crossing, ...]]

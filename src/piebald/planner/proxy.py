@@ -7,6 +7,7 @@ that ranking structures by it ranks them as the exact estimate would.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ class ShareTrips:
     busy_share: float
 
 
-def share_round_trips(widths: Sequence[int], num_micro_batches: int) -> list[ShareTrips]:
+@functools.lru_cache(maxsize=4096)  # structures of equal widths repeat across a search
+def share_round_trips(widths: tuple[int, ...], num_micro_batches: int) -> tuple[ShareTrips, ...]:
     """Per stage of a structure with ``widths`` ranks, the round trips of a rank with an
     equal share of the micro-batches under Little's budget with its slack
     (``cost.in_flight``)."""
@@ -52,7 +54,7 @@ def share_round_trips(widths: Sequence[int], num_micro_batches: int) -> list[Sha
         trips.append(
             ShareTrips(rounds=num_round_trips(share, budget), busy_share=width / num_micro_batches)
         )
-    return trips
+    return tuple(trips)
 
 
 def pipeline_proxy(

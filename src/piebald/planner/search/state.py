@@ -105,10 +105,10 @@ class SearchState:
 
     def shape(
         self, stages: Stages, size: int
-    ) -> tuple[tuple[BoundaryTraffic, ...], list[ShareTrips], list[int]]:
+    ) -> tuple[tuple[BoundaryTraffic, ...], tuple[ShareTrips, ...], tuple[int, ...]]:
         """What the proxy needs of a structure beyond its stage prices: its boundaries'
         traffic, its stages' round trips and their widths."""
-        widths = [len(ranks) for ranks in stages]
+        widths = tuple(len(ranks) for ranks in stages)
         trips = share_round_trips(widths, self.job.global_batch_size // size)
         return self.traffic.boundaries(stages, size), trips, widths
 
