@@ -30,7 +30,6 @@ buffers and the reserve stay analytic.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,31 +43,22 @@ from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec, kept_bytes
-from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.plan import Plan, ZeroMode
 
 __all__ = [
-    "IN_FLIGHT_SLACK",
     "RECEIVES_POSTED",
     "STEP_CHUNK_ELEMENTS",
     "MemoryBreakdown",
     "adamw_temporary_elements",
     "framework_reserve_bytes",
-    "in_flight_for_rounds",
-    "in_flight_micro_batches",
     "layer_activation_bytes",
     "plan_rank_memory",
     "rank_memory",
-    "ranks_to_end",
-    "slack_of",
-    "stage_in_flight",
     "stage_memory_bytes",
     "stage_params_matrix",
 ]
 
 GIB = 2.0**30
-# Micro-batches a 1F1B rank with later stages holds beyond Little's law
-# (in_flight_micro_batches).
-IN_FLIGHT_SLACK = 1
 # Receives a rank keeps posted from each neighbouring stage (``schedule.build``),
 # each holding a buffer. Two, not one: a receive is a rendezvous, so a transfer waits for
 # it, and where a hop outlasts a pass (eight ranks to a 10 GbE NIC) one pass of notice
@@ -165,86 +155,6 @@ def adamw_temporary_elements(*, stepped_numel: Any, chunk_numel: Any) -> Any:
     first = np.minimum(chunk_numel, stepped_numel)
     second = np.clip(stepped_numel - chunk_numel, 0.0, chunk_numel)
     return np.maximum(2.0 * first, np.where(second > 0, first + 2.0 * second, 0.0))
-
-
-def in_flight_micro_batches(
-    *,
-    schedule: Schedule,
-    ranks_to_end: int,
-    rank_micro_batches: int,
-    stage_micro_batches: int,
-    slack: int,
-) -> int:
-    """Micro-batches whose activations a rank holds at its peak.
-
-    GPipe keeps all of them. Under 1F1B a micro-batch's activations live from its forward
-    until its backward, one round trip through this and the later stages. By Little's law a
-    rank holds (its rate) x (round trip): with every working rank of this and the later
-    stages (``ranks_to_end`` of them) taking an equal part of the step, that is
-    ``ranks_to_end x rank_micro_batches / stage_micro_batches``. With one rank per stage
-    this is ``num_stages - stage_index`` (Narayanan et al. 2021, PipeDream-Flush); fewer
-    would starve a data-parallel stage, which waits for a gradient before every forward.
-
-    Little's law covers the mean round trip, and a micro-batch waits behind others at the
-    busy ranks and NICs it crosses, so a budget of exactly the mean starves the rank (by
-    5-20% on the scenarios in the simulator): ``slack`` more micro-batches absorb the
-    waits (:func:`slack_of`).
-    """
-    if rank_micro_batches <= 0:
-        return 0
-    if schedule is Schedule.GPIPE:
-        return rank_micro_batches
-    share = math.ceil(ranks_to_end * rank_micro_batches / stage_micro_batches) + slack
-    return max(1, min(rank_micro_batches, share))
-
-
-def slack_of(*, schedule: Schedule, widths: Sequence[int]) -> int:
-    """The in-flight slack a 1F1B rank holds where memory allows, given the working ranks
-    of its stage and of each later one (``widths``): ``IN_FLIGHT_SLACK``, or none on the
-    last stage and in a chain of one rank per stage (each micro-batch then arrives as its
-    predecessor leaves and waits for no one: the textbook 1F1B, which Little's budget runs
-    exactly)."""
-    if schedule is Schedule.GPIPE or len(widths) <= 1 or all(w == 1 for w in widths):
-        return 0
-    return IN_FLIGHT_SLACK
-
-
-def ranks_to_end(counts_per_stage: Sequence[Sequence[int]], stage_index: int) -> int:
-    """Ranks with micro-batches in stage ``stage_index`` and the stages after it."""
-    return sum(1 for counts in counts_per_stage[stage_index:] for count in counts if count > 0)
-
-
-def in_flight_for_rounds(*, budget: int, rank_micro_batches: int, num_rounds: int) -> int:
-    """The smallest in-flight budget, at most ``budget``, that lets a rank run its
-    micro-batches in ``num_rounds`` round trips (1F1B finishes at most w micro-batches per
-    round trip): ceil(n / rounds), at least 1 for a rank with work."""
-    if rank_micro_batches <= 0:
-        return 0
-    return max(1, min(budget, math.ceil(rank_micro_batches / num_rounds)))
-
-
-def stage_in_flight(plan: Plan, stage_index: int) -> tuple[int, ...]:
-    """Each rank's in-flight budget in stage ``stage_index``: the plan's ``max_in_flight``
-    where the planner recorded one (a budget lowered to fit memory, or Little's without its
-    slack), else Little's law with its slack (:func:`in_flight_micro_batches`). The memory
-    estimate, the step-time estimate and the 1F1B schedule all hold a rank to this."""
-    stage = plan.stages[stage_index]
-    if stage.max_in_flight is not None:
-        return stage.max_in_flight
-    downstream = ranks_to_end([s.num_micro_batches for s in plan.stages], stage_index)
-    total = sum(stage.num_micro_batches)
-    widths = [sum(1 for n in s.num_micro_batches if n) for s in plan.stages[stage_index:]]
-    slack = slack_of(schedule=plan.schedule, widths=widths)
-    return tuple(
-        in_flight_micro_batches(
-            schedule=plan.schedule,
-            ranks_to_end=downstream,
-            rank_micro_batches=count,
-            stage_micro_batches=total,
-            slack=slack,
-        )
-        for count in stage.num_micro_batches
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.in_flight import stage_in_flight
+from piebald.cost.memory import plan_rank_memory
 from piebald.specs.plan import Plan
 
 __all__ = ["RankOverflow", "first_memory_overflow"]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["split_layers"]
+__all__ = ["split_layers", "uniform_bounds"]
 
 FloatMatrix = npt.NDArray[np.float64]
 
@@ -53,3 +53,12 @@ def split_layers(costs: Sequence[FloatMatrix]) -> tuple[float, tuple[int, ...]]:
     bounds.reverse()
     assert bounds[0] == 0 and all(a < b for a, b in itertools.pairwise(bounds))
     return value, tuple(bounds)
+
+
+def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers split as evenly as possible, earlier stages taking the remainder."""
+    base, extra = divmod(num_layers, num_stages)
+    bounds = [0]
+    for index in range(num_stages):
+        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
+    return tuple(bounds)

@@ -1,128 +1,111 @@
 """The planner's step-time proxy for a priced structure, and the polish of its layer split.
 
-The proxy mirrors the closed-form plan estimate (``cost.plan_estimate``) on the DP's stage
-prices, so that ranking structures by it ranks them as the exact estimate would.
+The proxy is the step model (``cost.step_model``) on the DP's stage prices at given layer
+bounds and the structure's aggregate boundary traffic (``planner.structure_traffic``), so
+that ranking structures by it ranks them as the exact estimate would.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from piebald.cost.plan_estimate import HORIZON_ITERATIONS, background_stretch, residual_wait_s
+from piebald.cost.in_flight import little_budget, mean_in_flight, num_round_trips, slack_of
+from piebald.cost.step_model import RoundTrip, StageTerms, settle
+from piebald.cost.traffic import BoundaryTraffic
+from piebald.planner.improvement import improves
 from piebald.planner.stage_costs import StageCost
+from piebald.specs.plan import Schedule
 
-__all__ = ["Hop", "Way", "pipeline_proxy", "polish_bounds", "uniform_bounds"]
-
-
-@dataclass(frozen=True, slots=True)
-class Way:
-    """A resource (a node's NIC or a GPU's port, one direction) that one way of a hop
-    crosses: the streams running this way over it at once, and the seconds the rest of its
-    traffic (a stage's activations out and its gradients out share its NIC) keeps it busy
-    over the step."""
-
-    streams: int
-    other_busy_s: float
+__all__ = [
+    "ShareTrips",
+    "pipeline_proxy",
+    "polish_bounds",
+    "share_round_trips",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class Hop:
-    """One micro-batch's activation there and gradient back over a stage boundary, priced
-    as the plan estimate does (``cost.plan_estimate._traffic``): each way takes its
-    latency plus its bytes at capacity / streams on its busiest resource, stretched by
-    1 / (1 - rho) where the resource's other traffic keeps it busy a share rho of the
-    pipeline (``horizon_s``; not counted without one)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareTrips:
+    """A stage's 1F1B round trips for a rank of an equal share: how many its Little's
+    budget forces, and the share of the stage's busy time one micro-batch of it takes."""
 
-    latency_s: float
-    alone_s: float  # one activation's bytes over the path's bandwidth
-    there: tuple[Way, ...]
-    back: tuple[Way, ...]
+    rounds: int
+    busy_share: float
 
-    def seconds(self, horizon_s: float | None) -> float:
-        total = 0.0
-        for resources in (self.there, self.back):
-            streams = 1.0
-            for way in resources:
-                stretch = background_stretch(way.other_busy_s, horizon_s=horizon_s)
-                streams = max(streams, way.streams * stretch)
-            total += self.latency_s + streams * self.alone_s
-        return total
+
+@functools.lru_cache(maxsize=4096)  # structures of equal widths repeat across a search
+def share_round_trips(widths: tuple[int, ...], num_micro_batches: int) -> tuple[ShareTrips, ...]:
+    """Per stage of a structure with ``widths`` ranks, the round trips of a rank with an
+    equal share of the micro-batches under Little's budget with its slack
+    (``cost.in_flight``)."""
+    trips = []
+    for index, width in enumerate(widths):
+        share = num_micro_batches / width
+        mean = mean_in_flight(
+            ranks_to_end=sum(widths[index:]),
+            rank_micro_batches=share,
+            stage_micro_batches=num_micro_batches,
+        )
+        slack = slack_of(schedule=Schedule.ONE_F_ONE_B, widths=widths[index:])
+        budget = little_budget(mean, slack=slack, most=share)
+        trips.append(
+            ShareTrips(rounds=num_round_trips(share, budget), busy_share=width / num_micro_batches)
+        )
+    return tuple(trips)
 
 
 def pipeline_proxy(
     costs: Sequence[StageCost],
     bounds: tuple[int, ...],
-    boundaries: list[Hop],
-    link_busy: list[float],
-    round_trips: list[tuple[int, float, bool]],
+    boundaries: Sequence[BoundaryTraffic],
+    trips: Sequence[ShareTrips],
+    widths: Sequence[int],
 ) -> float:
-    """The plan estimate's form on DP prices: the busiest stage or link, plus one
-    micro-batch through every stage and hop except the bottleneck stage, at least the round
-    trips each stage's in-flight budget forces (with the waits at the later stages), plus
-    the sync the drain does not hide, plus the slowest optimizer step. Hops and waits
-    depend on the pipeline's length; like the estimate, it iterates to the fixed point."""
-    ranges = list(itertools.pairwise(bounds))
-    sync = [float(c.sync_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    busy = [float(c.busy_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    passes = [float(c.pass_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True)]
-    rounds = [
-        max(trips, int(c.rounds[a, b]))
-        for c, (a, b), (trips, _, _) in zip(costs, ranges, round_trips, strict=True)
-    ]
-    optimizer = max(float(c.optimizer_s[a, b]) for c, (a, b) in zip(costs, ranges, strict=True))
-    pipeline = _pipeline(busy, passes, boundaries, link_busy, round_trips, rounds, None)
-    for _ in range(HORIZON_ITERATIONS):
-        horizon = pipeline
-        pipeline = _pipeline(busy, passes, boundaries, link_busy, round_trips, rounds, horizon)
-        if abs(pipeline - horizon) <= 1e-4 * horizon:
-            break
-    exposed = max(max(0.0, s - sum(passes[:i])) for i, s in enumerate(sync))
-    return pipeline + exposed + optimizer
-
-
-def _pipeline(
-    busy: list[float],
-    passes: list[float],
-    boundaries: list[Hop],
-    link_busy: list[float],
-    round_trips: list[tuple[int, float, bool]],
-    rounds: list[int],
-    horizon: float | None,
-) -> float:
-    hops = [hop.seconds(horizon) for hop in boundaries]
-    slowest_stage = int(np.argmax(busy))
-    if max(link_busy, default=0.0) > busy[slowest_stage]:
-        pipeline = max(link_busy) + sum(passes) + sum(hops)
-    else:
-        pipeline = busy[slowest_stage] + sum(passes) + sum(hops) - passes[slowest_stage]
-    # Little's law (cost.plan_estimate): the stage's rounds of one micro-batch of an equal
-    # share plus the trip through the later stages, with the waits there; more rounds
-    # where the stage's in-flight budget had to shrink to fit memory.
-    last = len(busy) - 1
-    waits = [
-        residual_wait_s(busy_s=busy[k], horizon_s=horizon, pass_s=passes[k], last=k == last)
-        if horizon
-        else 0.0
-        for k in range(len(busy))
-    ]
-    for i in range(last):
-        met = round_trips[i][2]  # not a chain of one rank per stage from here on
-        later = sum(hops[i:]) + sum(passes[i + 1 :]) + (sum(waits[i + 1 :]) if met else 0.0)
-        before = sum(passes[:i]) + sum(hops[:i])
-        pipeline = max(pipeline, rounds[i] * (busy[i] * round_trips[i][1] + later) + before)
-    return pipeline
+    """The step model on the DP's prices of layers [bounds[i], bounds[i+1]) on each stage:
+    its busy time, pass, sync and optimizer step; a rank of an equal share's round trips,
+    more where the stage's in-flight budget had to shrink to fit memory."""
+    last = len(costs) - 1
+    stages = []
+    for index, (cost, (a, b)) in enumerate(zip(costs, itertools.pairwise(bounds), strict=True)):
+        busy_s = float(cost.busy_s[a, b])
+        trip = trips[index]
+        # The last stage's round trip is its own passes, which its busy time covers; the
+        # equal share's would overshoot it where the share is fractional.
+        round_trips = (
+            ()
+            if index == last
+            else (
+                RoundTrip(
+                    rounds=max(trip.rounds, int(cost.rounds[a, b])),
+                    pass_s=busy_s * trip.busy_share,
+                ),
+            )
+        )
+        stages.append(
+            StageTerms(
+                busy_s=busy_s,
+                pass_s=float(cost.pass_s[a, b]),
+                num_working_ranks=widths[index],
+                round_trips=round_trips,
+                sync_s=float(cost.sync_s[a, b]),
+                optimizer_s=float(cost.optimizer_s[a, b]),
+            )
+        )
+    # The sync hides behind the earlier stages' passes only, not their hops too as in the
+    # plan estimate: with the hops, nine plans of benchmarks/plan_fingerprints.py changed,
+    # four for the better and three for the worse (issue 18).
+    return settle(stages, boundaries, drain_hops=False).step_s
 
 
 def polish_bounds(
     costs: Sequence[StageCost],
     bounds: tuple[int, ...],
-    hops: list[Hop],
-    link_busy: list[float],
-    round_trips: list[tuple[int, float, bool]],
+    boundaries: Sequence[BoundaryTraffic],
+    trips: Sequence[ShareTrips],
+    widths: Sequence[int],
     proxy: float,
 ) -> tuple[tuple[int, ...], float]:
     """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
@@ -135,16 +118,7 @@ def polish_bounds(
                 if not bounds[index - 1] < moved < bounds[index + 1]:
                     continue
                 trial = (*bounds[:index], moved, *bounds[index + 1 :])
-                value = pipeline_proxy(costs, trial, hops, link_busy, round_trips)
-                if value < proxy * (1 - 1e-9):
+                value = pipeline_proxy(costs, trial, boundaries, trips, widths)
+                if improves(value, proxy):
                     bounds, proxy, improved = trial, value, True
     return bounds, proxy
-
-
-def uniform_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Layers split as evenly as possible, earlier stages taking the remainder."""
-    base, extra = divmod(num_layers, num_stages)
-    bounds = [0]
-    for index in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
-    return tuple(bounds)

@@ -7,7 +7,7 @@ that fits, since uneven collectives are padded to the largest shard), and the fa
 setting whose every rank fits its memory wins.
 
 Each rank holds the 1F1B in-flight budget of Little's law and its slack
-(``cost.memory.in_flight_micro_batches``), or without the slack where that does not fit
+(``cost.in_flight.in_flight_micro_batches``), or without the slack where that does not fit
 (the stage records it). Where no setting fits even so, the budget
 shrinks to the fewest round trips rho that fit, w_r = ceil(n_r / rho)
 (``in_flight_for_rounds``; memory falls as rho grows, so a binary search finds the
@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.memory import (
+from piebald.cost.in_flight import (
     in_flight_for_rounds,
     in_flight_micro_batches,
-    rank_memory,
+    num_round_trips,
     slack_of,
 )
+from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
@@ -43,7 +44,8 @@ from piebald.specs.plan import Schedule, Stage, ZeroMode
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
 
-ALL_ZERO_MODES = tuple(ZeroMode)  # in declaration order: the first of equals wins
+# In the order of what they shard: nothing, optimizer state, gradients, weights.
+ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +56,16 @@ class StageRules:
     recompute: tuple[bool, ...] = (False, True)
     even_shards: bool = False
     equal_micro_batches: bool = False
+
+    @property
+    def most_frugal_zero(self) -> ZeroMode:
+        """The allowed ZeRO mode that shards the most (``ALL_ZERO_MODES`` order)."""
+        return max(self.zero_modes, key=ALL_ZERO_MODES.index)
+
+    @property
+    def most_frugal_recompute(self) -> bool:
+        """Recompute where allowed: it keeps the fewest activations."""
+        return True in self.recompute
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,7 +141,7 @@ def build_stage(
 ) -> StageChoice | None:
     """The fastest memory-feasible setting of this stage, or None if nothing fits.
     ``widths`` counts the ranks of this stage and of each later one: the 1F1B in-flight
-    budget and its slack (``cost.memory.in_flight_micro_batches``, ``slack_of``)."""
+    budget and its slack (``cost.in_flight.in_flight_micro_batches``, ``slack_of``)."""
     devices = [cluster.device_of(rank) for rank in ranks]
     params = float(model.stage_params(layer_start, layer_end))
     wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
@@ -241,8 +253,10 @@ def build_stage(
 
 
 def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:
-    """Round trips a step takes the stage's ranks: 1F1B finishes w per round trip."""
-    return max((math.ceil(n / w) for n, w in zip(counts, budgets, strict=True) if n), default=1)
+    """Round trips a step takes the stage's ranks: its slowest rank's."""
+    return max(
+        (num_round_trips(n, w) for n, w in zip(counts, budgets, strict=True) if n), default=1
+    )
 
 
 def _fit_in_flight(

@@ -10,7 +10,8 @@ rank's micro-batches in flight estimated from its speed share.
 
 Where no setting fits with Little's in-flight budget, the range is priced as the exact
 build (``stage_builder``) would make it: the fewest round trips rho whose budgets
-w = ceil(n / rho) fit (closed-form bounds, then bisection, all ranges at once), its busy
+w = ceil(n / rho) fit (``range_memory``: closed-form bounds, then bisection, all ranges
+at once), its busy
 time stretched by rho over Little's round trips in ``cost_s`` so the split steers away
 from it, and rho in ``rounds`` for the pipeline proxy's round-trip bound.
 """
@@ -18,9 +19,7 @@ from it, and rho in ``rounds`` for the pipeline proxy's round-trip bound.
 from __future__ import annotations
 
 import functools
-import math
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,11 +27,16 @@ import numpy.typing as npt
 
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.in_flight import (
+    little_budget,
+    mean_in_flight,
+)
 from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.zero_comm import stage_comm
+from piebald.planner.range_memory import RangeMemory, RankKind
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
@@ -171,7 +175,7 @@ def stage_cost(
                     curve=curve,
                 )
                 kinds.append(
-                    _Kind(
+                    RankKind(
                         count=count,
                         free_bytes=free,
                         per_in_flight_bytes=per_in_flight,
@@ -180,7 +184,7 @@ def stage_cost(
                         little=timed.little[device],
                     )
                 )
-            memory = _Memory(
+            memory = RangeMemory(
                 kinds=kinds,
                 even_shards=rules.even_shards or zero.replicated,
                 num_ranks=len(ranks),
@@ -281,8 +285,13 @@ def _passes(
     for device in classes:
         share = 1.0 / pass_of[device] / rate  # a rank's share (nan: invalid)
         micro_batches[device] = np.maximum(1.0, np.ceil(num_micro_batches * share))
-        little[device] = np.maximum(
-            1.0, np.minimum(micro_batches[device], np.ceil(ranks_to_end * share))
+        # Little's budget without its slack (what the exact build falls back to last).
+        little[device] = little_budget(
+            mean_in_flight(
+                ranks_to_end=ranks_to_end, rank_micro_batches=share, stage_micro_batches=1.0
+            ),
+            slack=0,
+            most=micro_batches[device],
         )
     return _Passes(
         busy=busy,
@@ -298,7 +307,10 @@ def _in_lockstep(
     """``timed`` with every rank running ``per_rank`` micro-batches in lockstep: each pass
     lasts as long as the slowest rank's."""
     share = 1.0 / sum(classes.values())
-    little = max(1.0, min(per_rank, math.ceil(ranks_to_end * share)))
+    mean = mean_in_flight(
+        ranks_to_end=ranks_to_end, rank_micro_batches=share, stage_micro_batches=1.0
+    )
+    little = float(little_budget(mean, slack=0, most=per_rank))
     return _Passes(
         busy=per_rank * timed.slowest,
         slowest=timed.slowest,
@@ -440,207 +452,6 @@ def _memory_ranges(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Room:
-    """The memory of the ranks of one GPU type in a stage, over every layer range (or a
-    subset of them)."""
-
-    count: int
-    free_bytes: Ranges  # memory less everything but activations
-    per_in_flight_bytes: Ranges
-    sharded_bytes: Ranges  # per unit of shard fraction
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Kind(_Room):
-    """The ranks of one GPU type in a stage, with their micro-batches and in-flight budget."""
-
-    micro_batches: Ranges  # each rank's, from its speed share
-    little: Ranges  # Little's in-flight budget
-
-    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> _Kind:
-        return _Kind(
-            count=self.count,
-            free_bytes=self.free_bytes[where],
-            per_in_flight_bytes=self.per_in_flight_bytes[where],
-            sharded_bytes=self.sharded_bytes[where],
-            micro_batches=self.micro_batches[where],
-            little=self.little[where],
-        )
-
-    def budget(self, rounds: Ranges | None) -> Ranges:
-        """In flight under Little's budget (None) or the fewest for ``rounds`` round trips
-        (``cost.memory.in_flight_for_rounds``)."""
-        if rounds is None:
-            return self.little
-        return np.maximum(1.0, np.minimum(self.little, np.ceil(self.micro_batches / rounds)))
-
-    def most_in_flight(self, reserved_bytes: Ranges | float) -> Ranges:
-        """The most micro-batches in flight that leave ``reserved_bytes`` free."""
-        room = (self.free_bytes - reserved_bytes) / self.per_in_flight_bytes
-        return np.where(self.per_in_flight_bytes > 0, np.floor(room), np.inf)
-
-
-def _fits(
-    rooms: Sequence[_Room],
-    budgets: Sequence[Ranges | float],
-    *,
-    even_shards: bool,
-    num_ranks: int,
-) -> npt.NDArray[np.bool_]:
-    """Where every rank fits holding its budget in flight: with even shards each on its
-    own, otherwise each on its own and the free memory of all ranks together holds the
-    sharded state (water-filling succeeds)."""
-    all_fit: npt.NDArray[np.bool_] | None = None
-    shard_capacity: Ranges | None = None  # sum of free / sharded bytes
-    for room, budget in zip(rooms, budgets, strict=True):
-        free = room.free_bytes - budget * room.per_in_flight_bytes
-        if even_shards:
-            fit = free >= room.sharded_bytes / num_ranks
-        else:
-            fit = free >= 0
-            capacity = room.count * np.where(
-                room.sharded_bytes > 0, free / room.sharded_bytes, np.inf
-            )
-            shard_capacity = capacity if shard_capacity is None else shard_capacity + capacity
-        all_fit = fit if all_fit is None else all_fit & fit
-    assert all_fit is not None, "a stage has ranks"
-    if shard_capacity is not None:
-        all_fit &= shard_capacity >= 1.0
-    return all_fit
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Memory:
-    """Whether a stage's ranks fit (``_fits``), over every layer range or a subset."""
-
-    kinds: list[_Kind]
-    even_shards: bool
-    num_ranks: int
-
-    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> _Memory:
-        return _Memory(
-            kinds=[k.at(where) for k in self.kinds],
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def fits(self, rounds: Ranges | None) -> npt.NDArray[np.bool_]:
-        """Where every rank fits holding Little's budget (None) or that of ``rounds``."""
-        return _fits(
-            self.kinds,
-            [kind.budget(rounds) for kind in self.kinds],
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def fits_one(self) -> npt.NDArray[np.bool_]:
-        """Where every rank fits holding one micro-batch in flight (the most round trips)."""
-        return _fits(
-            self.kinds,
-            [1.0] * len(self.kinds),
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def little_rounds(self) -> Ranges:
-        """Round trips Little's budget needs: 1F1B finishes w micro-batches per trip."""
-        rounds: Ranges = np.maximum.reduce(
-            [np.ceil(k.micro_batches / k.little) for k in self.kinds]
-        )
-        return rounds
-
-    def round_bounds(self) -> tuple[Ranges, Ranges]:
-        """(rho_low, rho_high): no fewer round trips fit than rho_low, and rho_high fit
-        where anything does. Each rank on its own needs w <= W (the most in flight its
-        memory holds), exactly rho >= ceil(n / W); with uneven shards the ranks together
-        also need sum_k t_k w_k <= S (t_k: a micro-batch's share of the sharded capacity,
-        S: the capacity left over one whole state), and n / rho <= w <= n / rho + 1."""
-        little = self.little_rounds()
-        low = little
-        for kind in self.kinds:
-            reserved = kind.sharded_bytes / self.num_ranks if self.even_shards else 0.0
-            most = kind.most_in_flight(reserved)
-            alone = np.where(kind.little > most, np.ceil(kind.micro_batches / most), 0.0)
-            low = np.maximum(low, np.where(most >= 1, alone, np.inf))
-        if self.even_shards:
-            return low, low
-        spare = -np.ones(low.shape)  # S
-        per_rounds = np.zeros(low.shape)  # sum_k t_k n_k
-        per_extra = np.zeros(low.shape)  # sum_k t_k
-        for kind in self.kinds:
-            sharded = np.where(kind.sharded_bytes > 0, kind.sharded_bytes, np.inf)
-            weight = kind.count * kind.per_in_flight_bytes / sharded
-            spare += kind.count * kind.free_bytes / sharded
-            per_rounds += weight * kind.micro_batches
-            per_extra += weight
-        high = np.maximum(
-            low,
-            np.where(spare > per_extra, np.ceil(per_rounds / (spare - per_extra)), np.inf),
-        )
-        low = np.maximum(low, np.where(spare > 0, np.ceil(per_rounds / spare), np.inf))
-        return low, np.maximum(low, high)
-
-    def shrunk(
-        self,
-        where: npt.NDArray[np.bool_],
-        *,
-        busy: Ranges,
-        sync: Ranges,
-        beat: Ranges,
-    ) -> tuple[Ranges, Ranges]:
-        """(rho over Little's round trips, rho) for the ranges ``where`` Little's budget
-        does not fit, at the fewest round trips rho that fit; (inf, 0) where none fit or
-        where even the lower bound's stretch cannot ``beat`` the given cost."""
-        stretch = np.full(busy.shape, np.inf)
-        rounds = np.zeros(busy.shape)
-        positions, stretch_at, rounds_at = self.shrunk_at(where, busy=busy, sync=sync, beat=beat)
-        stretch[positions] = stretch_at
-        rounds[positions] = rounds_at
-        return stretch, rounds
-
-    def shrunk_at(
-        self,
-        where: npt.NDArray[np.bool_],
-        *,
-        busy: Ranges,
-        sync: Ranges,
-        beat: Ranges,
-    ) -> tuple[npt.NDArray[np.intp], Ranges, Ranges]:
-        """``shrunk`` at the ranges where it is finite only: (their positions, rho over
-        Little's round trips, rho)."""
-        # A stretch is at least 1, and one micro-batch in flight per rank must fit.
-        positions = np.flatnonzero(where & (busy + sync < beat))
-        nothing = (positions[:0], np.zeros(0), np.zeros(0))
-        if not len(positions):
-            return nothing
-        # From here on only those ranges.
-        part = self.at(positions)
-        one_fits = part.fits_one()
-        if not np.all(one_fits):
-            if not np.any(one_fits):
-                return nothing
-            positions, part = positions[one_fits], part.at(one_fits)
-        most = np.maximum.reduce([k.micro_batches for k in part.kinds])
-        little = part.little_rounds()
-        low, high = part.round_bounds()
-        # Where even the fewest round trips that might fit cannot win, look no closer.
-        hopeless = busy[positions] * low / little + sync[positions] >= beat[positions]
-        high = np.minimum(high, most)
-        fits_low = part.fits(low)
-        high = np.where(hopeless | fits_low, low, np.where(part.fits(high), high, most))
-        low = np.where(fits_low, low, low + 1)
-        # Bisection: memory only falls as the round trips grow; high always fits.
-        while np.any(low < high):
-            middle = np.floor((low + high) / 2)
-            fits = part.fits(middle)
-            open_ = low < high
-            high = np.where(open_ & fits, middle, high)
-            low = np.where(open_ & ~fits, middle + 1, low)
-        hope = ~hopeless
-        return positions[hope], high[hope] / little[hope], high[hope]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class _Setting:
     """One (recompute, ZeRO mode) of a stage, priced for every layer range."""
 
@@ -648,5 +459,5 @@ class _Setting:
     sync: Ranges
     slowest: Ranges
     optimizer: Ranges
-    memory: _Memory
+    memory: RangeMemory
     fits_little: npt.NDArray[np.bool_]

@@ -7,8 +7,13 @@ and overheads are not modelled, only its choices.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+import numpy.typing as npt
+
+from piebald.planner.partition import split_layers, uniform_bounds
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.plan import ZeroMode
 
@@ -34,6 +39,32 @@ class Strategy:
     # GPUs; beyond, planning time matters more than the guarantee).
     seed_with_baselines_up_to: int = 0
     stage_rules: StageRules = field(default_factory=StageRules)
+
+    def seeds_with_baselines(self, num_gpus: int) -> bool:
+        """Whether the baseline searches run first on a cluster of ``num_gpus``."""
+        return num_gpus <= self.seed_with_baselines_up_to
+
+    def split_layers(
+        self, costs: Sequence[npt.NDArray[np.float64]], *, num_layers: int
+    ) -> tuple[float, tuple[int, ...]]:
+        """(the slowest stage's cost, layer bounds) over stages with cost matrices
+        ``costs`` (``partition.split_layers``): the bottleneck DP's split, or the even split
+        where the strategy fixes it (inf where a stage does not fit)."""
+        if not self.uniform_layers:
+            return split_layers(costs)
+        bounds = uniform_bounds(num_layers, len(costs))
+        return max(
+            float(c[a, b]) for c, a, b in zip(costs, bounds, bounds[1:], strict=False)
+        ), bounds
+
+    @property
+    def moves_layer_bounds(self) -> bool:
+        """Whether the layer split may move off what the DP chose (the proxy's polish)."""
+        return not self.uniform_layers
+
+    def mixes_micro_batch_sizes(self, num_stages: int) -> bool:
+        """Whether a plan of ``num_stages`` may give each GPU its own micro-batch size."""
+        return self.per_rank_micro_batch and num_stages == 1
 
 
 PIEBALD = Strategy(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.cost.step_model import Bottleneck
 from piebald.specs.plan import Plan
 
 __all__ = ["Explanation", "GpuVerdict", "StageTime", "explain_plan"]
@@ -68,8 +69,8 @@ def explain_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Expla
             busy = stage_estimate.compute_s[rank] / estimate.step_time_s
             if memory >= MEMORY_BOUND_FRACTION * capacity:
                 verdict = "memory-bound"
-            elif estimate.bottleneck == f"stage {index}" and stage_estimate.compute_s[rank] >= (
-                COMPUTE_BOUND_FRACTION * busiest
+            elif estimate.bottleneck == Bottleneck(stage_index=index, link=False) and (
+                stage_estimate.compute_s[rank] >= COMPUTE_BOUND_FRACTION * busiest
             ):
                 verdict = "compute-bound: the bottleneck"
             elif stage_estimate.compute_s[rank] >= COMPUTE_BOUND_FRACTION * estimate.pipeline_s:

@@ -13,7 +13,7 @@ backwards in ascending j (the order micro-batches visit it).
 - 1F1B for asymmetric, routed stages (picotron's warm-up / steady / cool-down, generalised):
   rank r of stage s may hold at most w_r micro-batches whose backward has not run, the
   number the memory estimate assumed (``prices.in_flight_limit``, which is
-  ``cost.memory.stage_in_flight``: the plan's ``max_in_flight`` where it records one).
+  ``cost.in_flight.stage_in_flight``: the plan's ``max_in_flight`` where it records one).
   Warm-up: forwards until w_r are in flight; steady state: one forward, one backward (the
   backward of the oldest in-flight micro-batch once its gradient is there, a forward once
   fewer than w_r are in flight and its activation is there); cool-down: the remaining

@@ -196,7 +196,7 @@ def describe_op(op: Op) -> str:
 def most_in_flight(ops: Sequence[Op]) -> int:
     """The most micro-batches a rank holds activations of at once when it runs ``ops``:
     forwards run minus backwards run, at its highest. A 1F1B rank often holds fewer than
-    its in-flight budget (``cost.memory.stage_in_flight``, a bound the schedule keeps),
+    its in-flight budget (``cost.in_flight.stage_in_flight``, a bound the schedule keeps),
     because a gradient comes back before the budget is reached."""
     held = most = 0
     for op in ops:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from piebald.cost.comm import p2p_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.link_resources import transfer_resources
-from piebald.cost.memory import plan_rank_memory, stage_in_flight
+from piebald.cost.memory import plan_rank_memory
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import activation_message_bytes, stage_wire_dtype

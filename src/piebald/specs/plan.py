@@ -148,7 +148,7 @@ class Stage:
     recompute: bool = False
     # Per rank, the most micro-batches whose activations it holds at once under 1F1B (the
     # planner lowers it below the Little's-law budget where that does not fit memory, paying
-    # in round trips). None: the Little's-law budget, ``cost.memory.in_flight_micro_batches``.
+    # in round trips). None: the Little's-law budget, ``cost.in_flight.in_flight_micro_batches``.
     max_in_flight: tuple[int, ...] | None = None
 
     @property

@@ -8,11 +8,8 @@ Korthikanti et al. activation bytes).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from piebald.cost.memory import (
     GIB,
@@ -22,15 +19,13 @@ from piebald.cost.memory import (
     adamw_temporary_elements,
     bytes_per_param,
     framework_reserve_bytes,
-    in_flight_for_rounds,
-    in_flight_micro_batches,
     rank_memory,
 )
 from piebald.cost.pass_shape import PassShape
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, ModelArch, ModelSpec
-from piebald.specs.plan import Schedule, ZeroMode
+from piebald.specs.plan import ZeroMode
 
 DEVICE = DeviceType(
     name="round",
@@ -384,129 +379,3 @@ def test_stage_boundary_buffers(neighbors: int) -> None:
 
 def test_no_micro_batches_in_flight_no_activations() -> None:
     assert _blocks_memory(num_in_flight=0).activations_bytes == 0.0
-
-
-# --- micro-batches in flight --------------------------------------------------------------
-
-
-def test_gpipe_keeps_every_micro_batch() -> None:
-    for count in (1, 5, 16):
-        assert (
-            in_flight_micro_batches(
-                schedule=Schedule.GPIPE,
-                ranks_to_end=4,
-                rank_micro_batches=count,
-                stage_micro_batches=32,
-                slack=0,
-            )
-            == count
-        )
-
-
-@pytest.mark.parametrize(
-    ("downstream", "rank_count", "stage_count", "expected"),
-    [
-        (4, 8, 8, 4),  # min(8, ceil(4 x 8 / 8))
-        (4, 2, 2, 2),  # fewer micro-batches than the ranks to the end
-        (4, 2, 8, 1),  # ceil(4 x 2 / 8) = 1
-        (3, 3, 8, 2),  # ceil(3 x 3 / 8) = 2
-        (1, 5, 8, 1),  # the last stage of one rank: ceil(1 x 5 / 8) = 1
-        (3, 1, 100, 1),  # a rank with a tiny share still holds one
-        (8, 6, 10, 5),  # ceil(8 x 6 / 10) = 5
-        (6, 8, 16, 3),  # two ranks in each of three stages, the first: ceil(6 x 8 / 16)
-        (4, 0, 8, 0),  # a rank with no micro-batches holds none
-    ],
-)
-def test_one_f_one_b_in_flight(
-    downstream: int, rank_count: int, stage_count: int, expected: int
-) -> None:
-    assert (
-        in_flight_micro_batches(
-            schedule=Schedule.ONE_F_ONE_B,
-            ranks_to_end=downstream,
-            rank_micro_batches=rank_count,
-            stage_micro_batches=stage_count,
-            slack=0,
-        )
-        == expected
-    )
-
-
-def test_gpipe_rank_without_micro_batches_holds_none() -> None:
-    assert (
-        in_flight_micro_batches(
-            schedule=Schedule.GPIPE,
-            ranks_to_end=2,
-            rank_micro_batches=0,
-            stage_micro_batches=4,
-            slack=0,
-        )
-        == 0
-    )
-
-
-@pytest.mark.parametrize("num_stages", range(1, 9))
-def test_first_stage_of_one_rank_holds_p_micro_batches(num_stages: int) -> None:
-    # PipeDream-Flush: stage 0 of p runs p warm-up forwards before its first backward.
-    for count in range(num_stages, 3 * num_stages + 1):
-        assert (
-            in_flight_micro_batches(
-                schedule=Schedule.ONE_F_ONE_B,
-                ranks_to_end=num_stages,  # one rank per stage
-                rank_micro_batches=count,
-                stage_micro_batches=count,
-                slack=0,
-            )
-            == num_stages
-        )
-
-
-@given(num_stages=st.integers(1, 16), data=st.data())
-def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> None:
-    stage_index = data.draw(st.integers(0, num_stages - 1))
-    stage_count = data.draw(st.integers(1, 64))
-    rank_count = data.draw(st.integers(1, stage_count))
-    held = in_flight_micro_batches(
-        schedule=Schedule.ONE_F_ONE_B,
-        ranks_to_end=num_stages - stage_index,  # one rank per stage
-        rank_micro_batches=rank_count,
-        stage_micro_batches=stage_count,
-        slack=0,
-    )
-    depth = num_stages - stage_index
-    assert 1 <= held <= rank_count
-    assert held == max(1, min(rank_count, math.ceil(depth * rank_count / stage_count)))
-    assert held <= depth  # never more than the 1F1B warm-up of the stage
-    if rank_count == stage_count:  # alone in its stage
-        assert held == min(rank_count, depth)
-
-
-# --- a lowered in-flight budget -----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("budget", "count", "rounds", "expected"),
-    [
-        (8, 16, 2, 8),  # Little's budget already runs 16 in 2 round trips
-        (8, 16, 3, 6),  # ceil(16 / 3)
-        (8, 16, 16, 1),  # one at a time: a round trip per micro-batch
-        (8, 16, 40, 1),  # never fewer than one
-        (4, 16, 2, 4),  # never more than the budget
-        (4, 0, 3, 0),  # a rank without micro-batches holds none
-    ],
-)
-def test_in_flight_for_rounds_by_hand(budget: int, count: int, rounds: int, expected: int) -> None:
-    assert (
-        in_flight_for_rounds(budget=budget, rank_micro_batches=count, num_rounds=rounds) == expected
-    )
-
-
-@given(budget=st.integers(1, 64), count=st.integers(1, 200), rounds=st.integers(1, 200))
-def test_in_flight_for_rounds_is_the_fewest_that_make_the_round_trips(
-    budget: int, count: int, rounds: int
-) -> None:
-    held = in_flight_for_rounds(budget=budget, rank_micro_batches=count, num_rounds=rounds)
-    assert 1 <= held <= min(budget, count)
-    if held < budget:  # not capped: the round trips are met, and one fewer would miss them
-        assert math.ceil(count / held) <= rounds
-        assert held == 1 or math.ceil(count / (held - 1)) > rounds

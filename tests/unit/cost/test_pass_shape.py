@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from piebald.cost.layer_table import pass_times
 
 from cluster_builders import hand_model
 from piebald.cost.pass_shape import PassShape
+from piebald.cost.pass_times import pass_times
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec
 

@@ -18,6 +18,7 @@ from cluster_builders import ROUND_GPU, hand_model
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan, model_flops_utilization
+from piebald.cost.step_model import Bottleneck
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
@@ -163,7 +164,8 @@ def test_the_bottleneck_stages_own_hop_is_part_of_the_fill_and_drain(
     estimate = estimate_plan(plan, curve=CURVE)
     hop_s = 2 * (5e-6 + MICRO_BATCH * SEQ_LEN * 64 * 2 / 1e9)  # activation there, gradient back
     first_s = 2 * LAYER_S + EMBEDDING_S
-    assert estimate.bottleneck == "stage 0"
+    assert estimate.bottleneck == Bottleneck(stage_index=0, link=False)
+    assert str(estimate.bottleneck) == "stage 0"
     assert estimate.pipeline_s == pytest.approx(m * first_s + hop_s + LAYER_S, rel=1e-9)
 
 
@@ -178,7 +180,8 @@ def test_one_gpu_step_is_m_passes_plus_the_optimizer_step() -> None:
     assert estimate.step_time_s == pytest.approx(
         4 * (4 * LAYER_S + EMBEDDING_S) + params * 30 / 1e12, rel=1e-12
     )
-    assert estimate.bottleneck == "stage 0"
+    assert estimate.bottleneck == Bottleneck(stage_index=0, link=False)
+    assert str(estimate.bottleneck) == "stage 0"
 
 
 def test_second_gpu_in_data_parallel_adds_one_all_reduce() -> None:

@@ -3,7 +3,7 @@
 - ``build_stage``: no setting fits with Little's budget, so the stage takes the fewest
   round trips rho whose budgets ceil(n / rho) fit, found against brute force over every rho
   with ``rank_memory`` directly, and records them.
-- The layer-split DP's version of the same search (``stage_costs._Memory.shrunk``, closed
+- The layer-split DP's version of the same search (``range_memory.RangeMemory.shrunk``, closed
   form bounds then bisection over all ranges at once) equals brute force over every rho
   on random instances, with even and with water-filled shards.
 """
@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from cluster_builders import hand_model
-from piebald.cost.memory import (
+from piebald.cost.in_flight import (
     IN_FLIGHT_SLACK,
     in_flight_for_rounds,
     in_flight_micro_batches,
-    rank_memory,
     slack_of,
 )
+from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
+from piebald.planner.range_memory import RangeMemory, RankKind
 from piebald.planner.stage_builder import StageRules, build_stage
-from piebald.planner.stage_costs import _Kind, _Memory
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
@@ -198,13 +198,13 @@ def test_littles_budget_without_its_slack_where_only_that_fits() -> None:
 # -- the DP's search over every range at once ----------------------------------------------
 
 
-def _random_memory(rng: random.Random, *, even_shards: bool, size: int) -> _Memory:
+def _random_memory(rng: random.Random, *, even_shards: bool, size: int) -> RangeMemory:
     kinds = []
     for _ in range(rng.randint(1, 3)):
         micro_batches = np.array([float(rng.randint(1, 40)) for _ in range(size)])
         little = np.array([float(rng.randint(1, int(n))) for n in micro_batches])
         kinds.append(
-            _Kind(
+            RankKind(
                 count=rng.randint(1, 4),
                 free_bytes=np.array([rng.uniform(-5.0, 60.0) for _ in range(size)]),
                 per_in_flight_bytes=np.array([rng.uniform(0.0, 4.0) for _ in range(size)]),
@@ -213,7 +213,7 @@ def _random_memory(rng: random.Random, *, even_shards: bool, size: int) -> _Memo
                 little=little,
             )
         )
-    return _Memory(kinds=kinds, even_shards=even_shards, num_ranks=sum(k.count for k in kinds))
+    return RangeMemory(kinds=kinds, even_shards=even_shards, num_ranks=sum(k.count for k in kinds))
 
 
 @pytest.mark.parametrize("even_shards", [True, False], ids=["even", "water-filled"])

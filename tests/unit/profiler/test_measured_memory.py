@@ -18,12 +18,8 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.memory import (
-    plan_rank_memory,
-    rank_memory,
-    stage_in_flight,
-    stage_memory_bytes,
-)
+from piebald.cost.in_flight import stage_in_flight
+from piebald.cost.memory import plan_rank_memory, rank_memory, stage_memory_bytes
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import search

@@ -11,7 +11,8 @@ import pytest
 
 from piebald.cli.common import load_checked_plan
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.memory import GIB, framework_reserve_bytes, plan_rank_memory, stage_in_flight
+from piebald.cost.in_flight import stage_in_flight
+from piebald.cost.memory import GIB, framework_reserve_bytes, plan_rank_memory
 from piebald.cost.plan_fit import first_memory_overflow
 from piebald.errors import SpecError
 from piebald.profiler.apply import recorded_curve

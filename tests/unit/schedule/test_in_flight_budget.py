@@ -17,7 +17,7 @@ import itertools
 import pytest
 from sim_plans import cluster, pipeline
 
-from piebald.cost.memory import in_flight_micro_batches, ranks_to_end, stage_in_flight
+from piebald.cost.in_flight import in_flight_micro_batches, ranks_to_end, stage_in_flight
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
 from piebald.schedule.build import build_schedule

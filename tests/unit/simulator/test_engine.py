@@ -17,7 +17,7 @@ from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import optimizer_step_time_s
-from piebald.cost.memory import IN_FLIGHT_SLACK, stage_in_flight
+from piebald.cost.in_flight import IN_FLIGHT_SLACK, stage_in_flight
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan

@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 from sim_plans import cluster, pipeline
 
-from piebald.cost.plan_estimate import MAX_BACKGROUND, estimate_plan
+from piebald.cost.plan_estimate import estimate_plan
+from piebald.cost.traffic import MAX_BACKGROUND
+from piebald.planner.structure_traffic import NodeSignatures, StructureTraffic
 from piebald.schedule.build import one_f_one_b_dry_run
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
@@ -78,20 +80,21 @@ def test_a_nics_other_traffic_stretches_a_hop_by_one_over_one_minus_its_load() -
 
 
 @pytest.mark.parametrize("num_nodes", [2, 3])
-def test_the_planners_proxy_prices_the_hop_and_the_nic_as_the_estimate(num_nodes: int) -> None:
-    from piebald.cost.compute import DEFAULT_CURVE
-    from piebald.planner.search import _Search
-    from piebald.planner.strategies import PIEBALD
-
+def test_the_planners_structure_traffic_prices_the_hop_and_the_nic_as_the_estimate(
+    num_nodes: int,
+) -> None:
+    """The planner builds a structure's traffic from node signatures, the estimate from the
+    plan's routes: the same hops and busy NICs here, where each pair crosses alike."""
     plan = _two_nodes(3) if num_nodes == 2 else _three_nodes(3)
-    state = _Search(
-        plan.cluster, model=plan.model, job=plan.job, strategy=PIEBALD, curve=DEFAULT_CURVE
+    traffic = StructureTraffic(
+        plan.cluster, model=plan.model, job=plan.job, signatures=NodeSignatures(plan.cluster)
     )
-    hops, busy = state.links(tuple(stage.ranks for stage in plan.stages), 1)
+    boundaries = traffic.boundaries(tuple(stage.ranks for stage in plan.stages), 1)
     estimate = estimate_plan(plan)
-    for index, hop in enumerate(hops):
-        assert hop.seconds(estimate.pipeline_s) == pytest.approx(estimate.stages[index].hop_s)
-        assert busy[index] == pytest.approx(estimate.stages[index].boundary_s)
+    for index, boundary in enumerate(boundaries):
+        hop_s = boundary.hop_s(horizon_s=estimate.pipeline_s)
+        assert hop_s == pytest.approx(estimate.stages[index].hop_s)
+        assert boundary.busy_s == pytest.approx(estimate.stages[index].boundary_s)
 
 
 @pytest.mark.parametrize("num_nodes", [2, 3])

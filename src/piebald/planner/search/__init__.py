@@ -1,0 +1,286 @@
+"""One search over every heterogeneous strategy: coarse structure enumerated, the rest exact.
+
+``search`` runs these phases, one function each below:
+
+1. ``seed_with_baselines``: where the strategy asks for it, the baselines' searches run
+   first; their plans lie in this strategy's space and compete at the end.
+2. ``scan_structures``: every order units line up in (``search_units.unit_orders``) and every
+   micro-batch size, over pipeline depths and the cuts between stages
+   (``structures.scan_depths``), each structure priced by the layer-split DP
+   (``partition.split_layers`` over ``stage_costs``) and the step proxy (``proxy``).
+   Megatron instead prices its p x d grids (``structures.grid_candidates``).
+3. ``refine_best``: a local search of the cuts of the best few (order, size, depth).
+4. ``try_idle_subsets``: the same, briefly, for each subset of nodes left idle
+   (``idle.idle_subsets``); kept only when faster.
+5. ``build_exactly``: the best structures by the proxy, their layer split polished, built
+   stage by stage (micro-batch counts by min-makespan, water-filled shards, ZeRO mode and
+   recompute, ``stage_builder``) and priced by the closed-form plan estimate.
+6. ``finish``: the fastest of the built plans and the seeds, with its notes, bound and
+   runners-up.
+
+The work grows with the orders x micro-batch sizes x depths scanned and the cut
+combinations of each (exhaustive while few, ``settings.SearchSettings``), not with the
+GPUs: units merge nodes in large clusters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.planner.bounds import upper_bound_tokens_per_s
+from piebald.planner.partition import uniform_bounds
+from piebald.planner.search.exact import build_exactly
+from piebald.planner.search.finish import distinct_runners_up, finished_plan, why_infeasible
+from piebald.planner.search.idle import idle_subsets
+from piebald.planner.search.records import Infeasible, Scan, ScoredPlan, SearchResult
+from piebald.planner.search.settings import SearchSettings
+from piebald.planner.search.state import SearchState
+from piebald.planner.search.structures import grid_candidates, scan_depths
+from piebald.planner.search_units import Unit, build_units, unit_orders
+from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.job import JobSpec, check_job_fits_model
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import ZeroMode
+
+__all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
+
+Progress = Callable[[float, str], None]
+
+
+def search(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    strategy: Strategy = PIEBALD,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+    progress: Progress | None = None,
+    seeds: Sequence[ScoredPlan] | None = None,
+    zero: ZeroMode | None = None,
+) -> SearchResult:
+    """The plan with the highest predicted tokens/s that fits every GPU's memory.
+
+    ``seeds`` are plans found by restricted searches (the baselines), all inside this
+    strategy's plan space: they compete with what the search finds, so the result is never
+    worse than any of them. When none are given and the strategy asks for it (piebald, up
+    to ``seed_with_baselines_up_to`` GPUs), the baseline searches run first.
+
+    ``zero`` restricts every stage to that ZeRO mode (``plan --zero``), the baselines that
+    seed the search too; a strategy that cannot express it is a ``ValueError``.
+    """
+    started = time.perf_counter()
+    check_job_fits_model(job, model)
+    strategy = _restricted(strategy, zero)
+    settings = SearchSettings.for_cluster(cluster.num_gpus)
+    if seeds is None:
+        seeds = seed_with_baselines(
+            cluster, model=model, job=job, strategy=strategy, curve=curve, zero=zero
+        )
+    state = SearchState(
+        cluster, model=model, job=job, strategy=strategy, curve=curve, settings=settings
+    )
+    if strategy.grid_drop:
+        scan_grids(state, _Ticker(progress, state, steps=len(_sizes(state))))
+    else:
+        subsets = idle_subsets(cluster, strategy, job.precision, settings)
+        orders = unit_orders(build_units(cluster, precision=job.precision, nodes=subsets[0]))
+        ticker = _Ticker(progress, state, steps=len(orders) * len(_sizes(state)) + len(subsets))
+        scans = scan_structures(state, orders, ticker)
+        best = refine_best(state, orders, scans)
+        if best is not None:
+            try_idle_subsets(state, orders, best, subsets[1:], ticker)
+    scored = build_exactly(state) + _as_found_by(strategy, seeds)
+    if not scored:
+        raise Infeasible(why_infeasible(state))
+    return finish(state, scored, started_s=started)
+
+
+def _restricted(strategy: Strategy, zero: ZeroMode | None) -> Strategy:
+    restricted = with_zero_mode(strategy, zero)
+    if restricted is None:
+        raise ValueError(
+            f"strategy {strategy.name} cannot use ZeRO mode {zero}; it allows "
+            f"{', '.join(m.value for m in strategy.stage_rules.zero_modes)}"
+        )
+    return restricted
+
+
+def seed_with_baselines(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    strategy: Strategy,
+    curve: EfficiencyCurve,
+    zero: ZeroMode | None,
+) -> list[ScoredPlan]:
+    """Phase 1. The best plan of every baseline that can express ``zero`` and finds one,
+    where ``strategy`` seeds with baselines on this cluster; none otherwise."""
+    if not strategy.seeds_with_baselines(cluster.num_gpus):
+        return []
+    seeds = []
+    for baseline in BASELINES:
+        restricted = with_zero_mode(baseline, zero)
+        if restricted is None:
+            continue
+        try:
+            seeds.append(
+                search(
+                    cluster, model=model, job=job, strategy=restricted, curve=curve, seeds=()
+                ).best
+            )
+        except Infeasible:
+            continue
+    return seeds
+
+
+def scan_grids(state: SearchState, ticker: _Ticker) -> None:
+    """Phase 2, Megatron: its p x d grids at every micro-batch size, priced."""
+    for size in _sizes(state):
+        grid_candidates(state, size)
+        ticker.tick()
+
+
+def scan_structures(
+    state: SearchState, orders: Sequence[tuple[Unit, ...]], ticker: _Ticker
+) -> list[Scan]:
+    """Phase 2. Every order at micro-batch sizes from the smallest, over depths with
+    speed-quantile cuts, priced; per order, the sizes stop at the first that fits nowhere
+    (activations grow with the micro-batch: larger ones cannot fit either) or is
+    ``size_patience`` slower than the best (past it, bubbles and memory only grow)."""
+    scans: list[Scan] = []
+    for order_index, order in enumerate(orders):
+        best_of_order = math.inf
+        for size in _sizes(state):
+            tried = scan_depths(state, order, size, refine=False)
+            scans += [
+                Scan(
+                    proxy_s=t.proxy_s, order_index=order_index, micro_batch_size=size, depth=t.depth
+                )
+                for t in tried
+            ]
+            ticker.tick()
+            best_of_size = min((t.proxy_s for t in tried), default=math.inf)
+            if not math.isfinite(best_of_size):
+                break
+            if best_of_size > state.settings.size_patience * best_of_order:
+                break
+            best_of_order = min(best_of_order, best_of_size)
+    return scans
+
+
+def refine_best(
+    state: SearchState, orders: Sequence[tuple[Unit, ...]], scans: Sequence[Scan]
+) -> Scan | None:
+    """Phase 3. A local search of the cuts of the ``top_refined`` best scans (at their
+    neighbouring depths too in small clusters); returns the best scan (None where nothing
+    fits)."""
+    best = sorted((s for s in scans if math.isfinite(s.proxy_s)), key=Scan.key)
+    best = best[: state.settings.top_refined]
+    for scan in best:
+        depths = state.settings.refined_depths(scan.depth)
+        scan_depths(
+            state, orders[scan.order_index], scan.micro_batch_size, refine=True, depths=depths
+        )
+    return best[0] if best else None
+
+
+def try_idle_subsets(
+    state: SearchState,
+    orders: Sequence[tuple[Unit, ...]],
+    best: Scan,
+    subsets: Sequence[frozenset[int]],
+    ticker: _Ticker,
+) -> None:
+    """Phase 4. For each subset of nodes that take part, the structures near the best one
+    without the idle nodes, priced, and the best of them refined: depths near the best
+    (one stage always); in small clusters every order and micro-batch size of the subset's
+    own units (fewer GPUs may favour larger micro-batches), else the winning order without
+    the idle nodes at the winning size."""
+    small = state.settings.small_cluster
+    for nodes in subsets:
+        if small:
+            subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
+            subset_orders = unit_orders(subset_units)
+        else:
+            subset_orders = [
+                tuple(u for u in orders[best.order_index] if u.node_indices[0] in nodes)
+            ]
+        # Depths near the best one, as deep as the subset's units allow; one stage always.
+        depth = min(best.depth, len(subset_orders[0]))
+        near = sorted({1, *range(max(1, depth - 2), depth + 3)})
+        tried = [
+            Scan(proxy_s=t.proxy_s, order_index=i, micro_batch_size=size, depth=t.depth)
+            for i, order in enumerate(subset_orders)
+            for size in (_sizes(state) if small else [best.micro_batch_size])
+            for t in scan_depths(state, order, size, refine=False, depths=near)
+        ]
+        finite = [s for s in tried if math.isfinite(s.proxy_s)]
+        if finite:
+            # Best first; ties to the smaller size, the shallower depth, the earlier order.
+            won = min(finite, key=lambda s: (s.proxy_s, s.micro_batch_size, s.depth, s.order_index))
+            scan_depths(
+                state,
+                subset_orders[won.order_index],
+                won.micro_batch_size,
+                refine=True,
+                depths=(won.depth,),
+            )
+        ticker.tick()
+
+
+def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:
+    """Phase 6. The fastest plan, finished with its notes, the upper bound and its
+    distinct runners-up."""
+    ranked = sorted(scored, key=lambda s: s.estimate.step_time_s)
+    bound = upper_bound_tokens_per_s(
+        state.cluster, model=state.model, job=state.job, curve=state.curve
+    )
+    runners_up = distinct_runners_up(ranked, most=state.settings.num_runners_up)
+    best = finished_plan(ranked[0], ranked=ranked, runners_up=runners_up, bound=bound)
+    return SearchResult(
+        best=best,
+        runners_up=runners_up,
+        upper_bound_tokens_per_s=bound,
+        num_structures=state.num_structures,
+        elapsed_s=time.perf_counter() - started_s,
+    )
+
+
+def _as_found_by(strategy: Strategy, seeds: Sequence[ScoredPlan]) -> list[ScoredPlan]:
+    """The seeds, credited to ``strategy`` and the search that found each."""
+    return [
+        ScoredPlan(
+            plan=seed.plan,
+            estimate=seed.estimate,
+            strategy=f"{strategy.name}, found by the {seed.strategy} search",
+        )
+        for seed in seeds
+    ]
+
+
+def _sizes(state: SearchState) -> list[int]:
+    """The micro-batch sizes that divide the global batch."""
+    batch = state.job.global_batch_size
+    return [s for s in state.settings.micro_batch_sizes if batch % s == 0]
+
+
+@dataclass(slots=True)
+class _Ticker:
+    """Reports the share of the scan's steps done, with the structures priced so far."""
+
+    report: Progress | None
+    state: SearchState
+    steps: int
+    done: int = 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.report is not None:
+            message = f"{self.state.strategy.name}: {self.state.num_structures} structures"
+            self.report(self.done / self.steps, message)

@@ -1,0 +1,162 @@
+"""The state of one search: its inputs, the DP's price of a structure (cached by node
+signature), the candidates priced so far, and the exact build of a candidate into a plan."""
+
+from __future__ import annotations
+
+import math
+
+from piebald.cost.compute import EfficiencyCurve
+from piebald.cost.plan_estimate import estimate_plan
+from piebald.cost.traffic import BoundaryTraffic
+from piebald.planner.proxy import ShareTrips, pipeline_proxy, polish_bounds, share_round_trips
+from piebald.planner.search.records import Candidate, ScoredPlan, Stages
+from piebald.planner.search.settings import SearchSettings
+from piebald.planner.stage_builder import StageChoice, build_stage
+from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.strategies import Strategy
+from piebald.planner.structure_traffic import NodeSignatures, Signature, StructureTraffic
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan, Schedule, weighted_round_robin
+
+__all__ = ["SearchState"]
+
+
+class SearchState:
+    """Inputs, caches and the candidates found so far."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        model: ModelSpec,
+        job: JobSpec,
+        strategy: Strategy,
+        curve: EfficiencyCurve,
+        settings: SearchSettings,
+    ) -> None:
+        self.cluster, self.model, self.job = cluster, model, job
+        self.strategy, self.curve, self.settings = strategy, curve, settings
+        self.costs: dict[tuple[Signature, int, int, int], StageCost] = {}
+        self.candidates: dict[tuple[Stages, int], Candidate] = {}
+        self.num_structures = 0
+        # Identical node groups price the same: keys use each stage's node signature.
+        self.signature = NodeSignatures(cluster)
+        self.traffic = StructureTraffic(cluster, model=model, job=job, signatures=self.signature)
+
+    # -- pricing a structure with the DP ------------------------------------------------
+    def stage_cost(
+        self, ranks: tuple[int, ...], index: int, depth: int, size: int, downstream: int
+    ) -> StageCost:
+        # Stages with the same GPUs per node of the same groups, in the same ring order, with
+        # as many ranks from them to the pipeline's end cost the same: price them once.
+        neighbors = (index > 0) + (index < depth - 1)
+        key = (self.signature(ranks), downstream, neighbors, size)
+        if key not in self.costs:
+            self.costs[key] = stage_cost(
+                self.cluster,
+                model=self.model,
+                job=self.job,
+                ranks=ranks,
+                micro_batch_size=size,
+                stage_index=index,
+                num_stages=depth,
+                rules=self.strategy.stage_rules,
+                curve=self.curve,
+                ranks_to_end=downstream,
+            )
+        return self.costs[key]
+
+    def stage_costs(self, stages: Stages, size: int) -> list[StageCost]:
+        depth = len(stages)
+        return [
+            self.stage_cost(ranks, i, depth, size, sum(len(r) for r in stages[i:]))
+            for i, ranks in enumerate(stages)
+        ]
+
+    def price(self, stages: Stages, size: int) -> float:
+        """The DP's step-time estimate of a structure (inf if nothing fits); remembered."""
+        self.num_structures += 1
+        costs = self.stage_costs(stages, size)
+        value, bounds = self.strategy.split_layers(
+            [c.cost_s for c in costs], num_layers=self.model.num_layers
+        )
+        if not math.isfinite(value):
+            return math.inf
+        proxy = pipeline_proxy(costs, bounds, *self.shape(stages, size))
+        key = (stages, size)
+        if key not in self.candidates or proxy < self.candidates[key].proxy_s:
+            self.candidates[key] = Candidate(
+                proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size
+            )
+        return proxy
+
+    def polished(self, candidate: Candidate) -> Candidate:
+        """The candidate with its layer split polished against the full step proxy."""
+        if not self.strategy.moves_layer_bounds:
+            return candidate
+        stages, size = candidate.stages, candidate.micro_batch_size
+        costs = self.stage_costs(stages, size)
+        bounds, proxy = polish_bounds(
+            costs, candidate.bounds, *self.shape(stages, size), candidate.proxy_s
+        )
+        return Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
+
+    def shape(
+        self, stages: Stages, size: int
+    ) -> tuple[tuple[BoundaryTraffic, ...], tuple[ShareTrips, ...], tuple[int, ...]]:
+        """What the proxy needs of a structure beyond its stage prices: its boundaries'
+        traffic, its stages' round trips and their widths."""
+        widths = tuple(len(ranks) for ranks in stages)
+        trips = share_round_trips(widths, self.job.global_batch_size // size)
+        return self.traffic.boundaries(stages, size), trips, widths
+
+    # -- exact construction -------------------------------------------------------------
+    def assemble(
+        self, candidate: Candidate, sizes_of: dict[int, int] | None = None
+    ) -> ScoredPlan | None:
+        """The candidate built stage by stage (``stage_builder``), routed and priced by the
+        exact estimate; None where a stage or a rank does not fit. ``sizes_of``: a
+        micro-batch size per rank (default: the candidate's)."""
+        depth = len(candidate.stages)
+        choices: list[StageChoice] = []
+        for index, ranks in enumerate(candidate.stages):
+            sizes = tuple((sizes_of or {}).get(r, candidate.micro_batch_size) for r in ranks)
+            choice = build_stage(
+                self.cluster,
+                model=self.model,
+                job=self.job,
+                ranks=ranks,
+                layer_start=candidate.bounds[index],
+                layer_end=candidate.bounds[index + 1],
+                micro_batch_sizes=sizes,
+                stage_index=index,
+                num_stages=depth,
+                widths=tuple(len(r) for r in candidate.stages[index:]),
+                rules=self.strategy.stage_rules,
+                curve=self.curve,
+            )
+            if choice is None:
+                return None
+            choices.append(choice)
+        stages = tuple(choice.stage for choice in choices)
+        orders = [
+            [stage.ranks[i] for i in weighted_round_robin(stage.num_micro_batches)]
+            for stage in stages
+        ]
+        routes = tuple(zip(*orders, strict=True))
+        plan = Plan(
+            cluster=self.cluster,
+            model=self.model,
+            job=self.job,
+            stages=stages,
+            routes=routes,
+            schedule=Schedule.ONE_F_ONE_B,
+        )
+        estimate = estimate_plan(plan, curve=self.curve)
+        for stage_estimate in estimate.stages:
+            for rank, memory in stage_estimate.memory.items():
+                if memory.total_bytes > self.cluster.device_of(rank).memory_bytes:
+                    return None
+        return ScoredPlan(plan=plan, estimate=estimate, strategy=self.strategy.name)
