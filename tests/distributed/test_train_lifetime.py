@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,15 @@ pytestmark = pytest.mark.distributed
 # The plan's emulated step is about 0.55 ms: x 1000 paces a step at about half a second.
 SLOW = ["--time-scale", "1000"]
 DEADLINE_S = 240
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short TMPDIR for a run: its forkserver's socket lives there, and a socket path
+    must stay under AF_UNIX's 108 bytes, which a pytest-xdist worker's tmp_path exceeds."""
+    path = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _train(plan: Path, checkpoints: Path, *args: str) -> list[str]:
@@ -80,13 +91,14 @@ def _session(session_id: int) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
-def test_workers_die_with_their_parent(tmp_path: Path, signum: signal.Signals) -> None:
+def test_workers_die_with_their_parent(
+    tmp_path: Path, scratch: Path, signum: signal.Signals
+) -> None:
     """Finding 3: kill -9 of `piebald train --emulate` left the workers training (and the
     note: killed runs left /tmp/piebald-emulate-* behind)."""
     plan = tmp_path / "plan.json"
     save_plan(PLAN, plan)
-    checkpoints, scratch = tmp_path / "ckpt", tmp_path / "tmp"
-    scratch.mkdir()
+    checkpoints = tmp_path / "ckpt"
     parent = subprocess.Popen(
         _train(plan, checkpoints, "--steps", "50", "--checkpoint-every", "1", *SLOW),
         stdout=subprocess.DEVNULL,
@@ -115,7 +127,7 @@ def test_workers_die_with_their_parent(tmp_path: Path, signum: signal.Signals) -
     CheckpointDirLock(checkpoints).acquire().release()  # and the directory is free
 
 
-def test_one_run_per_directory_clean_errors_and_going_back(tmp_path: Path) -> None:
+def test_one_run_per_directory_clean_errors_and_going_back(tmp_path: Path, scratch: Path) -> None:
     """Findings 2 (a second run on the directory), 29 (--steps at the checkpoint's step),
     25 (a worker's error is the only line), 30 and 9 (back to an older checkpoint, the
     metrics holding every step once)."""
@@ -151,8 +163,6 @@ def test_one_run_per_directory_clean_errors_and_going_back(tmp_path: Path) -> No
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     broken = subprocess.run(
         _train(plan, checkpoints, "--steps", "9", "--resume"),
         capture_output=True,

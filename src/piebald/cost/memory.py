@@ -53,6 +53,7 @@ __all__ = [
     "framework_reserve_bytes",
     "layer_activation_bytes",
     "plan_rank_memory",
+    "prefix_sums",
     "rank_memory",
     "stage_memory_bytes",
     "stage_params_matrix",
@@ -194,7 +195,8 @@ class _LayerRanges:
         return kept_bytes(fixed=fixed, values=values, dtype_bytes=dtype.num_bytes)
 
 
-def _prefix(values: list[float]) -> npt.NDArray[np.float64]:
+def prefix_sums(values: list[float]) -> npt.NDArray[np.float64]:
+    """0 followed by the running sums of ``values``, in float64."""
     # In float64, never int64: parameter counts are Python ints, and np.cumsum of ints
     # wraps silently past 2^63 (a negative memory figure). specs.limits keeps every sum far
     # below that; floats keep it from wrapping even past them.
@@ -208,9 +210,9 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
     start, end = np.arange(size)[:, None], np.arange(size)[None, :]
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
     head = layers[-1]
-    params = _prefix([x.num_params for x in layers])
+    params = prefix_sums([x.num_params for x in layers])
     sums = {
-        name: _prefix([getattr(x, name) for x in layers])
+        name: prefix_sums([getattr(x, name) for x in layers])
         for name in (
             "activation_fixed_bytes_per_token",
             "activation_values_per_token",
@@ -321,7 +323,7 @@ def _measured_activations(
         any_measured |= measured_block
     if not any_measured:
         return None
-    prefix = _prefix(kept)
+    prefix = prefix_sums(kept)
     matrix = prefix[None, :] - prefix[:, None]
     matrix.setflags(write=False)
     return _MeasuredActivations(kept=matrix, block_bytes=block_bytes)

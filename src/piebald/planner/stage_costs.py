@@ -44,7 +44,7 @@ from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
 
-__all__ = ["StageCost", "stage_cost"]
+__all__ = ["StageCost", "memory_matrices", "stage_cost"]
 
 Matrix = npt.NDArray[np.float64]  # [a, b]: layers [a, b)
 # One entry per layer range [a, b) with a < b, in row-major order of Matrix: the ranges
@@ -389,7 +389,7 @@ def _makespan(
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_matrices(
+def memory_matrices(
     model: ModelSpec,
     *,
     shape: PassShape,
@@ -436,9 +436,9 @@ def _memory_ranges(
     wire: Dtype,
     curve: EfficiencyCurve,
 ) -> tuple[Ranges, Ranges, Ranges]:
-    """``_memory_matrices`` over the ranges, with the memory left (the device's less the
+    """``memory_matrices`` over the ranges, with the memory left (the device's less the
     bytes with no micro-batch in flight) in place of the latter (read-only)."""
-    fixed, per_in_flight, sharded = _memory_matrices(
+    fixed, per_in_flight, sharded = memory_matrices(
         model,
         shape=shape,
         optimizer=optimizer,

@@ -100,22 +100,8 @@ CHAINS: dict[str, tuple[str, JobSpec, list[list[dict[str, Any]]]]] = {
     ),
 }
 
-# Chains where the search was once known to drop (kept empty while none does).
-KNOWN_DROPS: dict[str, str] = {}
 
-MONOTONE_CASES = [
-    pytest.param(
-        name,
-        id=name,
-        marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DROPS[name])]
-        if name in KNOWN_DROPS
-        else [],
-    )
-    for name in CHAINS
-]
-
-
-@pytest.mark.parametrize("chain", MONOTONE_CASES)
+@pytest.mark.parametrize("chain", list(CHAINS))
 def test_more_gpus_or_faster_links_never_lower_the_best_tokens_per_s(chain: str) -> None:
     model, job, steps = CHAINS[chain]
     results = [

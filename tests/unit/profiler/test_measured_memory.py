@@ -23,7 +23,7 @@ from piebald.cost.memory import plan_rank_memory, rank_memory, stage_memory_byte
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import search
-from piebald.planner.stage_costs import _memory_matrices
+from piebald.planner.stage_costs import memory_matrices
 from piebald.profiler.apply import cost_inputs_for, profiled_inputs, recorded_curve
 from piebald.profiler.compute_model import ActivationTable, ProfiledCurve, Source
 from piebald.profiler.db import load_profile_db, write_profile
@@ -281,7 +281,7 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
         shape = PassShape.for_job(JOB, device=DEVICE, micro_batch_size=4, recompute=recompute)
         assert shape.dtype is Dtype.FP32
         for zero in (ZeroMode.NONE, ZeroMode.FULL):
-            fixed, per_in_flight, sharded = _memory_matrices(
+            fixed, per_in_flight, sharded = memory_matrices(
                 MODEL,
                 shape=shape,
                 optimizer=JOB.optimizer,

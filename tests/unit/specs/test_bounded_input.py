@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cli_runner import run_cli
-from piebald.cost.memory import _prefix, _ranges, rank_memory
+from piebald.cost.memory import prefix_sums, rank_memory, stage_params_matrix
 from piebald.cost.pass_shape import PassShape
 from piebald.errors import SpecError
 from piebald.examples import example_path
@@ -196,8 +196,9 @@ def test_largest_model_within_the_limits_prices_exact_positive_memory() -> None:
     assert expected * 16 < 2**63  # the bound specs/limits.py states
     model = ModelSpec(name="max", arch=arch)
     assert model.num_params == expected
-    ranges = _ranges(model)
-    assert ranges.params[0, model.num_layers] == pytest.approx(float(expected), rel=1e-12)
+    assert stage_params_matrix(model)[0, model.num_layers] == pytest.approx(
+        float(expected), rel=1e-12
+    )
     memory = rank_memory(
         model,
         layer_start=0,
@@ -222,7 +223,7 @@ def test_largest_model_within_the_limits_prices_exact_positive_memory() -> None:
 
 def test_prefix_sums_do_not_wrap_past_int64() -> None:
     """np.cumsum of Python ints is int64 and wraps; the cost model's sums are float64."""
-    sums = _prefix([2**62, 2**62, 2**62])
+    sums = prefix_sums([2**62, 2**62, 2**62])
     assert sums[-1] == pytest.approx(float(3 * 2**62)) and sums[-1] > 0
 
 

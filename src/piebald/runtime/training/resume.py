@@ -40,7 +40,13 @@ from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 from piebald.specs.presets import model_to_dict
 
-__all__ = ["SUPERSEDED_PREFIX", "checkpoint_extra", "model_sha256", "resolve_resume"]
+__all__ = [
+    "SUPERSEDED_PREFIX",
+    "checkpoint_extra",
+    "model_sha256",
+    "resolve_resume",
+    "warn_if_schedule_changed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +216,7 @@ def _warn_if_settings_changed(
     saved: Mapping[str, Any], *, config: TrainConfig, plan: Plan, checkpoint: Path
 ) -> None:
     """Another schedule or job than the checkpoint's is allowed, but said."""
-    _warn_if_schedule_changed(saved, config=config, checkpoint=checkpoint)
+    warn_if_schedule_changed(saved, config=config, checkpoint=checkpoint)
     job = checkpoint_extra(config, plan=plan)["job"]
     if "job" in saved and saved["job"] != job:
         logger.warning(
@@ -218,7 +224,7 @@ def _warn_if_settings_changed(
         )
 
 
-def _warn_if_schedule_changed(
+def warn_if_schedule_changed(
     saved: Mapping[str, Any], *, config: TrainConfig, checkpoint: Path
 ) -> None:
     """The schedule is a function of the step and of this run's settings, so a resumed

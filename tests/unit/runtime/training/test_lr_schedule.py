@@ -12,7 +12,7 @@ import torch
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule, lr_at
-from piebald.runtime.training.resume import _warn_if_schedule_changed
+from piebald.runtime.training.resume import warn_if_schedule_changed
 
 LR = 3e-3
 MIN_LR = 3e-4
@@ -96,11 +96,11 @@ def test_resuming_under_another_schedule_is_said(caplog: pytest.LogCaptureFixtur
     saved = {"seed": 0, "lr": LR, "lr_schedule": schedule.as_dict()}
     checkpoint = Path("ckpt/step-00000100")
     with caplog.at_level(logging.WARNING):
-        _warn_if_schedule_changed(saved, config=config, checkpoint=checkpoint)
+        warn_if_schedule_changed(saved, config=config, checkpoint=checkpoint)
         assert not caplog.records
         longer = LrSchedule(decay=LrDecay.COSINE, decay_steps=200)  # --steps 200, no --decay-steps
         changed = TrainConfig(steps=200, optimizer=OptimizerConfig(lr=LR), lr_schedule=longer)
-        _warn_if_schedule_changed(saved, config=changed, checkpoint=checkpoint)
+        warn_if_schedule_changed(saved, config=changed, checkpoint=checkpoint)
     (record,) = caplog.records
     assert str(checkpoint) in record.getMessage() and "'decay_steps': 200" in record.getMessage()
     assert "--decay-steps" in record.getMessage()
