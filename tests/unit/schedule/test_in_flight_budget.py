@@ -15,7 +15,6 @@ import dataclasses
 import itertools
 
 import pytest
-from sim_plans import cluster, pipeline
 
 from piebald.cost.in_flight import in_flight_micro_batches, ranks_to_end, stage_in_flight
 from piebald.cost.plan_estimate import estimate_plan
@@ -26,6 +25,7 @@ from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
 from piebald.specs.plan import Plan, Schedule
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
+from sim_plans import cluster, pipeline
 
 
 def _with_budgets(plan: Plan, budgets: list[tuple[int, ...] | None]) -> Plan:

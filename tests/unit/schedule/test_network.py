@@ -6,13 +6,13 @@ GPUs of a node sending over the node's one NIC take twice as long as one."""
 from __future__ import annotations
 
 import pytest
-from sim_plans import cluster, pipeline
 
 from piebald.cost.comm import p2p_time_s
 from piebald.schedule.network import Network
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
+from sim_plans import cluster, pipeline
 
 
 def _run(network: Network, flows: dict[int, float], capacity: float) -> dict[int, float]:

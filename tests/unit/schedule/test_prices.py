@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from sim_plans import cluster, pipeline
 
 from piebald.cost.comm import Collective, ring_profile
 from piebald.cost.plan_estimate import estimate_plan
@@ -22,6 +21,7 @@ from piebald.schedule.ops import (
 )
 from piebald.schedule.prices import Prices
 from piebald.specs.plan import ZeroMode
+from sim_plans import cluster, pipeline
 
 # mode: (data-parallel operations inside each pass, at the step's end), from the ZeRO paper
 # (stage 1 shards optimizer state, 2 also gradients, 3 also parameters) with gradients

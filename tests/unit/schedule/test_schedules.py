@@ -9,7 +9,6 @@ import random
 from collections.abc import Iterator, Sequence
 
 import pytest
-from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.errors import SpecError
@@ -25,6 +24,7 @@ from piebald.schedule.ops import (
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
 from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
+from sim_plans import FixedPrices, cluster, pipeline
 
 
 def _passes(ops: Sequence[Op]) -> list[str]:

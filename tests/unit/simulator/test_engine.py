@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from sim_plans import FixedPrices, cluster, pipeline
 
 from piebald.cost.comm import Collective, collective_time_s
 from piebald.cost.compute import optimizer_step_time_s
@@ -34,6 +33,7 @@ from piebald.schedule.ops import (
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
 from piebald.specs.plan import Schedule, ZeroMode
+from sim_plans import FixedPrices, cluster, pipeline
 
 
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])

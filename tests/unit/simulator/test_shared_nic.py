@@ -11,7 +11,6 @@ and so does each gradient back: the hop the round trips and the fill pay is
 from __future__ import annotations
 
 import pytest
-from sim_plans import cluster, pipeline
 
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.traffic import MAX_BACKGROUND
@@ -21,6 +20,7 @@ from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
 from piebald.specs.plan import Plan
+from sim_plans import cluster, pipeline
 
 
 def _two_nodes(per_rank: int, *, nic: str = "10Gb/s") -> Plan:
