@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from piebald.planner.search import search
+from piebald.planner.search import Infeasible, search
 from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
 from scaling_clusters import TYPES, scaling_cluster
@@ -46,10 +46,16 @@ def main() -> None:
         cluster = scaling_cluster(size)
         job = JobSpec(global_batch_size=max(512, size), seq_len=args.seq_len)
         times = []
-        for _ in range(args.repeats):
-            started = time.perf_counter()
-            result = search(cluster, model=model, job=job)
-            times.append(time.perf_counter() - started)
+        try:
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                result = search(cluster, model=model, job=job)
+                times.append(time.perf_counter() - started)
+        except Infeasible as error:
+            seconds = time.perf_counter() - started
+            where = f"| {size} | {len(cluster.nodes)} | {seconds:.1f} (infeasible) |"
+            print(f"{where} | | | | {error} | |")
+            continue
         plan = result.best.plan
         tokens = result.best.estimate.tokens_per_s
         print(
