@@ -28,10 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from piebald.cost.compute import DEFAULT_CURVE
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.errors import ArgumentError
-from piebald.outputs import check_output_file
 from piebald.planner.choices import strategy_named, zero_mode_named
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible, search
@@ -43,6 +41,7 @@ from piebald.profiler.pricing import (
     load_profiles,
     plan_prices,
     plan_with_cost_inputs,
+    planning_prices,
     unmatched_profiles,
 )
 from piebald.schedule.prices import Prices
@@ -52,8 +51,7 @@ from piebald.simulator.result import SimulationResult
 from piebald.specs import cluster_yaml, plan_io, presets
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec, Optimizer, check_job_fits_model
-from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, limit_text
+from piebald.specs.job import JobSpec, Optimizer, check_job_fits_model, check_job_size
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
 
@@ -116,16 +114,7 @@ def build_job(
     >>> build_job(global_batch=8, seq_len=128, precision="fp16").global_batch_size
     8
     """
-    for name, value, maximum, unit in (
-        ("global_batch", global_batch, MAX_GLOBAL_BATCH, "sequences"),
-        ("seq_len", seq_len, MAX_SEQ_LEN, "tokens"),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-            raise ArgumentError(
-                argument=name,
-                value=value,
-                expected=f"a whole number >= 1, {limit_text(maximum, unit)}",
-            )
+    check_job_size(global_batch=global_batch, seq_len=seq_len)
     return JobSpec(
         global_batch_size=global_batch,
         seq_len=seq_len,
@@ -197,9 +186,9 @@ def plan(
     zero_mode = zero_mode_named(zero, strategy=chosen)
     check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
-    curve = DEFAULT_CURVE if inputs is None else inputs.curve
+    priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
     result = search(
-        cluster_spec if inputs is None else inputs.cluster,
+        priced_cluster,
         model=model_spec,
         job=job,
         strategy=chosen,
@@ -240,12 +229,9 @@ def compare(
     )
     check_job_fits_model(job, model_spec)
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
+    priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
     return compare_strategies(
-        cluster_spec if inputs is None else inputs.cluster,
-        model=model_spec,
-        job=job,
-        strategies=chosen,
-        curve=DEFAULT_CURVE if inputs is None else inputs.curve,
+        priced_cluster, model=model_spec, job=job, strategies=chosen, curve=curve
     )
 
 
@@ -288,10 +274,13 @@ def load_plan(path: str | Path) -> Plan:
 def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> None:
     """Write ``plan`` as JSON, atomically (a temporary file beside it, then a rename). An
     existing file is kept unless ``overwrite``; even then only a regular file is replaced."""
-    check_output_file(
-        path, flag="save_plan", force=overwrite, hint="pass overwrite=True to replace it"
+    plan_io.save_plan(
+        plan,
+        path,
+        overwrite=overwrite,
+        flag="save_plan",
+        hint="pass overwrite=True to replace it",
     )
-    plan_io.save_plan(plan, path, overwrite=overwrite, flag="save_plan")
 
 
 def emulate(

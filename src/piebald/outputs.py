@@ -30,6 +30,7 @@ from pathlib import Path
 from piebald.errors import SpecError
 
 __all__ = [
+    "FORCE_HINT",
     "OutputError",
     "check_appendable_file",
     "check_new_directory",
@@ -84,10 +85,10 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-_FORCE_HINT = "pass --force to replace the file"
+FORCE_HINT = "pass --force to replace the file"
 
 
-def _check_replaceable(path: Path, *, flag: str, force: bool, hint: str = _FORCE_HINT) -> None:
+def _check_replaceable(path: Path, *, flag: str, force: bool, hint: str = FORCE_HINT) -> None:
     """Absent, or (with ``force``) a regular file; anything else is refused. ``hint`` says
     what the user can do instead (commands without --force say something else)."""
     info = _lstat(path)
@@ -147,7 +148,7 @@ def check_writable_location(directory: str | Path, *, flag: str, path: str | Pat
 
 
 def check_output_file(
-    path: str | Path, *, flag: str, force: bool = False, hint: str = _FORCE_HINT
+    path: str | Path, *, flag: str, force: bool = False, hint: str = FORCE_HINT
 ) -> None:
     """Before any work: ``path`` may be written as a file by ``write_atomic(force=force)``;
     ``hint`` replaces "pass --force ..." in the refusal where a command has no --force."""
@@ -280,12 +281,14 @@ def write_atomic(
     flag: str,
     force: bool = False,
     executable: bool = False,
+    hint: str = FORCE_HINT,
 ) -> None:
-    """Write ``data`` to ``path``: checked (``check_output_file``), written to a temporary
-    file beside it, synced, and renamed into place, with ``file_mode`` permissions.
-    Without ``force`` a path that appears meanwhile is still never replaced."""
+    """Write ``data`` to ``path``: checked (``check_output_file``, whose ``hint`` a
+    refusal ends with), written to a temporary file beside it, synced, and renamed into
+    place, with ``file_mode`` permissions. Without ``force`` a path that appears meanwhile
+    is still never replaced."""
     target = Path(path)
-    check_output_file(target, flag=flag, force=force)
+    check_output_file(target, flag=flag, force=force, hint=hint)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +311,7 @@ def write_atomic(
             else:
                 rename_no_replace(temporary, target)
         except FileExistsError:
-            _check_replaceable(target, flag=flag, force=False)  # says it in one line
+            _check_replaceable(target, flag=flag, force=False, hint=hint)  # says it in one line
             raise
         except IsADirectoryError:  # a directory appeared under --force's feet
             _check_replaceable(target, flag=flag, force=True)

@@ -36,8 +36,7 @@ from piebald.profiler.apply import recorded_curve
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec, check_job_fits_model
-from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, limit_text
+from piebald.specs.job import JobSpec, check_job_fits_model, check_job_size
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import load_plan
@@ -77,6 +76,7 @@ EXIT_INFEASIBLE = 3
 # The flag of each library argument an ArgumentError can name: the library speaks of its
 # arguments (piebald.plan(strategy=...)), a command-line user of flags.
 FLAG_OF_ARGUMENT = {
+    "global_batch": "--global-batch",
     "model": "--model",
     "profiles": "--profiles",
     "seq_len": "--seq-len",
@@ -136,12 +136,7 @@ def load_checked_plan(path: Path) -> Plan:
 def job_from(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
     """The job of ``--global-batch`` and ``--seq-len``; a value over its limit is one line
     naming the flag (before anything is allocated for it)."""
-    for flag, value, maximum, unit in (
-        ("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences"),
-        ("--seq-len", seq_len, MAX_SEQ_LEN, "tokens"),
-    ):
-        if value > maximum:
-            raise SpecError(source=flag, field="", value=value, expected=limit_text(maximum, unit))
+    check_job_size(global_batch=global_batch, seq_len=seq_len)
     return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
 
 

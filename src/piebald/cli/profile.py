@@ -34,7 +34,7 @@ from piebald.profiler.calibrate import (
     observations_of,
 )
 from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
-from piebald.profiler.pricing import load_profiles, unmatched_profiles
+from piebald.profiler.pricing import load_profiles, planning_prices, unmatched_profiles
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
@@ -77,11 +77,11 @@ def with_profiles(
     profiles: Path | None, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
 ) -> tuple[ClusterSpec, EfficiencyCurve, ProfiledInputs | None]:
     """The cluster and curve to plan with: as given, or priced from ``--profiles``."""
-    if profiles is None:
-        return cluster, DEFAULT_CURVE, None
-    inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
-    warn_unmatched(profiles, inputs, cluster=cluster)
-    return inputs.cluster, inputs.curve, inputs
+    inputs = None
+    if profiles is not None:
+        inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
+        warn_unmatched(profiles, inputs, cluster=cluster)
+    return (*planning_prices(inputs, cluster=cluster), inputs)
 
 
 def _sizes(text: str, option: str) -> tuple[int, ...]:

@@ -2,7 +2,7 @@
 and the pricing curve: the device, the dtype it computes in, the micro-batch's shape, and
 whether blocks recompute their activations.
 
-Compute time (``cost.compute``, ``cost.layer_table``), activation memory
+Compute time (``cost.compute``, ``cost.pass_times``), activation memory
 (``cost.memory``) and the profile's measurements (``profiler.compute_model``) all take one
 of these instead of the five values one by one. It is hashable (frozen, its hash
 computed once), so the caches on the planner's hot path key on it directly.

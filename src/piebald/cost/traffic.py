@@ -2,7 +2,7 @@
 
 A hop is one micro-batch's activation from a stage to the next and its gradient back. Each
 way moves at min(path rate, the share it gets of each resource it crosses): a GPU port, a
-node's NIC in one direction, a site link (``transfers``). The simulator's network splits a
+node's NIC in one direction, a site link (``link_resources``). The simulator's network splits a
 resource equally among the transfers on it (processor sharing). The ranks of a stage run
 their micro-batches in step, so every rank that sends one way over a resource sends at
 once, and every rank that receives that way receives one transfer at a time (it posts one

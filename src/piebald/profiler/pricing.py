@@ -31,6 +31,7 @@ __all__ = [
     "load_profiles",
     "plan_prices",
     "plan_with_cost_inputs",
+    "planning_prices",
     "unmatched_profiles",
 ]
 
@@ -84,6 +85,16 @@ def unmatched_profiles(inputs: ProfiledInputs, *, cluster: ClusterSpec) -> tuple
             f"groups {', '.join(groups)}): links are priced from the cluster file"
         )
     return tuple(lines)
+
+
+def planning_prices(
+    inputs: ProfiledInputs | None, *, cluster: ClusterSpec
+) -> tuple[ClusterSpec, EfficiencyCurve]:
+    """The cluster and curve to plan with: ``cluster`` and the analytic model, or, with a
+    DB's ``inputs``, the cluster with its links measured and the measured curve."""
+    if inputs is None:
+        return cluster, DEFAULT_CURVE
+    return inputs.cluster, inputs.curve
 
 
 def plan_with_cost_inputs(plan: Plan, inputs: ProfiledInputs | None) -> Plan:

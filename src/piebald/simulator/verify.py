@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import ScoredPlan, SearchResult
-from piebald.report.describe import describe_plan
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import SimulationResult
-from piebald.specs.plan import RunnerUp
 
 __all__ = ["Verification", "VerifiedCandidate", "verify_by_simulation"]
 
@@ -69,14 +67,7 @@ def verify_by_simulation(
             f"choice (simulated {candidates[chosen].simulated.step_time_s:.3f} s against "
             f"{candidates[0].simulated.step_time_s:.3f} s)",
         ),
-        runners_up=tuple(
-            RunnerUp(
-                description=describe_plan(c.plan),
-                tokens_per_s=c.estimate.tokens_per_s,
-                step_time_s=c.estimate.step_time_s,
-            )
-            for c in others
-        ),
+        runners_up=tuple(c.as_runner_up() for c in others),
     )
     return Verification(
         candidates=candidates,

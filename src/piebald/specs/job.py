@@ -9,13 +9,14 @@ from typing import Any
 from piebald.errors import ArgumentError, SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.fields import Fields
-from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ_LEN
+from piebald.specs.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ_LEN, limit_text
 from piebald.specs.model import Family, ModelSpec
 
 __all__ = [
     "JobSpec",
     "Optimizer",
     "check_job_fits_model",
+    "check_job_size",
     "check_seq_len",
     "job_from_dict",
     "job_to_dict",
@@ -74,6 +75,20 @@ def job_from_dict(data: object, *, source: str) -> JobSpec:
         ),
         seed=fields.integer("seed", default=0, minimum=0, maximum=MAX_SEED),
     )
+
+
+def check_job_size(*, global_batch: object, seq_len: object) -> None:
+    """A job's size as a caller gives it, checked before a JobSpec (or anything sized by
+    it) is made: an ArgumentError naming ``global_batch`` or ``seq_len`` (the CLI reports
+    it under its flag)."""
+    for argument, value, maximum, unit in (
+        ("global_batch", global_batch, MAX_GLOBAL_BATCH, "sequences"),
+        ("seq_len", seq_len, MAX_SEQ_LEN, "tokens"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(argument=argument, value=value, expected="a whole number >= 1")
+        if value > maximum:
+            raise ArgumentError(argument=argument, value=value, expected=limit_text(maximum, unit))
 
 
 def check_job_fits_model(job: JobSpec, model: ModelSpec, *, source: str | None = None) -> None:

@@ -28,7 +28,7 @@ and bytes. With these limits a block has at most 2h*q + 2h*kv + 3hf < 2^43 weigh
 2^8 x 2^43 + 2 x V h + positions x h < 2^52 parameters, and 16 bytes of training state
 each make < 2^56 bytes: far inside int64 (2^63), and the parameter count exact in
 float64 (2^53). Tokens per micro-batch are at most 2^16 x 2^24 = 2^40. The cost model
-also sums in float64 (``cost.memory._prefix``), so even past these limits nothing wraps.
+also sums in float64 (``cost.memory.prefix_sums``), so even past these limits nothing wraps.
 """
 
 from __future__ import annotations

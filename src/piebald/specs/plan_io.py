@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from piebald.errors import SpecError
-from piebald.outputs import write_atomic
+from piebald.outputs import FORCE_HINT, write_atomic
 from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
 from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
@@ -416,8 +416,15 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def save_plan(
-    plan: Plan, path: str | Path, *, overwrite: bool = False, flag: str = "--out"
+    plan: Plan,
+    path: str | Path,
+    *,
+    overwrite: bool = False,
+    flag: str = "--out",
+    hint: str = FORCE_HINT,
 ) -> None:
     """Write the plan JSON atomically (``piebald.outputs``); an existing file is kept
-    unless ``overwrite``, and even then only a regular file is replaced."""
-    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n", flag=flag, force=overwrite)
+    unless ``overwrite``, and even then only a regular file is replaced. ``hint``: what
+    a refusal tells the caller to do."""
+    text = json.dumps(plan_to_dict(plan), indent=1) + "\n"
+    write_atomic(path, text, flag=flag, force=overwrite, hint=hint)

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Sequence
 from piebald.planner.bounds import diagnose_infeasible
 from piebald.planner.search.records import ScoredPlan
 from piebald.planner.search.state import SearchState
-from piebald.report.describe import describe_plan
-from piebald.specs.plan import Plan, RunnerUp
+from piebald.specs.plan import Plan
 
 __all__ = ["distinct_runners_up", "finished_plan", "why_infeasible"]
 
@@ -42,14 +41,7 @@ def finished_plan(
             )
         else:
             notes.append(f"ranks {list(idle)} idle: no plan using every GPU fits memory")
-    runners = tuple(
-        RunnerUp(
-            description=describe_plan(s.plan),
-            tokens_per_s=s.estimate.tokens_per_s,
-            step_time_s=s.estimate.step_time_s,
-        )
-        for s in runners_up
-    )
+    runners = tuple(s.as_runner_up() for s in runners_up)
     final = Plan(
         cluster=plan.cluster,
         model=plan.model,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from piebald.cost.plan_estimate import PlanEstimate
-from piebald.specs.plan import Plan
+from piebald.report.describe import describe_plan
+from piebald.specs.plan import Plan, RunnerUp
 
 __all__ = ["Candidate", "DepthScan", "Infeasible", "Scan", "ScoredPlan", "SearchResult", "Stages"]
 
@@ -21,6 +22,14 @@ class ScoredPlan:
     plan: Plan
     estimate: PlanEstimate
     strategy: str
+
+    def as_runner_up(self) -> RunnerUp:
+        """How a plan file lists this plan among those not chosen."""
+        return RunnerUp(
+            description=describe_plan(self.plan),
+            tokens_per_s=self.estimate.tokens_per_s,
+            step_time_s=self.estimate.step_time_s,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
