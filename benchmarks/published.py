@@ -20,11 +20,12 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import piebald
 from piebald.errors import SpecError
 from piebald.planner.search import Infeasible
+from piebald.specs.plan import Plan
 from published_points import (
     PublishedPoint,
     build_cluster,
@@ -32,6 +33,7 @@ from published_points import (
     build_model,
     load_points,
     plan_choice,
+    recompute_as_run,
     tensor_parallel_degree,
 )
 
@@ -78,8 +80,9 @@ def predict(point: PublishedPoint) -> Outcome:
         )
     except Infeasible as error:
         return _none(point, model.name, f"infeasible: {error}")
-    assert plan.predicted is not None  # search always prices the plan it returns
+    plan, run_notes = as_run(plan, point)
     stage = plan.stages[0]
+    predicted = piebald.estimate(plan)
     summary = (
         f"{choice.strategy}"
         + (f" --zero {choice.zero.value}" if choice.zero is not None else "")
@@ -89,11 +92,52 @@ def predict(point: PublishedPoint) -> Outcome:
     return Outcome(
         point=point,
         model_name=model.name,
-        predicted_tokens_per_s_per_gpu=plan.predicted.tokens_per_s / cluster.num_gpus,
+        predicted_tokens_per_s_per_gpu=predicted.tokens_per_s / cluster.num_gpus,
         why_none=None,
         plan_summary=summary,
-        notes=model_notes + cluster_notes,
+        notes=model_notes + cluster_notes + run_notes,
     )
+
+
+def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
+    """``plan`` (one data-parallel stage) held to the micro-batch size and recomputation the
+    run used, where the source states them: the benchmark tests the cost model, not the
+    planner's choices. A run that piebald's memory model says does not fit is still priced,
+    with a note."""
+    notes: list[str] = []
+    if len(plan.stages) != 1:
+        return plan, ("planned with more than one stage: priced as planned",)
+    stage = plan.stages[0]
+    recompute, note = recompute_as_run(point)
+    if note is not None:
+        notes.append(note)
+    if recompute is not None:
+        stage = replace(stage, recompute=recompute)
+    n = len(stage.ranks)
+    if point.micro_batch is not None:
+        per_rank = point.global_batch // n
+        if per_rank % point.micro_batch or per_rank == 0:
+            notes.append(f"micro-batch {point.micro_batch} does not divide {per_rank}: as planned")
+        else:
+            stage = replace(
+                stage,
+                micro_batch_size=(point.micro_batch,) * n,
+                num_micro_batches=(per_rank // point.micro_batch,) * n,
+            )
+    routes = tuple(
+        (rank,)
+        for rank, count in zip(stage.ranks, stage.num_micro_batches, strict=True)
+        for _ in range(count)
+    )
+    held = replace(plan, stages=(stage,), routes=routes, predicted=None)
+    estimate = piebald.estimate(held)
+    if any(
+        memory.total_bytes > held.cluster.device_of(rank).memory_bytes
+        for stage_estimate in estimate.stages
+        for rank, memory in stage_estimate.memory.items()
+    ):
+        notes.append("the run as published does not fit piebald's memory model")
+    return held, tuple(notes)
 
 
 def _none(point: PublishedPoint, model_name: str, why: str) -> Outcome:

@@ -39,6 +39,7 @@ __all__ = [
     "load_points",
     "nic_gbit_per_node",
     "plan_choice",
+    "recompute_as_run",
     "tensor_parallel_degree",
 ]
 
@@ -50,11 +51,18 @@ _GPU_ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB"
 
 # Intra-node link per GPU, as the project's scenarios give it: the datasheet NVLink
 # bandwidth per GPU (NVLink 4: 900 GB/s on H100 SXM; NVLink 3: 600 GB/s on A100 SXM).
-_NVLINK = {"H100-SXM": "900GB/s", "A100-80GB": "600GB/s", "A100-40GB": "600GB/s"}
+# NVLink per GPU and direction (a ring sends and receives at once): NVIDIA's 900 and
+# 600 GB/s are both directions together (H100 and A100 datasheets).
+_NVLINK = {
+    "H100-SXM": "450GB/s",
+    "H100-SXM-96GB": "450GB/s",
+    "A100-80GB": "300GB/s",
+    "A100-40GB": "300GB/s",
+}
 
 # Where the source does not state the network: one 400 Gb/s NDR rail per H100 and one
 # 200 Gb/s HDR rail per A100, the DGX H100 / DGX A100 reference designs (8 rails a node).
-_ASSUMED_GBIT_PER_GPU = {"H100-SXM": 400, "A100-80GB": 200, "A100-40GB": 200}
+_ASSUMED_GBIT_PER_GPU = {"H100-SXM": 400, "H100-SXM-96GB": 400, "A100-80GB": 200, "A100-40GB": 200}
 
 # Megatron's GPT models use 128-wide heads; the file gives no head count for some of them.
 _ASSUMED_HEAD_DIM = 128
@@ -74,6 +82,7 @@ class PublishedPoint:
     seq_len: int
     global_batch: int
     parallelism: str  # free text: "FSDP2 64, selective op AC, eager", "FSDP 8 x TP 8", ...
+    micro_batch: int | None  # sequences per GPU per micro-batch, when the source states it
     measured_tokens_per_s_per_gpu: float
 
 
@@ -106,6 +115,11 @@ def load_points(path: Path = PUBLISHED_YAML) -> tuple[PublishedPoint, ...]:
                 seq_len=entry.integer("seq_len", minimum=1),
                 global_batch=entry.integer("global_batch", minimum=1),
                 parallelism=entry.string("parallelism"),
+                micro_batch=(
+                    entry.integer("micro_batch", minimum=1)
+                    if entry.raw("micro_batch", default=None) is not None
+                    else None
+                ),
                 measured_tokens_per_s_per_gpu=entry.number(
                     "tokens_per_s_per_gpu", strictly_positive=True
                 ),
@@ -233,6 +247,22 @@ def tensor_parallel_degree(point: PublishedPoint) -> int:
     ("no TP/PP" names no degree)."""
     match = re.search(r"\bTP\s*(\d+)", point.parallelism)
     return int(match.group(1)) if match else 1
+
+
+def recompute_as_run(point: PublishedPoint) -> tuple[bool | None, str | None]:
+    """(whether the run recomputed whole blocks, a note when piebald cannot say it exactly);
+    None when the source does not say.
+
+    piebald recomputes a whole block or nothing. Selective checkpointing (torchtitan's
+    per-op policy saves most matmul outputs) is priced as no recomputation, and said so."""
+    text = point.parallelism
+    if re.search(r"selective|SAC", text, flags=re.IGNORECASE):
+        return False, "selective activation checkpointing priced as none (piebald: whole blocks)"
+    if re.search(r"no recompute|-r 0|(checkpointing|recomputation) off", text, re.IGNORECASE):
+        return False, None
+    if re.search(r"full AC|(checkpointing|recomputation)( on)?\b", text, flags=re.IGNORECASE):
+        return True, None
+    return None, None
 
 
 def plan_choice(point: PublishedPoint) -> PlanChoice:

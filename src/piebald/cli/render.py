@@ -78,7 +78,10 @@ def cluster_table(cluster: ClusterSpec) -> Table:
 
 
 def catalog_table(devices: list[DeviceType]) -> Table:
-    table = Table(title="GPU catalog (dense peaks)")
+    table = Table(
+        title="GPU catalog (dense peaks; GEMM and attention: the sustained fractions of them, "
+        "* where assumed, not measured)"
+    )
     for column in (
         "name",
         "memory",
@@ -86,6 +89,8 @@ def catalog_table(devices: list[DeviceType]) -> Table:
         "fp16 TFLOP/s",
         "fp32 TFLOP/s",
         "memory bandwidth",
+        "GEMM",
+        "attention",
     ):
         table.add_column(column, justify="left" if column == "name" else "right")
     for device in devices:
@@ -96,6 +101,10 @@ def catalog_table(devices: list[DeviceType]) -> Table:
             _tflops(device.fp16_flops),
             _tflops(device.fp32_flops),
             f"{device.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+            f"{device.sustained_matmul_efficiency:.2f}"
+            + ("*" if device.matmul_efficiency is None else ""),
+            f"{device.sustained_attention_efficiency:.2f}"
+            + ("*" if device.attention_efficiency is None else ""),
         )
     return table
 

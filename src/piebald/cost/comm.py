@@ -11,6 +11,10 @@ between nodes in which every GPU of a node carries 1/g of the data through the n
 intra-node all-gather); NCCL picks whichever is faster, and so does :func:`collective_time_s`.
 Uneven shards run as a padded even collective of the largest shard (as the runtime does on
 NCCL), i.e. S becomes n * max(fraction) * S.
+
+A ring step does not move data at the link's full rate: NCCL's measured bus bandwidth is a
+fraction of it (:data:`BUS_EFFICIENCY`), so every ring runs at ``B * BUS_EFFICIENCY``.
+Point-to-point messages (pipeline hops) run at the link's rate.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from enum import StrEnum
 from piebald.specs.cluster import ClusterSpec, Link
 
 __all__ = [
+    "BUS_EFFICIENCY",
     "Collective",
     "RingProfile",
     "collective_time_s",
@@ -29,6 +34,11 @@ __all__ = [
     "ring_profile",
     "ring_time_s",
 ]
+
+
+# NCCL all-reduce bus bandwidth over a link's rate per direction: 231.6 GB/s on the 300 GB/s
+# of an A100's NVLink (Azure AI-benchmarking-guide, ND_A100_v4_results.md, 8 GB messages).
+BUS_EFFICIENCY = 0.77
 
 
 class Collective(StrEnum):
@@ -110,7 +120,7 @@ class RingProfile:
 def _ring_over(links: Sequence[Link], num_ranks: int) -> _Ring:
     return _Ring(
         num_ranks=num_ranks,
-        bandwidth_bytes_per_s=min(link.bandwidth_bytes_per_s for link in links),
+        bandwidth_bytes_per_s=min(link.bandwidth_bytes_per_s for link in links) * BUS_EFFICIENCY,
         latency_s=max(link.latency_s for link in links),
     )
 
@@ -148,7 +158,7 @@ def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
     groups = [cluster.node_groups[cluster.nodes[node].group_index] for node in by_node]
     intra = _Ring(
         num_ranks=per_node,
-        bandwidth_bytes_per_s=min(g.intra_link_bytes_per_s for g in groups),
+        bandwidth_bytes_per_s=min(g.intra_link_bytes_per_s for g in groups) * BUS_EFFICIENCY,
         latency_s=max(g.intra_latency_s for g in groups),
     )
     inter = _ring_over(links[: len(nodes)], len(nodes))  # the node-to-node links above

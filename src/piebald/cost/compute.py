@@ -1,20 +1,29 @@
-"""Compute time of a layer on a device: a roofline with a saturating efficiency curve.
+"""Compute time of a layer pass on a device: its GEMMs, its fused attention, its
+memory-bound kernels and its kernel launches, each priced by what limits it.
 
-A layer pass of ``w`` FLOPs moving ``q`` bytes takes, with
-``c = w / (peak * max_fraction)`` and ``m = q / (memory_bandwidth * bandwidth_fraction)``,
+A forward pass of ``T`` tokens through a layer (its ops from ``specs/layer_ops.py``) takes
 
-    t = max(c, m) + (1 - overlap) * min(c, m) + half_saturation_s
+    t = max(g, m) + (1 - overlap) * min(g, m) + a + k + n * kernel_s + half_saturation_s
 
-With ``overlap = 1`` (the default) the first term is the roofline (Williams et al. 2009)
-with the best sustained fraction of the dense peak: memory traffic hides entirely behind
-compute or the reverse. A processor that does not hide one behind the other -- a CPU core
-streaming a layer's weights through a GEMM with few rows, or running its elementwise
-kernels one after another -- pays part of the shorter time as well (``overlap = 0``: the
-sum). The constant is the time lost to kernel launches and small tiles. Written as an
-efficiency, the compute-bound case is ``max_fraction * w / (w + w_half)`` with
-``w_half = peak * max_fraction * half_saturation_s``: small kernels reach a small fraction
-of peak, large ones approach ``max_fraction``. Profiles calibrate these numbers per device
-(``piebald.profiler.calibrate``).
+* ``g = matmul_flops / (peak * max_fraction)``: the GEMMs at the fraction of the dense peak
+  that large GEMMs sustain on this device (``DeviceType.matmul_efficiency``, measured);
+* ``m = (weights + GEMM inputs and outputs) / (bandwidth * bandwidth_fraction)``: the
+  GEMMs' own traffic, hidden behind their math on a GPU (``overlap = 1``, the roofline of
+  Williams et al. 2009) and not on a CPU core that streams a layer's weights through a
+  GEMM of few rows (calibration fits ``overlap`` per device);
+* ``a = causal attention FLOPs / (peak * attention fraction)``: fused attention skips
+  the masked half of the scores, at the fraction flash attention sustains
+  (``DeviceType.attention_efficiency``, measured; far below the GEMMs' on an H100);
+* ``k = memory-bound bytes / (bandwidth * bandwidth_fraction)``: norms, rotary
+  embeddings, residual adds, activations and the loss, each its own kernel, overlapping
+  nothing -- the term that grows as a GPU's FLOP/s outpace its memory;
+* ``n * kernel_s``: the forward's kernel launches, the fixed cost that dominates small
+  layers; ``half_saturation_s`` is any further fixed time a calibration measured.
+
+The backward is twice the forward in GEMM FLOPs, bytes and kernels (input and weight
+gradients; ``specs/layer_ops.py``) and 2.5x in attention FLOPs (flash attention recomputes
+the scores), plus a forward when the layer is recomputed. MFU
+reporting keeps counting the full (non-causal) attention FLOPs, as PaLM does.
 
 A measured profile enters through the object passed as ``curve``: a subclass
 (``piebald.profiler.compute_model.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
@@ -36,8 +45,11 @@ from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, LayerSpec
 
 __all__ = [
+    "KERNEL_LAUNCH_S",
     "EfficiencyCurve",
     "PassKind",
+    "PassWork",
+    "forward_work",
     "layer_backward_time_s",
     "layer_forward_time_s",
     "optimizer_step_time_s",
@@ -52,26 +64,37 @@ class PassKind(StrEnum):
     BACKWARD_RECOMPUTE = "backward_recompute"  # the forward run again, then the backward
 
 
+# A kernel launch: the CPU needs 4-6 us to submit one (measured with and without CUDA
+# graphs: susun-blog.com "pegainfer (3): From Launch Overhead to CUDA Graph"), and eager
+# PyTorch submits each op from Python, so a GPU running short kernels waits for it.
+KERNEL_LAUNCH_S = 4e-6
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EfficiencyCurve:
-    # Large transformer GEMMs sustain 55-70% of dense peak; end-to-end MFU of well-tuned
-    # runs is ~40-55% (PaLM 46%, Llama 3 38-43%), the gap being communication and bubbles.
-    max_fraction: float = 0.6
-    bandwidth_fraction: float = 0.8  # streaming kernels reach ~80% of HBM bandwidth
-    half_saturation_s: float = 30e-6  # ~10-15 kernel launches per layer pass
+    # The fraction of the dense peak GEMMs sustain; None: the device's measured
+    # ``matmul_efficiency`` (a calibrated curve sets its own).
+    max_fraction: float | None = None
+    # Streaming kernels reach ~80% of HBM bandwidth (STREAM copy on Azure's A100 80GB:
+    # 1.61 of 2.04 TB/s; on its H100: 2.90 of 3.35 TB/s).
+    bandwidth_fraction: float = 0.8
+    half_saturation_s: float = 0.0  # fixed time per pass beyond the kernel launches
+    kernel_s: float = KERNEL_LAUNCH_S
     # Passes over the whole embedding table a backward makes: PyTorch's dense embedding
     # gradient zero-fills the table-sized gradient and accumulates it into .grad. The
     # analytic default leaves it out (0); calibration fits it where measured.
     embedding_table_passes: float = 0.0
-    # Fraction of the shorter of compute and memory time hidden behind the longer: 1 is
-    # the roofline (GPUs overlap loads with math); calibration fits it per device.
+    # Fraction of the shorter of GEMM compute and GEMM traffic hidden behind the longer:
+    # 1 is the roofline (GPUs overlap loads with math); calibration fits it per device.
     overlap: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (0 < self.max_fraction <= 1 and 0 < self.bandwidth_fraction <= 1):
-            raise ValueError(f"efficiency fractions must be in (0, 1]: {self}")
-        if self.half_saturation_s < 0:
-            raise ValueError(f"half_saturation_s = {self.half_saturation_s}; expected >= 0")
+        if self.max_fraction is not None and not 0 < self.max_fraction <= 1:
+            raise ValueError(f"max_fraction = {self.max_fraction}; expected a fraction in (0, 1]")
+        if not 0 < self.bandwidth_fraction <= 1:
+            raise ValueError(f"bandwidth_fraction = {self.bandwidth_fraction}; expected (0, 1]")
+        if self.half_saturation_s < 0 or self.kernel_s < 0:
+            raise ValueError(f"fixed times must be >= 0: {self}")
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap = {self.overlap}; expected a fraction in [0, 1]")
         if self.embedding_table_passes < 0:
@@ -79,20 +102,32 @@ class EfficiencyCurve:
                 f"embedding_table_passes = {self.embedding_table_passes}; expected >= 0"
             )
 
-    def time_s(
-        self,
-        *,
-        flops: float,
-        num_bytes: float,
-        peak_flops: float,
-        memory_bandwidth_bytes_per_s: float,
-    ) -> float:
-        if flops == 0 and num_bytes == 0:
+    def matmul_fraction(self, device: DeviceType) -> float:
+        return (
+            device.sustained_matmul_efficiency if self.max_fraction is None else self.max_fraction
+        )
+
+    def attention_fraction(self, device: DeviceType) -> float:
+        """The device's flash-attention fraction; a calibrated GEMM fraction scales it by
+        the same factor as the device's GEMM fraction."""
+        measured = device.sustained_attention_efficiency
+        if self.max_fraction is None:
+            return measured
+        return min(1.0, measured * self.max_fraction / device.sustained_matmul_efficiency)
+
+    def time_s(self, *, work: PassWork, device: DeviceType, dtype: Dtype) -> float:
+        """The time of ``work`` on ``device`` computing in ``dtype`` (module docstring)."""
+        if work.is_empty:
             return 0.0
-        compute_s = flops / (peak_flops * self.max_fraction)
-        memory_s = num_bytes / (memory_bandwidth_bytes_per_s * self.bandwidth_fraction)
-        exposed_s = (1.0 - self.overlap) * min(compute_s, memory_s)  # 0 on the roofline
-        return max(compute_s, memory_s) + exposed_s + self.half_saturation_s
+        peak = device.peak_flops(dtype)
+        bandwidth = device.memory_bandwidth_bytes_per_s * self.bandwidth_fraction
+        gemm_s = work.matmul_flops / (peak * self.matmul_fraction(device))
+        gemm_traffic_s = work.gemm_bytes / bandwidth
+        hidden = max(gemm_s, gemm_traffic_s) + (1.0 - self.overlap) * min(gemm_s, gemm_traffic_s)
+        attention_s = work.attention_flops / (peak * self.attention_fraction(device))
+        stream_s = work.stream_bytes / bandwidth
+        fixed_s = work.kernels * self.kernel_s + self.half_saturation_s
+        return hidden + attention_s + stream_s + fixed_s
 
     def measured_time_s(
         self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
@@ -123,14 +158,56 @@ class EfficiencyCurve:
 DEFAULT_CURVE = EfficiencyCurve()
 
 
-def _forward_bytes(layer: LayerSpec, *, tokens: int, dtype: Dtype) -> float:
-    """Bytes a forward pass moves: weights read once, activations written once. The
-    embedding only gathers one table row per token and writes it out."""
-    if layer.kind is LayerKind.EMBEDDING:
-        return 2.0 * layer.output_bytes_per_token * tokens * dtype.num_bytes / 2
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassWork:
+    """What one forward pass of a micro-batch does (module docstring); a backward is
+    :meth:`doubled`."""
+
+    matmul_flops: float
+    attention_flops: float  # causal: the masked half is skipped
+    gemm_bytes: float  # weights and GEMM inputs and outputs, hidden behind the math
+    stream_bytes: float  # memory-bound kernels, not hidden
+    kernels: float
+
+    @property
+    def is_empty(self) -> bool:
+        return self.matmul_flops == 0 and self.gemm_bytes == 0 and self.stream_bytes == 0
+
+    def backward(self, *, extra_stream_bytes: float = 0.0) -> PassWork:
+        """The backward of this forward: twice its GEMMs (input and weight gradients),
+        traffic and kernels, and 2.5x its attention FLOPs -- flash attention's backward
+        recomputes the scores, five matmuls against the forward's two (Dao 2023,
+        "FlashAttention-2", section 3.1.2; its benchmarks count the backward so)."""
+        return PassWork(
+            matmul_flops=2.0 * self.matmul_flops,
+            attention_flops=ATTENTION_BACKWARD_FACTOR * self.attention_flops,
+            gemm_bytes=2.0 * self.gemm_bytes,
+            stream_bytes=2.0 * self.stream_bytes + extra_stream_bytes,
+            kernels=2.0 * self.kernels,
+        )
+
+
+ATTENTION_BACKWARD_FACTOR = 2.5
+
+
+def forward_work(layer: LayerSpec, *, shape: PassShape) -> PassWork:
+    """The forward pass of one micro-batch of ``shape`` through ``layer``."""
+    tokens = shape.num_tokens
+    dtype_bytes = shape.dtype.num_bytes
+    ops = layer.ops
     weights = layer.num_params + layer.num_tied_params
-    kept = layer.activation_bytes_per_token(dtype_bytes=dtype.num_bytes) * tokens
-    return weights * dtype.num_bytes + kept
+    gemm_bytes = 0.0
+    if layer.matmul_flops_per_token > 0:  # the embedding gathers rows, it reads no weights
+        gemm_bytes = (weights + ops.gemm_io_values_per_token * tokens) * dtype_bytes
+    # Causal attention: query t attends to t + 1 positions, (s + 1) / 2 on average.
+    causal_positions = (shape.seq_len + 1) / 2.0
+    return PassWork(
+        matmul_flops=layer.matmul_flops_per_token * tokens,
+        attention_flops=layer.attention_flops_per_token_per_position * causal_positions * tokens,
+        gemm_bytes=gemm_bytes,
+        stream_bytes=ops.stream_bytes_per_token(dtype_bytes=dtype_bytes) * tokens,
+        kernels=float(ops.forward_kernels(dtype_bytes=dtype_bytes)),
+    )
 
 
 def layer_forward_time_s(
@@ -141,26 +218,20 @@ def layer_forward_time_s(
     measured = curve.measured_time_s(layer, shape=shape, kind=PassKind.FORWARD)
     if measured is not None:
         return measured
-    device, dtype = shape.device, shape.dtype
     analytic = curve.for_device(
-        device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
+        shape.device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
     )
-    tokens = shape.num_tokens
-    flops = layer.forward_flops_per_token(seq_len=shape.seq_len) * tokens
     return analytic.time_s(
-        flops=flops,
-        num_bytes=_forward_bytes(layer, tokens=tokens, dtype=dtype),
-        peak_flops=device.peak_flops(dtype),
-        memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
+        work=forward_work(layer, shape=shape), device=shape.device, dtype=shape.dtype
     )
 
 
 def layer_backward_time_s(
     layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
-    """Backward time: 2x the forward FLOPs and bytes (input and weight gradients), plus a
-    repeated forward when the layer's activations were recomputed (``shape.recompute``,
-    blocks only)."""
+    """Backward time: :meth:`PassWork.backward` of the forward's work, plus a repeated
+    forward when the layer's activations were recomputed
+    (``shape.recompute``, blocks only)."""
     recomputed = shape.recompute and layer.kind is LayerKind.BLOCK
     measured = curve.measured_time_s(
         layer,
@@ -173,17 +244,11 @@ def layer_backward_time_s(
     analytic = curve.for_device(
         device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
     )
-    tokens = shape.num_tokens
-    flops = 2.0 * layer.forward_flops_per_token(seq_len=shape.seq_len) * tokens
-    num_bytes = 2.0 * _forward_bytes(layer, tokens=tokens, dtype=dtype)
+    table_bytes = 0.0
     if layer.kind is LayerKind.EMBEDDING:
-        num_bytes += analytic.embedding_table_passes * layer.num_params * dtype.num_bytes
-    backward_s = analytic.time_s(
-        flops=flops,
-        num_bytes=num_bytes,
-        peak_flops=device.peak_flops(dtype),
-        memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
-    )
+        table_bytes = analytic.embedding_table_passes * layer.num_params * dtype.num_bytes
+    work = forward_work(layer, shape=shape).backward(extra_stream_bytes=table_bytes)
+    backward_s = analytic.time_s(work=work, device=device, dtype=dtype)
     if recomputed:
         backward_s += layer_forward_time_s(layer, shape=shape, curve=curve)
     return backward_s

@@ -109,16 +109,22 @@ def polish_bounds(
     proxy: float,
 ) -> tuple[tuple[int, ...], float]:
     """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
-    tie, moving a boundary by one layer can still shorten the fill and drain."""
+    tie, or a stage's sync hides behind the others' drain (the DP counts it whole), moving
+    a boundary can still shorten the step. Boundaries move by halving steps, from a
+    stage's mean share of the layers down to one, while the proxy improves: a sync worth
+    several layers moves a boundary several layers, past where one-layer moves stall."""
     improved = True
     while improved:
         improved = False
-        for index in range(1, len(bounds) - 1):
-            for moved in (bounds[index] - 1, bounds[index] + 1):
-                if not bounds[index - 1] < moved < bounds[index + 1]:
-                    continue
-                trial = (*bounds[:index], moved, *bounds[index + 1 :])
-                value = pipeline_proxy(costs, trial, boundaries, trips, widths)
-                if improves(value, proxy):
-                    bounds, proxy, improved = trial, value, True
+        step = max(1, (bounds[-1] - bounds[0]) // (2 * (len(bounds) - 1)))
+        while step >= 1:
+            for index in range(1, len(bounds) - 1):
+                for moved in (bounds[index] - step, bounds[index] + step):
+                    if not bounds[index - 1] < moved < bounds[index + 1]:
+                        continue
+                    trial = (*bounds[:index], moved, *bounds[index + 1 :])
+                    value = pipeline_proxy(costs, trial, boundaries, trips, widths)
+                    if improves(value, proxy):
+                        bounds, proxy, improved = trial, value, True
+            step //= 2
     return bounds, proxy

@@ -52,6 +52,7 @@ Matrix = npt.NDArray[np.float64]  # [a, b]: layers [a, b)
 Ranges = npt.NDArray[np.float64]
 _MAKESPAN_STEPS = 8
 _PROBE_BYTES = (1e6, 1e9)  # collective time is affine in bytes: two probes give the line
+_TIE = 1e-9  # relative: costs this close are equal (rounding of equal collectives)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,15 +203,20 @@ def stage_cost(
                     fits_little=memory.fits(None),
                 )
             )
-    # The cheapest setting for each range, the first of equals (``chosen``: its index,
-    # -1 for none); Little's in-flight budget wherever some setting fits with it ...
+    # The cheapest setting for each range (``chosen``: its index, -1 for none); of equals,
+    # the one with the shorter optimizer step (ZeRO-1 syncs as much as none, a reduce-scatter
+    # and an all-gather for an all-reduce, and steps a shard), as the exact build chooses;
+    # Little's in-flight budget wherever some setting fits with it ...
     num_ranges = len(params)
     best = np.full(num_ranges, np.inf)
+    best_optimizer = np.full(num_ranges, np.inf)
     chosen = np.full(num_ranges, -1)
     for index, setting in enumerate(settings):
         cost = np.where(setting.fits_little, setting.busy + setting.sync, np.inf)
-        better = cost < best
+        tie = np.isfinite(cost) & np.isclose(cost, best, rtol=_TIE, atol=0.0)
+        better = (cost < best) & ~tie | tie & (setting.optimizer < best_optimizer)
         best = np.where(better, cost, best)
+        best_optimizer = np.where(better, setting.optimizer, best_optimizer)
         chosen = np.where(better, index, chosen)
     best_rounds = np.zeros(num_ranges)
     # ... and a shrunk budget (more round trips) only where none does.

@@ -56,6 +56,10 @@ _PRIOR_WEIGHT = 0.02  # residual per e-fold away from the default: far below rea
 # explains a time as well (a 154 MB weight read), the rate does, not the fixed time.
 _LAYER_FIXED_WEIGHT = 0.3
 _MIN_FRACTION = 1e-4
+# Where the fixed time per pass starts (and the prior pulls it) when the starting curve
+# has none beyond its kernel launches: a few tens of microseconds of dispatch and cold
+# caches per layer pass on a CPU.
+_TYPICAL_FIXED_S = 30e-6
 _MIN_TIME_S = 1e-9
 
 
@@ -145,10 +149,10 @@ def _fit_one(
     layers = sorted({layer_key(o.layer) for o in observations}, key=str)
     layer_index = np.array([layers.index(layer_key(o.layer)) for o in observations])
     num_shared = _NUM_SHARED + 1 if with_table else _NUM_SHARED
-    default_fixed = math.log(max(start.half_saturation_s, _MIN_TIME_S))
+    default_fixed = math.log(start.half_saturation_s or _TYPICAL_FIXED_S)
     default = np.array(
         [
-            math.log(start.max_fraction),
+            math.log(start.matmul_fraction(device)),
             math.log(start.bandwidth_fraction),
             default_fixed,
             start.overlap,

@@ -159,6 +159,7 @@ class ProfiledCurve(EfficiencyCurve):
             max_fraction=base.max_fraction,
             bandwidth_fraction=base.bandwidth_fraction,
             half_saturation_s=base.half_saturation_s,
+            kernel_s=base.kernel_s,
             embedding_table_passes=base.embedding_table_passes,
             overlap=base.overlap,
             tables=tables,
@@ -238,6 +239,7 @@ class ProfiledCurve(EfficiencyCurve):
                 max_fraction=self.max_fraction,
                 bandwidth_fraction=self.bandwidth_fraction,
                 half_saturation_s=self.half_saturation_s,
+                kernel_s=self.kernel_s,
                 embedding_table_passes=self.embedding_table_passes,
                 overlap=self.overlap,
             )

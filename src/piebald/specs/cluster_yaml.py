@@ -281,6 +281,14 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
             "fp16_tflops": device.fp16_flops / 1e12,
             "fp32_tflops": device.fp32_flops / 1e12,
             "memory_bandwidth": _rate(device.memory_bandwidth_bytes_per_s),
+            **{
+                name: value
+                for name, value in (
+                    ("matmul_efficiency", device.matmul_efficiency),
+                    ("attention_efficiency", device.attention_efficiency),
+                )
+                if value is not None
+            },
         }
         for device in cluster.custom_types
     ]

@@ -4,6 +4,13 @@ The catalog is data (``catalog.yaml`` beside this file, each figure cited there)
 clusters may add their own types with the same fields. Which dtype a device really trains
 in is decided here once: bf16 if asked for and supported, else fp16 with loss scaling if
 that is faster than fp32 (not on a P40), else fp32.
+
+Beside its peaks a type says how much of them real kernels sustain: ``matmul_efficiency``
+is the fraction of the dense peak large GEMMs reach (the "maximum achievable matmul FLOPS"
+measured per GPU, cited in the catalog), ``attention_efficiency`` the fraction fused
+(flash) attention reaches. Both are data, not fits: a faster GPU does not reach the same
+fraction of its peak (H100 0.80 of its GEMM peak and 0.33 in flash attention, A100 0.87
+and 0.58), which is much of why it trains less than its FLOP/s ratio faster.
 """
 
 from __future__ import annotations
@@ -19,10 +26,24 @@ import yaml
 from piebald.errors import SpecError
 from piebald.specs.fields import Fields
 
-__all__ = ["DeviceType", "Dtype", "builtin_catalog", "parse_device_type"]
+__all__ = [
+    "ATTENTION_SHARE_OF_MATMUL",
+    "DEFAULT_MATMUL_EFFICIENCY",
+    "DeviceType",
+    "Dtype",
+    "builtin_catalog",
+    "parse_device_type",
+]
 
 TFLOPS = 1e12
 MAX_TFLOPS = 1e6  # one EFLOP/s per device: anything above is a typo
+# A type without a measured GEMM efficiency: the middle of the measured data-centre NVIDIA
+# parts (A100 SXM 0.87, A100 PCIe 0.81, H100 SXM 0.80, GH200 0.84; catalog.yaml [MAMF]).
+DEFAULT_MATMUL_EFFICIENCY = 0.8
+# A type without a measured flash-attention efficiency reaches this share of its GEMM
+# efficiency: A100's measured ratio (FlashAttention-2 0.575 of peak against GEMMs' 0.869,
+# catalog.yaml [AzureA100]), the generation whose attention kernels most GPUs run.
+ATTENTION_SHARE_OF_MATMUL = 0.66
 
 
 class Dtype(StrEnum):
@@ -47,10 +68,29 @@ class DeviceType:
     fp16_flops: float
     fp32_flops: float
     memory_bandwidth_bytes_per_s: float
+    # Measured fractions of the dense peak (None: not measured, piebald's assumption):
+    matmul_efficiency: float | None = None  # large GEMMs
+    attention_efficiency: float | None = None  # flash attention
 
     def __post_init__(self) -> None:
         assert self.memory_bytes > 0 and self.memory_bandwidth_bytes_per_s > 0, self
         assert self.fp32_flops > 0 and self.fp16_flops >= 0 and self.bf16_flops >= 0, self
+        for fraction in (self.matmul_efficiency, self.attention_efficiency):
+            assert fraction is None or 0 < fraction <= 1, self
+
+    @property
+    def sustained_matmul_efficiency(self) -> float:
+        """The measured GEMM efficiency, or piebald's default where none was measured."""
+        if self.matmul_efficiency is not None:
+            return self.matmul_efficiency
+        return DEFAULT_MATMUL_EFFICIENCY
+
+    @property
+    def sustained_attention_efficiency(self) -> float:
+        """The measured flash-attention efficiency, or the assumed share of the GEMMs'."""
+        if self.attention_efficiency is not None:
+            return self.attention_efficiency
+        return self.sustained_matmul_efficiency * ATTENTION_SHARE_OF_MATMUL
 
     @property
     def bf16_supported(self) -> bool:
@@ -77,7 +117,16 @@ class DeviceType:
         return self.peak_flops(self.training_dtype(requested))
 
 
-_DEVICE_FIELDS = ("name", "memory", "bf16_tflops", "fp16_tflops", "fp32_tflops", "memory_bandwidth")
+_DEVICE_FIELDS = (
+    "name",
+    "memory",
+    "bf16_tflops",
+    "fp16_tflops",
+    "fp32_tflops",
+    "memory_bandwidth",
+    "matmul_efficiency",
+    "attention_efficiency",
+)
 
 
 def parse_device_type(fields: Fields) -> DeviceType:
@@ -97,6 +146,16 @@ def parse_device_type(fields: Fields) -> DeviceType:
         fp16_flops=tflops("fp16_tflops", default=0.0),
         fp32_flops=tflops("fp32_tflops"),
         memory_bandwidth_bytes_per_s=fields.rate_bytes_per_s("memory_bandwidth"),
+        matmul_efficiency=(
+            fields.number("matmul_efficiency", strictly_positive=True, maximum=1.0)
+            if fields.has("matmul_efficiency")
+            else None
+        ),
+        attention_efficiency=(
+            fields.number("attention_efficiency", strictly_positive=True, maximum=1.0)
+            if fields.has("attention_efficiency")
+            else None
+        ),
     )
 
 

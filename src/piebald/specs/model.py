@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from piebald.specs.layer_ops import LayerOps, block_ops, embedding_ops, head_ops
 from piebald.specs.limits import (
     MAX_FFN_HIDDEN_SIZE,
     MAX_HEAD_DIM,
@@ -229,6 +230,7 @@ class LayerSpec:
     recompute_fixed_bytes_per_token: float
     recompute_values_per_token: float
     output_bytes_per_token: float  # what the layer hands to the next one (16-bit): 2h
+    ops: LayerOps  # its traffic and kernels beyond the FLOPs (specs/layer_ops.py)
 
     def forward_flops_per_token(self, *, seq_len: int) -> float:
         return self.matmul_flops_per_token + self.attention_flops_per_token_per_position * seq_len
@@ -337,6 +339,15 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         recompute_fixed_bytes_per_token=8.0,
         recompute_values_per_token=0.0,
         output_bytes_per_token=2.0 * h,
+        ops=embedding_ops(learned_positions=arch.family is Family.GPT2, hidden=h),
+    )
+    llama = arch.family is not Family.GPT2
+    one_block_ops = block_ops(
+        llama=llama,
+        hidden=h,
+        q_width=arch.q_width,
+        kv_width=arch.kv_width,
+        ffn_hidden=arch.ffn_hidden_size,
     )
     block_params, block_weights = _block_params(arch)
     block_fixed, block_values = _block_activations(arch)
@@ -354,6 +365,7 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
             recompute_fixed_bytes_per_token=0.0,
             recompute_values_per_token=float(h),  # the block's input
             output_bytes_per_token=2.0 * h,
+            ops=one_block_ops,
         )
         for i in range(arch.num_blocks)
     ]
@@ -371,5 +383,6 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
         recompute_fixed_bytes_per_token=head_fixed,  # the head is never recomputed
         recompute_values_per_token=head_values,
         output_bytes_per_token=0.0,  # the loss
+        ops=head_ops(llama=llama, hidden=h, vocab_size=vocab),
     )
     return (embedding, *blocks, head)

@@ -1,21 +1,27 @@
 """Compute-time model: the roofline efficiency curve, layer passes and the optimizer step.
 
-Every expected value is worked out by hand from the formulas in ``piebald.cost.compute``
-and ``piebald.specs.model`` on a small architecture and a made-up device with round numbers.
+Every expected value is worked out by hand from the formulas in ``piebald.cost.compute``,
+``piebald.specs.model`` and ``piebald.specs.layer_ops`` on a small architecture and a
+made-up device with round numbers.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from piebald.cost.compute import (
+    KERNEL_LAUNCH_S,
     EfficiencyCurve,
+    PassWork,
+    forward_work,
     layer_backward_time_s,
     layer_forward_time_s,
     optimizer_step_time_s,
 )
 from piebald.cost.pass_shape import PassShape
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import ATTENTION_SHARE_OF_MATMUL, DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
 
@@ -89,43 +95,61 @@ def _backward_s(layer: LayerSpec, *, recompute: bool) -> float:
     )
 
 
-def test_compute_bound_time_is_flops_over_sustained_peak_plus_constant() -> None:
-    # 1e12 FLOPs at 0.5 x 100 TFLOP/s = 0.02 s; 1e9 bytes at 0.8 x 1 TB/s = 1.25 ms.
+def _work(**kwargs: float) -> PassWork:
+    fields = {
+        "matmul_flops": 0.0,
+        "attention_flops": 0.0,
+        "gemm_bytes": 0.0,
+        "stream_bytes": 0.0,
+        "kernels": 0.0,
+    }
+    return PassWork(**(fields | kwargs))
+
+
+def test_compute_bound_gemms_hide_their_traffic() -> None:
+    # 1e12 FLOPs at 0.5 x 1 TFLOP/s = 2 s; 1e9 bytes at 0.8 x 1 TB/s = 1.25 ms, hidden.
     time_s = CURVE.time_s(
-        flops=1e12, num_bytes=1e9, peak_flops=100e12, memory_bandwidth_bytes_per_s=1e12
+        work=_work(matmul_flops=1e12, gemm_bytes=1e9), device=DEVICE, dtype=Dtype.BF16
     )
-    assert time_s == pytest.approx(0.02 + 1e-5, rel=1e-12)
+    assert time_s == pytest.approx(2.0 + 1e-5, rel=1e-12)
 
 
-def test_memory_bound_time_is_bytes_over_sustained_bandwidth_plus_constant() -> None:
-    # 1e9 FLOPs = 20 us of compute; 1e10 bytes at 0.8 TB/s = 12.5 ms.
+def test_memory_bound_gemms_take_their_traffic_time() -> None:
+    # 1e9 FLOPs = 2 ms of math; 1e10 bytes at 0.8 TB/s = 12.5 ms.
     time_s = CURVE.time_s(
-        flops=1e9, num_bytes=1e10, peak_flops=100e12, memory_bandwidth_bytes_per_s=1e12
+        work=_work(matmul_flops=1e9, gemm_bytes=1e10), device=DEVICE, dtype=Dtype.BF16
     )
     assert time_s == pytest.approx(0.0125 + 1e-5, rel=1e-12)
 
 
-def test_no_work_takes_no_time() -> None:
-    assert (
-        CURVE.time_s(flops=0, num_bytes=0, peak_flops=1e12, memory_bandwidth_bytes_per_s=1e12) == 0
+def test_attention_streams_and_launches_add_to_the_gemms() -> None:
+    # GEMMs 1e9 / 0.5e12 = 2 ms; attention 1e9 FLOPs at the device's attention fraction
+    # scaled like its GEMM fraction (0.8 x 0.66 x 0.5 / 0.8 = 0.33 of 1 TFLOP/s);
+    # 8e8 streamed bytes at 0.8 TB/s = 1 ms; 100 kernels x 4 us = 0.4 ms.
+    attention_fraction = 0.8 * ATTENTION_SHARE_OF_MATMUL * 0.5 / 0.8
+    assert CURVE.attention_fraction(DEVICE) == pytest.approx(attention_fraction)
+    time_s = CURVE.time_s(
+        work=_work(matmul_flops=1e9, attention_flops=1e9, stream_bytes=8e8, kernels=100),
+        device=DEVICE,
+        dtype=Dtype.BF16,
     )
+    expected = 2e-3 + 1e9 / (attention_fraction * 1e12) + 1e-3 + 100 * KERNEL_LAUNCH_S + 1e-5
+    assert time_s == pytest.approx(expected, rel=1e-12)
 
 
-def test_efficiency_rises_with_work_towards_max_fraction() -> None:
-    peak = 100e12
-    w_half = peak * CURVE.max_fraction * CURVE.half_saturation_s  # 5e8 FLOPs
-    efficiencies = []
-    for flops in (1e6, 1e8, w_half, 1e10, 1e12, 1e14):
-        time_s = CURVE.time_s(
-            flops=flops, num_bytes=0, peak_flops=peak, memory_bandwidth_bytes_per_s=1e12
-        )
-        efficiency = flops / (time_s * peak)
-        # Closed form of the docstring: max_fraction * w / (w + w_half).
-        assert efficiency == pytest.approx(0.5 * flops / (flops + w_half), rel=1e-9)
-        efficiencies.append(efficiency)
-    assert efficiencies == sorted(efficiencies)
-    assert efficiencies[2] == pytest.approx(0.25)  # half of max_fraction at w_half
-    assert 0.5 * 0.999 < efficiencies[-1] < 0.5
+def test_the_analytic_curve_takes_the_device_s_measured_efficiencies() -> None:
+    measured = replace(DEVICE, matmul_efficiency=0.7, attention_efficiency=0.35)
+    curve = EfficiencyCurve()  # the analytic default: no fractions of its own
+    assert curve.matmul_fraction(measured) == 0.7
+    assert curve.attention_fraction(measured) == 0.35
+    time_s = curve.time_s(
+        work=_work(matmul_flops=7e11, attention_flops=3.5e11), device=measured, dtype=Dtype.BF16
+    )
+    assert time_s == pytest.approx(1.0 + 1.0, rel=1e-12)
+
+
+def test_no_work_takes_no_time() -> None:
+    assert CURVE.time_s(work=_work(kernels=10), device=DEVICE, dtype=Dtype.BF16) == 0
 
 
 @pytest.mark.parametrize(
@@ -136,11 +160,36 @@ def test_efficiency_rises_with_work_towards_max_fraction() -> None:
         {"bandwidth_fraction": 0.0},
         {"bandwidth_fraction": 1.01},
         {"half_saturation_s": -1e-6},
+        {"kernel_s": -1e-6},
     ],
 )
 def test_curve_rejects_out_of_range_numbers(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         EfficiencyCurve(**kwargs)
+
+
+# The block's forward per token (specs/layer_ops.py, h = q = 64, kv = 32, f = 128):
+# GEMM and attention inputs and outputs (3h + q + 2kv) + (q + h) + (2h + 2f) + (f + h)
+# + (2q + 2kv) = 1216 values; streamed: 2 x 20h = 2560 fp32 bytes, 2 x 2h + 10 (q + kv)
+# + 6h + 5f = 2240 values, and 4h = 256 values cast to fp32 and back (D + 4 bytes each);
+# 34 kernels and 8 casts.
+BLOCK_GEMM_IO_VALUES = 1216
+BLOCK_STREAM_BF16_BYTES = 2560 + 2240 * 2 + 256 * (2 + 4)  # 8576
+BLOCK_STREAM_FP32_BYTES = 2560 + 2240 * 4  # 11520: no casts in fp32
+BLOCK_KERNELS_BF16, BLOCK_KERNELS_FP32 = 42, 34
+BLOCK_PARAMS = 36992  # 36864 matmul weights + two 64-wide norms
+ATTENTION_FLOPS = 4 * 64 * (SEQ_LEN + 1) / 2 * TOKENS  # causal: (s + 1) / 2 positions
+
+
+def _block_forward_by_hand(*, dtype: Dtype, peak: float, bandwidth: float) -> float:
+    dtype_bytes = dtype.num_bytes
+    stream = BLOCK_STREAM_BF16_BYTES if dtype_bytes == 2 else BLOCK_STREAM_FP32_BYTES
+    kernels = BLOCK_KERNELS_BF16 if dtype_bytes == 2 else BLOCK_KERNELS_FP32
+    gemm_s = 2 * 36864 * TOKENS / (0.5 * peak)
+    traffic_s = (BLOCK_PARAMS + BLOCK_GEMM_IO_VALUES * TOKENS) * dtype_bytes / (0.8 * bandwidth)
+    attention_s = ATTENTION_FLOPS / (CURVE.attention_fraction(DEVICE) * peak)
+    stream_s = stream * TOKENS / (0.8 * bandwidth)
+    return max(gemm_s, traffic_s) + attention_s + stream_s + kernels * KERNEL_LAUNCH_S + 1e-5
 
 
 def test_layer_flops_follow_the_documented_formula() -> None:
@@ -149,78 +198,69 @@ def test_layer_flops_follow_the_documented_formula() -> None:
     assert HEAD.forward_flops_per_token(seq_len=SEQ_LEN) == HEAD_FLOPS_PER_TOKEN
 
 
-def test_block_forward_time_by_hand() -> None:
-    # 81920 FLOPs/token x 64 tokens = 5242880 FLOPs at 0.5 x 1 TFLOP/s = 10.48576 us.
-    # Bytes: 36992 params x 2 + 1936 activation bytes/token x 64 = 197888 B -> 0.25 us.
-    compute_s = 81920 * 64 / (0.5 * 1e12)
-    time_s = _forward_s(BLOCK)
-    assert compute_s == pytest.approx(10.48576e-6)
-    assert time_s == pytest.approx(compute_s + 1e-5, rel=1e-12)
+@pytest.mark.parametrize("dtype", [Dtype.BF16, Dtype.FP32])
+def test_block_forward_time_by_hand(dtype: Dtype) -> None:
+    peak = 1e12 if dtype is Dtype.BF16 else 0.5e12
+    expected = _block_forward_by_hand(dtype=dtype, peak=peak, bandwidth=1e12)
+    assert _forward_s(BLOCK, dtype=dtype) == pytest.approx(expected, rel=1e-12)
 
 
-def test_block_forward_in_fp32_uses_the_fp32_peak() -> None:
-    time_s = _forward_s(BLOCK, dtype=Dtype.FP32)
-    assert time_s == pytest.approx(81920 * 64 / (0.5 * 0.5e12) + 1e-5, rel=1e-12)
-
-
-def test_forward_bytes_set_the_time_on_a_slow_memory_device() -> None:
-    slow = DeviceType(
-        name="slow-memory",
-        memory_bytes=1e9,
-        bf16_flops=1e15,
-        fp16_flops=1e15,
-        fp32_flops=1e15,
-        memory_bandwidth_bytes_per_s=1e6,
-    )
-    # Weights read once (Llama block: 36864 matmul + 2 x 64 norm = 36992 params, 2 B each)
-    # plus the activations written once, what the block keeps for its backward in 16 bits:
-    # 8h + 4a + 8 fp32 bytes and 4h + 2q + 2kv + 4f values (= 2456 B/token).
-    kept = (8 * 64 + 4 * 4 + 8) + 2 * (4 * 64 + 2 * 64 + 2 * 32 + 4 * 128)
-    assert kept == 2456
-    num_bytes = 36992 * 2 + kept * TOKENS
-    time_s = _forward_s(BLOCK, device=slow)
-    assert time_s == pytest.approx(num_bytes / (0.8 * 1e6) + 1e-5, rel=1e-12)
+def test_gemm_traffic_sets_the_time_on_a_slow_memory_device() -> None:
+    slow = replace(DEVICE, name="slow-memory", memory_bandwidth_bytes_per_s=1e6)
+    expected = _block_forward_by_hand(dtype=Dtype.BF16, peak=1e12, bandwidth=1e6)
+    traffic_s = (BLOCK_PARAMS + BLOCK_GEMM_IO_VALUES * TOKENS) * 2 / 0.8e6
+    assert traffic_s > 2 * 36864 * TOKENS / 0.5e12  # the traffic, not the math, bounds it
+    assert _forward_s(BLOCK, device=slow) == pytest.approx(expected, rel=1e-12)
 
 
 def test_embedding_lookup_is_a_memory_bound_gather() -> None:
-    # No FLOPs: it reads one 2h-byte row per token and writes it out, at the memory
-    # bandwidth's sustained fraction, plus the launch constant; backward moves twice that.
-    moved = 2 * EMBEDDING.output_bytes_per_token * TOKENS
+    # No FLOPs: the int64 id and one 2h-value row per token, read and written (8 + 2h x 2
+    # bytes), one kernel; backward moves twice that in twice the kernels.
+    moved = (8 + 2 * 64 * 2) * TOKENS
     forward_s = moved / (DEVICE.memory_bandwidth_bytes_per_s * CURVE.bandwidth_fraction)
     assert EMBEDDING.forward_flops_per_token(seq_len=SEQ_LEN) == 0
-    assert _forward_s(EMBEDDING) == pytest.approx(forward_s + CURVE.half_saturation_s)
+    fixed_s = CURVE.half_saturation_s
+    assert _forward_s(EMBEDDING) == pytest.approx(forward_s + KERNEL_LAUNCH_S + fixed_s)
     assert _backward_s(EMBEDDING, recompute=True) == pytest.approx(
-        2 * forward_s + CURVE.half_saturation_s
+        2 * forward_s + 2 * KERNEL_LAUNCH_S + fixed_s
     )
 
 
 @pytest.mark.parametrize("layer_name", ["block", "head"])
 def test_backward_is_twice_the_forward_work(layer_name: str) -> None:
     layer = BLOCK if layer_name == "block" else HEAD
-    flops_per_token = BLOCK_FLOPS_PER_TOKEN if layer_name == "block" else HEAD_FLOPS_PER_TOKEN
-    compute_s = flops_per_token * TOKENS / (0.5 * 1e12)
+    shape = PassShape(
+        device=DEVICE, dtype=Dtype.BF16, micro_batch_size=MICRO_BATCH, seq_len=SEQ_LEN,
+        recompute=False,
+    )  # fmt: skip
     backward_s = _backward_s(layer, recompute=False)
-    # One pass of twice the FLOPs: one launch constant, not two.
-    assert backward_s == pytest.approx(2 * compute_s + 1e-5, rel=1e-12)
+    # One pass of twice everything (2.5x the attention): one fixed constant, not two.
+    work = forward_work(layer, shape=shape)
+    backward = CURVE.time_s(work=work.backward(), device=DEVICE, dtype=Dtype.BF16)
+    assert backward_s == pytest.approx(backward, rel=1e-12)
+    attention_s = work.attention_flops / (CURVE.attention_fraction(DEVICE) * 1e12)
+    assert attention_s == (pytest.approx(ATTENTION_FLOPS / (0.33 * 1e12)) if layer is BLOCK else 0)
+    assert backward_s == pytest.approx(2 * _forward_s(layer) - 1e-5 + 0.5 * attention_s)
 
 
 def test_recompute_adds_one_forward_to_a_block_backward() -> None:
-    compute_s = BLOCK_FLOPS_PER_TOKEN * TOKENS / (0.5 * 1e12)
     backward_s = _backward_s(BLOCK, recompute=True)
-    assert backward_s == pytest.approx((2 * compute_s + 1e-5) + (compute_s + 1e-5), rel=1e-12)
+    assert backward_s == pytest.approx(
+        _backward_s(BLOCK, recompute=False) + _forward_s(BLOCK), rel=1e-12
+    )
 
 
 def test_recompute_does_not_touch_the_head() -> None:
-    with_recompute = _backward_s(HEAD, recompute=True)
-    assert with_recompute == _backward_s(HEAD, recompute=False)
-    assert with_recompute == pytest.approx(2 * 12800 * 64 / 0.5e12 + 1e-5, rel=1e-12)
+    assert _backward_s(HEAD, recompute=True) == _backward_s(HEAD, recompute=False)
 
 
-def test_forward_time_scales_with_tokens_when_compute_bound() -> None:
-    no_constant = EfficiencyCurve(max_fraction=0.5, bandwidth_fraction=0.8, half_saturation_s=0)
-    one = _forward_s(BLOCK, micro_batch_size=1, curve=no_constant)
-    four = _forward_s(BLOCK, micro_batch_size=4, curve=no_constant)
-    assert four == pytest.approx(4 * one, rel=1e-12)
+def test_forward_time_scales_with_tokens_when_there_is_no_fixed_time() -> None:
+    no_constant = EfficiencyCurve(
+        max_fraction=0.5, bandwidth_fraction=0.8, half_saturation_s=0, kernel_s=0
+    )
+    one = _forward_s(HEAD, micro_batch_size=1, curve=no_constant)
+    four = _forward_s(HEAD, micro_batch_size=4, curve=no_constant)
+    assert four == pytest.approx(4 * one, rel=1e-6)
 
 
 @pytest.mark.parametrize(

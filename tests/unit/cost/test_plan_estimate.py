@@ -10,21 +10,23 @@ micro-batch, and its makespan is (m + p - 1) t + m EMBEDDING_S (Huang et al. 201
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from cluster_builders import ROUND_GPU, hand_model
-from piebald.cost.comm import Collective, collective_time_s
-from piebald.cost.compute import EfficiencyCurve
+from piebald.cost.comm import BUS_EFFICIENCY, Collective, collective_time_s
+from piebald.cost.compute import EfficiencyCurve, PassKind
+from piebald.cost.pass_shape import PassShape
 from piebald.cost.plan_estimate import estimate_plan, model_flops_utilization
 from piebald.cost.step_model import Bottleneck
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
+from piebald.specs.model import LayerKind, LayerSpec
 from piebald.specs.plan import Plan, Stage, ZeroMode
 
-CURVE = EfficiencyCurve(max_fraction=0.5, bandwidth_fraction=1.0, half_saturation_s=1e-5)
 SEQ_LEN = 32
 MICRO_BATCH = 2
 # One block (or the head) on the 1 TFLOP/s device for 64 tokens: 81920 x 64 FLOPs at
@@ -38,6 +40,27 @@ EMBEDDING_S = (EMBEDDING_BYTES / 1e12 + 1e-5) + (2 * EMBEDDING_BYTES / 1e12 + 1e
 PEAK = 1e12
 # Parameters: embedding V h = 40960; block 36864 + 2h = 36992; head h + V h = 41024.
 EMBEDDING_PARAMS, BLOCK_PARAMS, HEAD_PARAMS = 40960, 36992, 41024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FlopsCurve(EfficiencyCurve):
+    """Layer times as measured: FLOPs at half the peak plus 10 us a pass, the embedding's
+    bytes at the full bandwidth. These tests check how the estimate composes layer times
+    into a step; ``tests/unit/cost/test_compute.py`` checks the analytic layer times."""
+
+    def measured_time_s(
+        self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
+    ) -> float | None:
+        work = {PassKind.FORWARD: 1.0, PassKind.BACKWARD: 2.0, PassKind.BACKWARD_RECOMPUTE: 3.0}
+        passes = 2 if kind is PassKind.BACKWARD_RECOMPUTE else 1
+        if layer.kind is LayerKind.EMBEDDING:
+            moved = 2 * layer.output_bytes_per_token * shape.num_tokens
+            return work[kind] * moved / PEAK + passes * 1e-5  # a 1 TB/s device
+        flops = layer.forward_flops_per_token(seq_len=shape.seq_len) * shape.num_tokens
+        return work[kind] * flops / (0.5 * PEAK) + passes * 1e-5
+
+
+CURVE = _FlopsCurve(max_fraction=0.5, bandwidth_fraction=1.0)
 
 
 def _cluster(
@@ -189,9 +212,9 @@ def test_second_gpu_in_data_parallel_adds_one_all_reduce() -> None:
     plan = _one_stage_plan(cluster, num_micro_batches=(2, 2))
     estimate = estimate_plan(plan, curve=CURVE)
     params = 192960
-    # Gradients all-reduced in 16 bits over a 2-ring at 100 GB/s, 5 us:
-    # 2 x 1 x (5 us + 2 P / (2 x 1e11)).
-    all_reduce_s = 2 * (5e-6 + 2 * params / (2 * 1e11))
+    # Gradients all-reduced in 16 bits over a 2-ring at 100 GB/s (at NCCL's bus efficiency
+    # E), 5 us: 2 x 1 x (5 us + 2 P / (2 x 1e11 x E)).
+    all_reduce_s = 2 * (5e-6 + 2 * params / (2 * 1e11 * BUS_EFFICIENCY))
     assert all_reduce_s == pytest.approx(
         collective_time_s(
             Collective.ALL_REDUCE, num_bytes=2 * params, ranks=[0, 1], cluster=cluster
@@ -212,7 +235,7 @@ def test_optimizer_sharding_prices_uneven_collectives_and_owned_state() -> None:
     estimate = estimate_plan(plan, curve=CURVE)
     params = 192960
     # Reduce-scatter then all-gather, each padded to 2 x 0.75 x 2P bytes over the 2-ring.
-    one_pass_s = 5e-6 + (2 * 0.75 * 2 * params) / (2 * 1e11)
+    one_pass_s = 5e-6 + (2 * 0.75 * 2 * params) / (2 * 1e11 * BUS_EFFICIENCY)
     # The larger owner updates 3/4 of the parameters.
     optimizer_s = 0.75 * params * 30 / 1e12
     assert estimate.stages[0].sync_s == pytest.approx(2 * one_pass_s, rel=1e-12)

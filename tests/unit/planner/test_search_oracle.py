@@ -447,10 +447,12 @@ def test_canonical_structures_by_hand() -> None:
                 _group("t4", "T4", 1, count=2, nic=("ethernet", "10Gb/s")),
                 _group("v100", "V100-16GB", 1, nic=("ethernet", "25Gb/s")),
             ),
-            "tiny",
-            16,
-            512,
-            id="tiny@l4x2-t4x2-v100",
+            # gpt2, not tiny: tiny's passes are mostly kernel launches, which one
+            # data-parallel stage pays least often, so its optimum is no pipeline.
+            "gpt2",
+            8,
+            256,
+            id="gpt2@l4x2-t4x2-v100",
         ),
         pytest.param(CLUSTERS["t4x2-v100-16x2"], "llama-3.2-1b", 8, 256, id="llama@t4x2-v100x2"),
     ],

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
+from piebald.cost.comm import BUS_EFFICIENCY
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
@@ -208,10 +209,11 @@ def test_without_traffic_the_busy_time_is_the_brute_force_min_makespan(
     )
     assert choice.busy_s == pytest.approx(best, rel=1e-12)
     # The sync is one ring all-reduce of the gradients over the three 200 Gb/s links (RDMA
-    # latency 10 us): 2 (n - 1) (alpha + S / (n B)). Both clusters mix bf16 ranks with an
-    # fp16 T4 (and V100), so the group communicates in fp32 (cost.precision).
+    # latency 10 us) at NCCL's bus efficiency E: 2 (n - 1) (alpha + S / (n B E)). Both
+    # clusters mix bf16 ranks with an fp16 T4 (and V100), so the group communicates in fp32
+    # (cost.precision).
     grad_bytes = 4.0 * load_model("gpt2").num_params
-    expected_s = 2 * 2 * (10e-6 + grad_bytes / (3 * 200e9 / 8))
+    expected_s = 2 * 2 * (10e-6 + grad_bytes / (3 * 200e9 / 8 * BUS_EFFICIENCY))
     assert choice.sync_s == pytest.approx(expected_s, rel=1e-9)
 
 

@@ -3,6 +3,7 @@ alpha-beta fit and the calibration, against closed forms and known parameters.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from piebald.cost.compute import (
     DEFAULT_CURVE,
     EfficiencyCurve,
     PassKind,
+    PassWork,
     layer_backward_time_s,
     layer_forward_time_s,
 )
@@ -258,14 +260,17 @@ def _obs_fields(observation: Observation) -> dict[str, object]:
 def test_overlap_spans_roofline_to_sum() -> None:
     """Closed form: c = 2 ms compute, m = 1 ms memory, 0.1 ms fixed; overlap 1 is the
     roofline max(c, m), 0 the sum c + m, 0.25 hides a quarter of the shorter."""
-    rates = {"peak_flops": 1e12, "memory_bandwidth_bytes_per_s": 1e9}
-    work = {"flops": 2e9 * 0.5, "num_bytes": 1e6 * 0.5}  # at max_fraction = bw_fraction = 0.5
+    device = replace(CPU_A, name="rates", fp32_flops=1e12, memory_bandwidth_bytes_per_s=1e9)
+    work = PassWork(  # at max_fraction = bandwidth_fraction = 0.5
+        matmul_flops=2e9 * 0.5, attention_flops=0.0, gemm_bytes=1e6 * 0.5, stream_bytes=0.0,
+        kernels=0.0,
+    )  # fmt: skip
 
     def time_s(overlap: float) -> float:
         curve = EfficiencyCurve(
             max_fraction=0.5, bandwidth_fraction=0.5, half_saturation_s=1e-4, overlap=overlap
         )
-        return curve.time_s(**work, **rates)
+        return curve.time_s(work=work, device=device, dtype=Dtype.FP32)
 
     assert time_s(1.0) == pytest.approx(2e-3 + 1e-4)
     assert time_s(0.0) == pytest.approx(3e-3 + 1e-4)

@@ -104,7 +104,7 @@ def test_the_1f1b_dry_run_foresees_the_engines_timeline_on_a_shared_nic(num_node
     the passes, the engine runs every pass exactly when the dry run started it: no rank
     waits for an input the dry run expected sooner (with hops priced alone, ranks did,
     holding activations they could have run)."""
-    plan = (_two_nodes if num_nodes == 2 else _three_nodes)(per_rank=4, nic="1Gb/s")
+    plan = (_two_nodes if num_nodes == 2 else _three_nodes)(per_rank=4, nic="100Mb/s")
     prices = Prices(plan)
     hop_s = prices.transfer(0, 4).alone_s
     assert 4 * hop_s > prices.forward_s(0) + prices.backward_s(0)  # the NIC is what waits

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from piebald.errors import SpecError
 from piebald.examples import example_path
 from piebald.specs.cluster import (
     DEFAULT_INTRA_LATENCY_S,
@@ -21,7 +22,13 @@ from piebald.specs.cluster import (
     NicKind,
 )
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster, parse_cluster
-from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.devices import (
+    ATTENTION_SHARE_OF_MATMUL,
+    DEFAULT_MATMUL_EFFICIENCY,
+    DeviceType,
+    Dtype,
+    builtin_catalog,
+)
 
 GIB = 2**30
 GBIT_S = 1e9 / 8  # bytes per second in one Gb/s
@@ -482,3 +489,31 @@ def test_example_cluster_loads() -> None:
     # bf16 job: A100 2 x 312, V100 in fp16 2 x 125, MyGPU 2 x 80 TFLOP/s.
     assert cluster.total_peak_flops(Dtype.BF16) == pytest.approx((624 + 250 + 160) * 1e12)
     assert cluster.total_memory_bytes == pytest.approx((160 + 64 + 48) * GIB)
+
+
+def test_a_custom_type_may_give_its_measured_efficiencies(tmp_path: Path) -> None:
+    """Measured GEMM and attention fractions are kept, round-trip through a plan's cluster,
+    and default (as ``piebald gpus`` marks) where not given; a fraction above 1 is an error
+    naming the field."""
+    text = """\
+name: measured
+gpu_types:
+  - {name: Mine, memory: 40GiB, bf16_tflops: 100, fp32_tflops: 10, memory_bandwidth: 1TB/s,
+     matmul_efficiency: 0.7, attention_efficiency: 0.4}
+  - {name: Unmeasured, memory: 40GiB, bf16_tflops: 100, fp32_tflops: 10, memory_bandwidth: 1TB/s}
+nodes:
+  - {name: a, gpu: Mine, gpus_per_node: 1}
+  - {name: b, gpu: Unmeasured, gpus_per_node: 1}
+"""
+    cluster = load_text(tmp_path, text)
+    mine, unmeasured = cluster.device_of(0), cluster.device_of(1)
+    assert (mine.sustained_matmul_efficiency, mine.sustained_attention_efficiency) == (0.7, 0.4)
+    assert unmeasured.matmul_efficiency is None and unmeasured.attention_efficiency is None
+    assert unmeasured.sustained_matmul_efficiency == DEFAULT_MATMUL_EFFICIENCY
+    assert unmeasured.sustained_attention_efficiency == pytest.approx(
+        DEFAULT_MATMUL_EFFICIENCY * ATTENTION_SHARE_OF_MATMUL
+    )
+    again = parse_cluster(json.loads(json.dumps(cluster_to_dict(cluster))), source="json")
+    assert again.custom_types == cluster.custom_types
+    with pytest.raises(SpecError, match="matmul_efficiency"):
+        load_text(tmp_path, text.replace("matmul_efficiency: 0.7", "matmul_efficiency: 1.5"))

@@ -1,0 +1,135 @@
+"""What a layer's forward pass runs on a GPU, per token: GEMM traffic, memory-bound traffic
+and kernel launches, so its time can be priced op by op (``piebald.cost.compute``).
+
+A layer's matmuls (``LayerSpec.matmul_flops_per_token``) and its fused attention
+(``attention_flops_per_token_per_position``) are compute-bound; around them the runtime's
+eager PyTorch runs memory-bound kernels -- norms with fp32 statistics, rotary embeddings,
+residual adds, the MLP's activation, the loss over the vocabulary -- each of which reads its
+inputs from and writes its output to HBM. On a GPU whose FLOP/s grew faster than its memory
+bandwidth (H100 against A100: 3.2x the FLOP/s, 1.6x the bandwidth) these kernels are what
+keeps its speed-up well under its FLOP/s ratio. The counts below follow the runtime's
+model code kernel by kernel (``piebald.runtime.models``: llama.py, gpt2.py, norms.py,
+rope.py, loss.py) and are checked against the kernels and bytes that code really dispatches
+(``tests/unit/specs/test_layer_ops.py``, a TorchDispatchMode counter).
+
+Per token, with h hidden, q and kv the query and key/value widths, f the MLP width, V the
+vocabulary and D the bytes of a training-dtype value, the forward moves
+``stream_fixed_bytes + stream_values x D`` bytes in memory-bound kernels:
+
+* RMSNorm (fp32 statistics, cast back, scale): 20h fixed + 2h values, 6 kernels, and 2h
+  values cast to fp32 and back (2 kernels). LayerNorm (one fused kernel): 8 fixed (fp32
+  mean and rstd) + 2h values, 1 kernel.
+* Rotary embedding of a tensor of width w (neg, cat, two products, a sum): 10w values,
+  5 kernels, plus 2 casts of the cos/sin tables per call.
+* Residual add: 3h values, 1 kernel. SwiGLU (silu, product): 5f values, 2 kernels.
+  GELU: 2f values, 1 kernel.
+* Loss (head): the logits cast to fp32 (V values cast), log-softmax (8V) and the
+  negative log-likelihood (reads one logit per token): 8V fixed, 2 kernels and the cast.
+
+A cast to or from fp32 reads D and writes 4 bytes per value (or the reverse); in fp32
+training it is no kernel at all, which is why casts are counted apart.
+* Embedding: the gathered rows written out (2h values; GPT-2 adds the learned positions,
+  gathered and read once per position for the whole batch: 4h values per token and 3
+  kernels).
+
+GEMM traffic (weights once, plus each GEMM's input and output activations, plus the
+attention kernel's Q, K, V and output) overlaps the GEMMs' math; memory-bound kernels do
+not overlap anything. The backward of every op reads its output's gradient and what it
+saved and writes its input's gradient (and its weight's), about twice the forward's
+traffic and kernels -- the counter measures 2.2x the bytes and 1.6-1.9x the kernels for
+both families, and ``piebald.cost.compute`` prices the backward as 2x the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LayerOps", "block_ops", "embedding_ops", "head_ops"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerOps:
+    """A layer's forward pass per token, beyond its FLOPs (module docstring)."""
+
+    gemm_io_values_per_token: float  # GEMM and attention inputs and outputs, training dtype
+    stream_fixed_bytes_per_token: float  # memory-bound traffic in fp32/int64, any dtype
+    stream_values_per_token: float  # memory-bound traffic in training-dtype values
+    cast_values_per_token: float = 0.0  # values cast to or from fp32 (none in fp32)
+    kernels: int  # kernel launches of one forward pass, whatever its size, casts aside
+    cast_kernels: int = 0  # casts to or from fp32 (and of rotary tables): none in fp32
+
+    def stream_bytes_per_token(self, *, dtype_bytes: int) -> float:
+        casts = self.cast_values_per_token * (dtype_bytes + 4) if dtype_bytes < 4 else 0.0
+        return (
+            self.stream_fixed_bytes_per_token + self.stream_values_per_token * dtype_bytes + casts
+        )
+
+    def forward_kernels(self, *, dtype_bytes: int) -> int:
+        return self.kernels + (self.cast_kernels if dtype_bytes < 4 else 0)
+
+
+_RMSNORM_FIXED, _RMSNORM_VALUES, _RMSNORM_CASTS, _RMSNORM_KERNELS = 20, 2, 2, 6
+_LAYERNORM_FIXED, _LAYERNORM_VALUES, _LAYERNORM_KERNELS = 8, 2, 1
+
+
+def block_ops(
+    *, llama: bool, hidden: int, q_width: int, kv_width: int, ffn_hidden: int
+) -> LayerOps:
+    """One transformer block: Llama (RMSNorm, RoPE, SwiGLU, separate Q/K/V projections)
+    or GPT-2 (LayerNorm, fused QKV projection, GELU)."""
+    h, q, kv, f = hidden, q_width, kv_width, ffn_hidden
+    attention_io = 2 * q + 2 * kv  # Q, K, V in; the output (q wide) out
+    if llama:
+        # wq, wk, wv read h each; wo reads q; gate and up read h each; down reads f.
+        gemm_io = (3 * h + q + 2 * kv) + (q + h) + (2 * h + 2 * f) + (f + h)
+        return LayerOps(
+            gemm_io_values_per_token=gemm_io + attention_io,
+            stream_fixed_bytes_per_token=2 * _RMSNORM_FIXED * h,
+            stream_values_per_token=2 * _RMSNORM_VALUES * h + 10 * (q + kv) + 2 * 3 * h + 5 * f,
+            cast_values_per_token=2 * _RMSNORM_CASTS * h,
+            # norms, RoPE on Q and K, two adds, SwiGLU, 7 GEMMs, the attention kernel
+            kernels=2 * _RMSNORM_KERNELS + 2 * 5 + 2 + 2 + 7 + 1,
+            cast_kernels=2 * 2 + 2 * 2,  # each norm's two; the rotary tables', per call
+        )
+    gemm_io = (h + 3 * h) + (h + h) + (h + f) + (f + h)
+    return LayerOps(
+        gemm_io_values_per_token=gemm_io + attention_io,
+        stream_fixed_bytes_per_token=2 * _LAYERNORM_FIXED,
+        stream_values_per_token=2 * _LAYERNORM_VALUES * h + 2 * 3 * h + 2 * f,
+        kernels=2 * _LAYERNORM_KERNELS + 2 + 1 + 4 + 1,  # norms, adds, GELU, GEMMs, attention
+    )
+
+
+def embedding_ops(*, learned_positions: bool, hidden: int) -> LayerOps:
+    """The token gather (and GPT-2's position gather and add)."""
+    if learned_positions:
+        return LayerOps(
+            gemm_io_values_per_token=0.0,
+            stream_fixed_bytes_per_token=8.0,  # the int64 token id
+            stream_values_per_token=4.0 * hidden,
+            kernels=3,
+        )
+    return LayerOps(
+        gemm_io_values_per_token=0.0,
+        stream_fixed_bytes_per_token=8.0,
+        stream_values_per_token=2.0 * hidden,
+        kernels=1,
+    )
+
+
+def head_ops(*, llama: bool, hidden: int, vocab_size: int) -> LayerOps:
+    """The final norm, the LM head GEMM and the fp32 cross-entropy over the vocabulary."""
+    h, v = hidden, vocab_size
+    fixed, values, casts, kernels, cast_kernels = (
+        (_RMSNORM_FIXED * h, _RMSNORM_VALUES * h, _RMSNORM_CASTS * h, _RMSNORM_KERNELS, 2)
+        if llama
+        else (_LAYERNORM_FIXED, _LAYERNORM_VALUES * h, 0, _LAYERNORM_KERNELS, 0)
+    )
+    return LayerOps(
+        gemm_io_values_per_token=h + v,
+        stream_fixed_bytes_per_token=fixed + 8.0 * v + 8.0,  # + the int64 label
+        stream_values_per_token=values,
+        cast_values_per_token=casts + v,  # the norm's, the logits'
+        kernels=kernels + 1 + 2,  # the norm, the GEMM, log-softmax and the likelihood
+        cast_kernels=cast_kernels + 1,
+    )
