@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from piebald.cost.pass_shape import PassShape
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, LayerSpec
 
@@ -91,8 +91,11 @@ class EfficiencyCurve:
     def __post_init__(self) -> None:
         if self.max_fraction is not None and not 0 < self.max_fraction <= 1:
             raise ValueError(f"max_fraction = {self.max_fraction}; expected a fraction in (0, 1]")
-        if not 0 < self.bandwidth_fraction <= 1:
-            raise ValueError(f"bandwidth_fraction = {self.bandwidth_fraction}; expected (0, 1]")
+        if not 0 < self.bandwidth_fraction <= MAX_BANDWIDTH_FRACTION:
+            raise ValueError(
+                f"bandwidth_fraction = {self.bandwidth_fraction}; expected "
+                f"(0, {MAX_BANDWIDTH_FRACTION:g}]"
+            )
         if self.half_saturation_s < 0 or self.kernel_s < 0:
             raise ValueError(f"fixed times must be >= 0: {self}")
         if not 0 <= self.overlap <= 1:

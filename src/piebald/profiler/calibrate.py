@@ -36,7 +36,7 @@ from piebald.cost.pass_shape import PassShape
 from piebald.profiler.compute_model import KindCurve, ProfiledCurve
 from piebald.profiler.keys import layer_key
 from piebald.profiler.records import ComputeProfile
-from piebald.specs.devices import DeviceType, Dtype
+from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
 
 __all__ = [
@@ -123,7 +123,7 @@ _NUM_SHARED = 4
 def _curve_of(params: np.ndarray, *, with_table: bool, fixed_s: float) -> EfficiencyCurve:
     return EfficiencyCurve(
         max_fraction=float(min(1.0, math.exp(params[0]))),
-        bandwidth_fraction=float(min(1.0, math.exp(params[1]))),
+        bandwidth_fraction=float(min(MAX_BANDWIDTH_FRACTION, math.exp(params[1]))),
         half_saturation_s=fixed_s,
         overlap=float(min(1.0, max(0.0, params[3]))),
         embedding_table_passes=float(math.exp(params[4])) if with_table else 0.0,
@@ -181,7 +181,7 @@ def _fit_one(
         return np.concatenate([misfit, prior, spread])
 
     shared_lower = [math.log(_MIN_FRACTION), math.log(_MIN_FRACTION), math.log(_MIN_TIME_S)]
-    shared_upper = [0.0, 0.0, math.log(10.0)]
+    shared_upper = [0.0, math.log(MAX_BANDWIDTH_FRACTION), math.log(10.0)]
     lower = np.array(
         [*shared_lower, 0.0, math.log(1e-3)][:num_shared] + [math.log(_MIN_TIME_S)] * len(layers)
     )

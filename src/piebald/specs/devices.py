@@ -29,6 +29,7 @@ from piebald.specs.fields import Fields
 __all__ = [
     "ATTENTION_SHARE_OF_MATMUL",
     "DEFAULT_MATMUL_EFFICIENCY",
+    "MAX_BANDWIDTH_FRACTION",
     "DeviceType",
     "Dtype",
     "builtin_catalog",
@@ -44,6 +45,9 @@ DEFAULT_MATMUL_EFFICIENCY = 0.8
 # efficiency: A100's measured ratio (FlashAttention-2 0.575 of peak against GEMMs' 0.869,
 # catalog.yaml [AzureA100]), the generation whose attention kernels most GPUs run.
 ATTENTION_SHARE_OF_MATMUL = 0.66
+# A calibrated effective bandwidth over a device's measured copy rate may exceed 1: a CPU's
+# small layers stream from cache, not memory (the analytic GPU fraction stays 0.8).
+MAX_BANDWIDTH_FRACTION = 16.0
 
 
 class Dtype(StrEnum):

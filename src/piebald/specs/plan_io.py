@@ -13,6 +13,7 @@ from typing import Any
 from piebald.errors import SpecError
 from piebald.outputs import FORCE_HINT, write_atomic
 from piebald.specs.cluster_yaml import cluster_to_dict, parse_cluster
+from piebald.specs.devices import MAX_BANDWIDTH_FRACTION
 from piebald.specs.fields import Fields
 from piebald.specs.job import job_from_dict, job_to_dict
 from piebald.specs.json_file import read_json
@@ -178,7 +179,7 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             pass_kind=entry.string("pass_kind"),
             max_fraction=entry.number("max_fraction", strictly_positive=True, maximum=1.0),
             bandwidth_fraction=entry.number(
-                "bandwidth_fraction", strictly_positive=True, maximum=1.0
+                "bandwidth_fraction", strictly_positive=True, maximum=MAX_BANDWIDTH_FRACTION
             ),
             half_saturation_s=entry.number("half_saturation_s"),
             embedding_table_passes=entry.number("embedding_table_passes", default=0.0),

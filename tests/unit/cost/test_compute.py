@@ -21,7 +21,12 @@ from piebald.cost.compute import (
     optimizer_step_time_s,
 )
 from piebald.cost.pass_shape import PassShape
-from piebald.specs.devices import ATTENTION_SHARE_OF_MATMUL, DeviceType, Dtype
+from piebald.specs.devices import (
+    ATTENTION_SHARE_OF_MATMUL,
+    MAX_BANDWIDTH_FRACTION,
+    DeviceType,
+    Dtype,
+)
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
 
@@ -158,7 +163,7 @@ def test_no_work_takes_no_time() -> None:
         {"max_fraction": 0.0},
         {"max_fraction": 1.5},
         {"bandwidth_fraction": 0.0},
-        {"bandwidth_fraction": 1.01},
+        {"bandwidth_fraction": MAX_BANDWIDTH_FRACTION * 1.01},
         {"half_saturation_s": -1e-6},
         {"kernel_s": -1e-6},
     ],

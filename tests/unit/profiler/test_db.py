@@ -13,6 +13,7 @@ import pytest
 
 from piebald.errors import SpecError
 from piebald.profiler.db import (
+    content_digest,
     load_profile_db,
     merge_profile_dbs,
     profile_file_name,
@@ -140,6 +141,24 @@ def test_bad_files_are_one_line_errors_naming_file_and_field(
     message = str(caught.value)
     assert "\n" not in message
     assert path.name in message and field in message and expected in message
+
+
+def test_a_file_from_an_older_version_still_loads(tmp_path: Path, profile_of: MakeProfile) -> None:
+    """A profile written before the model gained fields (sliding_window, the biases, ...)
+    is checked against the digest of its own content, not of what this version writes:
+    it loads, with the fields' defaults, and measures what it measured."""
+    path = _written(tmp_path, profile_of)
+    written = load_profile_db(tmp_path)
+    data = json.loads(path.read_text())
+    for newer in ("sliding_window", "mlp_bias", "attention_out_bias", "hf_model_type"):
+        data["model"].pop(newer, None)
+    path.unlink()
+    stem = path.name.rsplit("--", 1)[0]
+    (tmp_path / f"{stem}--{content_digest(data)}.json").write_text(json.dumps(data))
+    older = load_profile_db(tmp_path)
+    assert older.compute_runs.keys() == written.compute_runs.keys()
+    for key, runs in older.compute_runs.items():
+        assert [run.timings for run in runs] == [run.timings for run in written.compute_runs[key]]
 
 
 def test_edited_content_and_renamed_files_are_refused(
