@@ -38,6 +38,7 @@ simulated step is priced from what the profiler really measured (issue 15, item 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -48,6 +49,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,7 @@ from cpu_fidelity_terms import (
 from piebald import api
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.profiler.pricing import load_profiles, plan_with_cost_inputs
+from piebald.profiler.records import ComputeProfile, LayerTiming
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.devices import Dtype
@@ -75,6 +78,8 @@ QUIET_CORES = 0.3  # other work under this many busy cores: a quiet machine
 DEVICE = "cpu-1t"  # the custom GPU type: one core, one torch thread
 NUM_RANKS = 2  # as many ranks as this machine has cores (``os.cpu_count()``)
 MIB = 2**20
+# The cases' micro-batch (2) and the sizes the planner may choose instead.
+PROFILED_MICRO_BATCHES = (1, 2, 4)
 # 16 KiB .. 16 MiB: the activation messages (32 KiB .. 1 MiB) and gradient all-reduces.
 MESSAGE_BYTES = (2**14, 2**16, 2**18, MIB, 4 * MIB, 16 * MIB)
 
@@ -102,24 +107,48 @@ class Workload:
     micro_batch: int
 
 
+class Structure(StrEnum):
+    PIPELINE = "pp"  # 2 stages of one rank each, 1F1B
+    DATA_PARALLEL = "dp"  # one stage of NUM_RANKS ranks
+    SINGLE = "single"  # one rank trains alone (the other idles): the control, one core
+    PLANNED = "planned"  # what ``plan --profiles`` chooses
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Case:
     name: str
     workload: Workload
-    # "pp": 2 stages of one rank each; "dp": one data-parallel stage of 2 ranks; "single":
-    # one rank trains alone (the other idles), the control that needs one core only.
-    structure: str
+    structure: Structure
 
     @property
     def description(self) -> str:
         w = self.workload
         m = w.global_batch // w.micro_batch
-        if self.structure == "pp":
+        if self.structure is Structure.PIPELINE:
             return f"2 stages x 1 rank, 1F1B, {m} micro-batches of {w.micro_batch}"
-        if self.structure == "dp":
+        if self.structure is Structure.DATA_PARALLEL:
             each = m // NUM_RANKS
             return f"1 stage x {NUM_RANKS} ranks (DP), {each} micro-batches of {w.micro_batch} each"
-        return f"1 stage x 1 rank, {m} micro-batches of {w.micro_batch}"
+        if self.structure is Structure.SINGLE:
+            return f"1 stage x 1 rank, {m} micro-batches of {w.micro_batch}"
+        return "the planner's choice"
+
+
+def describe(plan: Plan) -> str:
+    """A plan's structure in a few words: per stage its layers, ranks, micro-batches."""
+    parts = []
+    for stage in plan.stages:
+        sizes = "/".join(
+            f"{n}x{b}" for n, b in zip(stage.num_micro_batches, stage.micro_batch_size, strict=True)
+        )
+        extras = ("" if stage.zero.value == "none" else f", ZeRO {stage.zero.value}") + (
+            ", recompute" if stage.recompute else ""
+        )
+        parts.append(
+            f"layers {stage.layer_start}-{stage.layer_end} on ranks "
+            f"{','.join(map(str, stage.ranks))} ({sizes}{extras})"
+        )
+    return "; ".join(parts)
 
 
 def _workloads() -> dict[str, Workload]:
@@ -130,12 +159,19 @@ def _workloads() -> dict[str, Workload]:
 
 
 def _cases() -> dict[str, Case]:
+    workloads = _workloads()
     return {
         f"{name}-{structure}": Case(
             name=f"{name}-{structure}", workload=workload, structure=structure
         )
-        for name, workload in _workloads().items()
-        for structure in ("pp", "dp", "single")
+        for name, workload in workloads.items()
+        for structure in (Structure.PIPELINE, Structure.DATA_PARALLEL, Structure.SINGLE)
+    } | {
+        "llama-256x4-planned": Case(
+            name="llama-256x4-planned",
+            workload=workloads["llama-256x4"],
+            structure=Structure.PLANNED,
+        )
     }
 
 
@@ -170,32 +206,30 @@ def _profile(db_dir: Path, workloads: list[Workload], *, rounds: int, budget: li
     to a thread's CPU time: it takes the caches and memory bandwidth); then the link."""
     from piebald.profiler.measure_compute import profile_compute
     from piebald.profiler.measure_network import emulate_network
-    from piebald.profiler.records import ComputeProfile
 
     torch.set_num_threads(1)
     for w in workloads:
-        fastest: dict[LayerKind, ComputeProfile] = {}
+        runs: dict[LayerKind, list[ComputeProfile]] = defaultdict(list)
         for round_index in range(rounds):
             load = wait_for_quiet(budget=budget)
             print(
-                f"profiling {w.model.name} at seq {w.seq_len}, micro-batch {w.micro_batch}, "
-                f"round {round_index + 1}/{rounds} (other work: {load:.2f} cores) ..."
+                f"profiling {w.model.name} at seq {w.seq_len}, micro-batches "
+                f"{PROFILED_MICRO_BATCHES}, round {round_index + 1}/{rounds} "
+                f"(other work: {load:.2f} cores) ..."
             )
             for profile in profile_compute(
                 w.model,
                 seq_len=w.seq_len,
-                micro_batch_sizes=(w.micro_batch,),
+                micro_batch_sizes=PROFILED_MICRO_BATCHES,
                 dtype=Dtype.FP32,
                 device="cpu",
                 num_warmup=3,
                 num_repeats=9,
                 device_name=DEVICE,
             ):
-                kept = fastest.get(profile.layer_kind)
-                if kept is None or _pass_s(profile) < _pass_s(kept):
-                    fastest[profile.layer_kind] = profile
-        for profile in fastest.values():
-            write_profile(profile, db_dir)
+                runs[profile.layer_kind].append(profile)
+        for profiles in runs.values():
+            write_profile(fastest_run(profiles), db_dir)
     load = wait_for_quiet(budget=budget)
     print(f"profiling the gloo loopback link (other work: {load:.2f} cores) ...")
     cluster = _cluster_from_db(db_dir)
@@ -203,8 +237,18 @@ def _profile(db_dir: Path, workloads: list[Workload], *, rounds: int, budget: li
         write_profile(profile, db_dir)
 
 
-def _pass_s(profile: Any) -> float:
-    return sum(t.forward_s + t.backward_s for t in profile.timings)  # type: ignore[no-any-return]
+def fastest_run(runs: list[ComputeProfile]) -> ComputeProfile:
+    """Per micro-batch size, the round with the shortest forward + backward."""
+    best: dict[int, LayerTiming] = {}
+    for run in runs:
+        for timing in run.timings:
+            kept = best.get(timing.micro_batch_size)
+            if (
+                kept is None
+                or timing.forward_s + timing.backward_s < kept.forward_s + kept.backward_s
+            ):
+                best[timing.micro_batch_size] = timing
+    return dataclasses.replace(runs[-1], timings=tuple(best[size] for size in sorted(best)))
 
 
 def _cluster_from_db(db_dir: Path) -> ClusterSpec:
@@ -226,13 +270,15 @@ def _cluster_from_db(db_dir: Path) -> ClusterSpec:
 # --- 2./3. plans and their simulation ---------------------------------------------------
 
 
-def build_plan(case: Case, cluster: ClusterSpec) -> Plan:
-    """The case's structure, built directly (the planner is free to choose another)."""
+def build_plan(case: Case, cluster: ClusterSpec, *, db_dir: Path) -> Plan:
+    """The case's structure, built directly; or the planner's, priced by the DB."""
     w = case.workload
     job = JobSpec(global_batch_size=w.global_batch, seq_len=w.seq_len, precision=Dtype.FP32)
+    if case.structure is Structure.PLANNED:
+        return api.plan(cluster, w.model, job, profiles=db_dir)
     layers = w.model.num_layers
     count = w.global_batch // w.micro_batch
-    if case.structure == "pp":
+    if case.structure is Structure.PIPELINE:
         half = layers // 2
         stages = tuple(
             Stage(
@@ -246,7 +292,7 @@ def build_plan(case: Case, cluster: ClusterSpec) -> Plan:
             for rank, (start, end) in enumerate(((0, half), (half, layers)))
         )
         routes = ((0, 1),) * count
-    elif case.structure == "single":
+    elif case.structure is Structure.SINGLE:
         stages = (
             Stage(
                 layer_start=0,
@@ -606,7 +652,7 @@ def _print_all_reduce(
         return "-" if value is None else f"{value * 1e3:.1f}"
 
     for case in cases:
-        if case.structure != "dp":
+        if case.structure is not Structure.DATA_PARALLEL:
             continue
         num_bytes = 4.0 * case.workload.model.num_params  # fp32 gradients
         scatter = measured_collective_s(db_dir, "reduce-scatter", num_bytes=num_bytes)
@@ -632,7 +678,7 @@ def _print_cache_effect(
     )
     print("|---|---:|---:|---:|")
     for case in cases:
-        if case.structure != "single":
+        if case.structure is not Structure.SINGLE:
             continue
         w = case.workload
         count = w.global_batch // w.micro_batch
@@ -687,11 +733,13 @@ def main() -> None:
     plans: dict[str, Plan] = {}
     sims: dict[str, SimulatedTerms] = {}
     for case in cases:
-        plan = build_plan(case, cluster)
+        plan = build_plan(case, cluster, db_dir=db_dir)
         inputs = load_profiles(
             db_dir, cluster=cluster, model=plan.model, precision=plan.job.precision
         )
         plans[case.name] = plan_with_cost_inputs(plan, inputs)
+        if case.structure is Structure.PLANNED:
+            print(f"{case.name}: {describe(plan)}")
         sims[case.name] = simulated_terms(
             api.simulate(plans[case.name], profiles=db_dir, timeline=True)
         )
