@@ -21,9 +21,10 @@ simulated step is priced from what the profiler really measured (issue 15, item 
    alternately, each run once other work on the machine is quiet (or the waiting budget is
    spent: the run is then marked); per run the median step after the warm-up steps, and
    the median over runs.
-5. Where the step goes in the runtime: an instrumented run of each plan (the runtime's own
-   ``run_rank``, every operation wrapped in a timer: wall clock and the thread's CPU time)
-   beside the simulator's terms; the data-parallel gradient sync as priced, as the DB
+5. Where the step goes in the runtime: an instrumented run of each plan after each
+   measured one (the runtime's own ``run_rank``, every operation wrapped in a timer: wall
+   clock and the thread's CPU time), the cleanest (fastest) kept, beside the simulator's
+   terms; the data-parallel gradient sync as priced, as the DB
    measured gloo's collectives and as spent; and one micro-batch's passes as priced (cold
    caches), profiled with warm caches and as training ran them. ``--breakdown`` prints
    every operation per rank.
@@ -463,31 +464,27 @@ def _median(steps: list[StepTimes], label: str, *, cpu: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InSitu:
-    """What the instrumented runs measured of one case, medians over their steps."""
+    """What the cleanest instrumented run of one case measured, medians over its steps."""
 
     step_s: float  # the leader's step, as the runtime reports it
     cores_used: float  # the used ranks' process CPU per step over the step: cores they got
-    compute_cpu_s: float  # forward + backward thread CPU, summed over ranks
     ranks: list[list[StepTimes]]
 
 
 def in_situ(runs: list[list[list[StepTimes]]]) -> InSitu:
-    """The instrumented runs of one case pooled: per rank, all their kept steps."""
-    ranks = [[step for run in runs for step in run[rank]] for rank in range(len(runs[0]))]
+    """Of the instrumented runs of one case, the one with the shortest median step: other
+    work on a shared machine only ever adds time, so it is the cleanest."""
+    ranks = min(runs, key=lambda run: _median(run[0], "step wall"))
     step_s = _median(ranks[0], "step wall")
     return InSitu(
         step_s=step_s,
         cores_used=sum(_median(steps, "process cpu") for steps in ranks) / step_s,
-        compute_cpu_s=sum(
-            _median(steps, "forward", cpu=True) + _median(steps, "backward", cpu=True)
-            for steps in ranks
-        ),
         ranks=ranks,
     )
 
 
 def _print_breakdown(case: Case, sim: SimulatedTerms, measured: InSitu) -> None:
-    print(f"\n{case.name}: per rank, ms per step (median over the instrumented runs' steps)")
+    print(f"\n{case.name}: per rank, ms per step (median over the cleanest instrumented run)")
     print("| rank | operation | simulated | measured wall | measured thread CPU |")
     print("|---:|---|---:|---:|---:|")
     for rank, steps in enumerate(measured.ranks):
@@ -570,13 +567,14 @@ def measured_collective_s(db_dir: Path, kind: str, *, num_bytes: float) -> float
     return None
 
 
-def warm_pass_s(workload: Workload) -> float:
+def warm_pass_s(workload: Workload, *, budget: list[float]) -> float:
     """Forward + backward of one micro-batch through the whole model, every layer timed as
     ``profile compute`` times it but without its cache flush before each pass: the pass
     as it runs when the stage's weights and activations stay in the cache."""
     from piebald.profiler import measure_compute
 
     torch.set_num_threads(1)
+    wait_for_quiet(budget=budget)
     timer = measure_compute._Timer
     flush = timer.flush
     timer.flush = lambda self: None  # type: ignore[method-assign]
@@ -667,7 +665,11 @@ def _print_all_reduce(
 
 
 def _print_cache_effect(
-    cases: list[Case], *, sims: dict[str, SimulatedTerms], details: dict[str, InSitu]
+    cases: list[Case],
+    *,
+    sims: dict[str, SimulatedTerms],
+    details: dict[str, InSitu],
+    budget: list[float],
 ) -> None:
     """Per single-rank case: a micro-batch's passes as priced (the profile's cold caches),
     profiled with warm caches, and as training ran them."""
@@ -687,7 +689,7 @@ def _print_cache_effect(
         trained = _median(found, "forward", cpu=True) + _median(found, "backward", cpu=True)
         print(
             f"| {w.model.name} | {(sim.forward_s[0] + sim.backward_s[0]) / count * 1e3:.2f} | "
-            f"{warm_pass_s(w) * 1e3:.2f} | {trained / count * 1e3:.2f} |"
+            f"{warm_pass_s(w, budget=budget) * 1e3:.2f} | {trained / count * 1e3:.2f} |"
         )
 
 
@@ -754,11 +756,10 @@ def main() -> None:
                 measured_step_s(plan, steps=args.steps, warmup_steps=args.warmup_steps)
             )
             loads[case.name].append(max(before, busy_cores()))
-            if args.breakdown or run == args.runs - 1:
-                wait_for_quiet(budget=budget)
-                runs[case.name].append(
-                    instrumented(plan, steps=args.steps, warmup_steps=args.warmup_steps)
-                )
+            wait_for_quiet(budget=budget)
+            runs[case.name].append(
+                instrumented(plan, steps=args.steps, warmup_steps=args.warmup_steps)
+            )
         print(f"run {run + 1}/{args.runs} done ({time.perf_counter() - started:.0f} s)", flush=True)
     print(
         f"\nother work on this machine: the busier of the samples before and after each run; "
@@ -792,7 +793,7 @@ def main() -> None:
     for case in cases:
         _print_terms(case, sims[case.name], details[case.name])
     _print_all_reduce(cases, sims=sims, details=details, db_dir=db_dir)
-    _print_cache_effect(cases, sims=sims, details=details)
+    _print_cache_effect(cases, sims=sims, details=details, budget=budget)
     if args.breakdown:
         for case in cases:
             _print_breakdown(case, sims[case.name], details[case.name])
