@@ -98,6 +98,10 @@ def _rate_probe(device: torch.device, dtype: torch.dtype) -> tuple[float, float]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     source = torch.empty(16 * 2**20, device=device, dtype=torch.float32)
+    # Into a buffer allocated once: ``source.clone()`` would time a fresh 64 MiB allocation
+    # each call, which on a CPU is page faults (the kernel zeroing every new page), not
+    # copying -- 2.4 GB/s measured on a 19 GB/s core (issue 15's CPU fidelity check).
+    destination = torch.empty_like(source)
 
     clock = time.perf_counter if device.type == "cuda" else _CPU_CLOCKS[cpu_clock_name()]
 
@@ -113,7 +117,7 @@ def _rate_probe(device: torch.device, dtype: torch.dtype) -> tuple[float, float]
         return min(times)
 
     matmul_s = best_of(lambda: a @ b)
-    copy_s = best_of(source.clone)
+    copy_s = best_of(lambda: destination.copy_(source))
     copied_bytes = 2.0 * source.numel() * source.element_size()  # read + write
     return 2.0 * n**3 / matmul_s, copied_bytes / copy_s
 
