@@ -70,9 +70,10 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec
-from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
+from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import Plan, Stage
 from piebald.specs.presets import load_model
+from runtime_overhead import MODEL as RUNTIME_OVERHEAD_MODEL
 
 TARGET = 0.15
 QUIET_CORES = 0.3  # other work under this many busy cores: a quiet machine
@@ -84,20 +85,8 @@ PROFILED_MICRO_BATCHES = (1, 2, 4)
 # 16 KiB .. 16 MiB: the activation messages (32 KiB .. 1 MiB) and gradient all-reduces.
 MESSAGE_BYTES = (2**14, 2**16, 2**18, MIB, 4 * MIB, 16 * MIB)
 
-LLAMA_256 = ModelSpec(
-    name="llama-256x4",
-    arch=ModelArch(
-        family=Family.LLAMA,
-        num_blocks=4,
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=4,
-        ffn_hidden_size=688,
-        vocab_size=256,
-        max_seq_len=256,
-        tie_embeddings=False,
-    ),
-)
+# The runtime-overhead benchmark's model: 4 blocks of width 256, seconds a step on a core.
+LLAMA_256 = RUNTIME_OVERHEAD_MODEL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
