@@ -107,16 +107,19 @@ def polish_bounds(
     trips: Sequence[ShareTrips],
     widths: Sequence[int],
     proxy: float,
+    *,
+    coarse: bool,
 ) -> tuple[tuple[int, ...], float]:
     """The DP minimises the slowest stage only; when a link is the bottleneck, or stages
     tie, or a stage's sync hides behind the others' drain (the DP counts it whole), moving
-    a boundary can still shorten the step. Boundaries move by halving steps, from a
-    stage's mean share of the layers down to one, while the proxy improves: a sync worth
-    several layers moves a boundary several layers, past where one-layer moves stall."""
+    a boundary can still shorten the step. Boundaries move one layer at a time while the
+    proxy improves; ``coarse`` (small clusters, where a proxy is cheap) first by halving
+    steps from a stage's mean share of the layers: a sync worth several layers moves a
+    boundary several layers, past where one-layer moves stall."""
     improved = True
     while improved:
         improved = False
-        step = max(1, (bounds[-1] - bounds[0]) // (2 * (len(bounds) - 1)))
+        step = max(1, (bounds[-1] - bounds[0]) // (2 * (len(bounds) - 1))) if coarse else 1
         while step >= 1:
             for index in range(1, len(bounds) - 1):
                 for moved in (bounds[index] - step, bounds[index] + step):

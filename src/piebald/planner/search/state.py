@@ -99,7 +99,11 @@ class SearchState:
         stages, size = candidate.stages, candidate.micro_batch_size
         costs = self.stage_costs(stages, size)
         bounds, proxy = polish_bounds(
-            costs, candidate.bounds, *self.shape(stages, size), candidate.proxy_s
+            costs,
+            candidate.bounds,
+            *self.shape(stages, size),
+            candidate.proxy_s,
+            coarse=self.settings.small_cluster,
         )
         return Candidate(proxy_s=proxy, stages=stages, bounds=bounds, micro_batch_size=size)
 
