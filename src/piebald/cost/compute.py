@@ -68,6 +68,8 @@ class PassKind(StrEnum):
 # graphs: susun-blog.com "pegainfer (3): From Launch Overhead to CUDA Graph"), and eager
 # PyTorch submits each op from Python, so a GPU running short kernels waits for it.
 KERNEL_LAUNCH_S = 4e-6
+# Flash attention's backward FLOPs over its forward's (PassWork.backward).
+ATTENTION_BACKWARD_FACTOR = 2.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,8 +165,8 @@ DEFAULT_CURVE = EfficiencyCurve()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassWork:
-    """What one forward pass of a micro-batch does (module docstring); a backward is
-    :meth:`doubled`."""
+    """What one forward pass of a micro-batch does (module docstring); its backward is
+    :meth:`backward`."""
 
     matmul_flops: float
     attention_flops: float  # causal: the masked half is skipped
@@ -188,9 +190,6 @@ class PassWork:
             stream_bytes=2.0 * self.stream_bytes + extra_stream_bytes,
             kernels=2.0 * self.kernels,
         )
-
-
-ATTENTION_BACKWARD_FACTOR = 2.5
 
 
 def forward_work(layer: LayerSpec, *, shape: PassShape) -> PassWork:

@@ -213,8 +213,8 @@ def stage_cost(
     chosen = np.full(num_ranges, -1)
     for index, setting in enumerate(settings):
         cost = np.where(setting.fits_little, setting.busy + setting.sync, np.inf)
-        tie = np.abs(cost - best) <= _TIE * best  # inf - inf is nan: never a tie
-        better = (cost < best) & ~tie | tie & (setting.optimizer < best_optimizer)
+        tie = np.isfinite(best) & (np.abs(cost - best) <= _TIE * best)
+        better = ((cost < best) & ~tie) | (tie & (setting.optimizer < best_optimizer))
         best = np.where(better, cost, best)
         best_optimizer = np.where(better, setting.optimizer, best_optimizer)
         chosen = np.where(better, index, chosen)

@@ -25,19 +25,20 @@ vocabulary and D the bytes of a training-dtype value, the forward moves
   GELU: 2f values, 1 kernel.
 * Loss (head): the logits cast to fp32 (V values cast), log-softmax (8V) and the
   negative log-likelihood (reads one logit per token): 8V fixed, 2 kernels and the cast.
-
-A cast to or from fp32 reads D and writes 4 bytes per value (or the reverse); in fp32
-training it is no kernel at all, which is why casts are counted apart.
 * Embedding: the gathered rows written out (2h values; GPT-2 adds the learned positions,
   gathered and read once per position for the whole batch: 4h values per token and 3
   kernels).
+
+A cast to or from fp32 reads D and writes 4 bytes per value (or the reverse); in fp32
+training it is no kernel at all, which is why casts are counted apart.
 
 GEMM traffic (weights once, plus each GEMM's input and output activations, plus the
 attention kernel's Q, K, V and output) overlaps the GEMMs' math; memory-bound kernels do
 not overlap anything. The backward of every op reads its output's gradient and what it
 saved and writes its input's gradient (and its weight's), about twice the forward's
-traffic and kernels -- the counter measures 2.2x the bytes and 1.6-1.9x the kernels for
-both families, and ``piebald.cost.compute`` prices the backward as 2x the forward.
+traffic and kernels -- the counter measures about 2.2x the bytes and 1.6-1.9x the kernels
+of a block for both families -- and ``piebald.cost.compute`` prices the backward as 2x the
+forward.
 """
 
 from __future__ import annotations

@@ -111,3 +111,30 @@ def test_forward_traffic_and_kernels_match_the_runtime(
     # Per-call constants (norm weights, rotary tables, the loss's scalar) are not per token.
     assert counter.stream_bytes == pytest.approx(predicted, rel=0.05)
     assert counter.kernels == layer.ops.forward_kernels(dtype_bytes=dtype_bytes)
+
+
+@pytest.mark.parametrize("family", [Family.LLAMA, Family.GPT2])
+def test_a_block_backward_moves_about_twice_its_forward(family: Family) -> None:
+    """``cost.compute`` prices a backward as twice its forward's traffic and kernels: the
+    runtime's block backward dispatches 1.6-2.6x the forward's memory-bound bytes and
+    kernels (2.2x the bytes measured when this was written)."""
+    arch = _arch(family)
+    module = build_layer_module(arch, 1, head_owns_output=True).to(torch.bfloat16)
+    rope = (
+        rope_tables(
+            seq_len=32, head_dim=arch.resolved_head_dim, theta=arch.rope_theta,
+            device=torch.device("cpu"),
+        )
+        if family is Family.LLAMA
+        else None
+    )  # fmt: skip
+    x = torch.randn(2, 32, arch.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    forward = _Counter()
+    with forward:
+        y = module(x, rope)
+    upstream = torch.randn_like(y)
+    backward = _Counter()
+    with backward:
+        y.backward(upstream)
+    assert 1.6 <= backward.stream_bytes / forward.stream_bytes <= 2.6
+    assert 1.6 <= backward.kernels / forward.kernels <= 2.6
