@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from piebald.planner.search import search
+from piebald.planner.search import Infeasible, search
 from piebald.schedule.build import build_schedule
 from piebald.simulator.engine import simulate
 from piebald.specs.job import JobSpec
@@ -47,7 +47,11 @@ def main() -> None:
         cluster = scaling_cluster(size)
         job = JobSpec(global_batch_size=max(512, size), seq_len=args.seq_len)
         started = time.perf_counter()
-        result = search(cluster, model=model, job=job)
+        try:
+            result = search(cluster, model=model, job=job)
+        except Infeasible as error:  # a size the model does not fit: a row, not a traceback
+            print(f"| {size} | infeasible: {error} | | | | | | | |", flush=True)
+            continue
         plan_s = time.perf_counter() - started
         plan = result.best.plan
         num_ops = sum(len(ops) for ops in build_schedule(plan).rank_ops.values())
