@@ -4,9 +4,10 @@ A heterogeneous plan gives each GPU type layers in proportion to how fast it run
 the ratio of two types' predicted speeds matters more than either speed. For one model
 (default llama-3-8b, sequence 2048, micro-batch 1, no recompute) this prints, per catalog
 GPU, the dtype it trains in, its dense peak, the sustained fractions the catalog gives it,
-the predicted tokens/s of one forward and backward through the whole model (compute only:
-no memory limit, no communication) and its speed relative to an A100-80GB -- beside the
-published per-GPU throughput ratios of benchmarks/published.yaml where both GPU types
+its predicted tokens/s -- the planner's standalone throughput of one GPU
+(``planner.bounds``): one forward and backward through the whole model, no communication,
+0 where a layer's activations do not fit -- and its speed relative to an A100-80GB, beside
+the published per-GPU throughput ratios of benchmarks/published.yaml where both GPU types
 trained the same model the same way.
 
     .venv/bin/python benchmarks/gpu_speeds.py [--model llama-3-8b] [--seq-len 2048]
@@ -18,9 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from piebald.cost.pass_shape import PassShape
-from piebald.cost.pass_times import pass_times
+from piebald.planner.bounds import gpu_upper_bound_tokens_per_s
 from piebald.specs.devices import Dtype, builtin_catalog
+from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
 from published_points import catalog_gpu_name, load_points
 
@@ -35,24 +36,21 @@ PUBLISHED_PAIRS = (
 
 
 def tokens_per_s(gpu: str, *, model_name: str, seq_len: int, micro_batch_size: int) -> float:
-    device = builtin_catalog()[gpu]
-    model = load_model(model_name)
-    shape = PassShape(
-        device=device,
-        dtype=device.training_dtype(Dtype.BF16),
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        recompute=False,
+    """The planner's standalone throughput of one GPU (``planner.bounds``) over micro-batches
+    up to ``micro_batch_size``: one forward and backward through the whole model."""
+    job = JobSpec(global_batch_size=micro_batch_size, seq_len=seq_len)
+    return gpu_upper_bound_tokens_per_s(
+        builtin_catalog()[gpu], model=load_model(model_name), job=job
     )
-    times = pass_times(model, shape=shape)
-    return micro_batch_size * seq_len / times.pass_s(0, model.num_layers)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3-8b")
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument(
+        "--micro-batch-size", type=int, default=1, help="the largest micro-batch to try"
+    )
     args = parser.parse_args(argv)
     speeds = {
         gpu: tokens_per_s(

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 
 import piebald
+from piebald.cost.plan_fit import first_memory_overflow
 from piebald.errors import SpecError
 from piebald.planner.search import Infeasible
 from piebald.specs.plan import Plan
@@ -130,12 +131,7 @@ def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
         for _ in range(count)
     )
     held = replace(plan, stages=(stage,), routes=routes, predicted=None)
-    estimate = piebald.estimate(held)
-    if any(
-        memory.total_bytes > held.cluster.device_of(rank).memory_bytes
-        for stage_estimate in estimate.stages
-        for rank, memory in stage_estimate.memory.items()
-    ):
+    if first_memory_overflow(held) is not None:
         notes.append("the run as published does not fit piebald's memory model")
     return held, tuple(notes)
 

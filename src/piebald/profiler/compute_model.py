@@ -27,8 +27,9 @@ Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -156,12 +157,7 @@ class ProfiledCurve(EfficiencyCurve):
     ) -> ProfiledCurve:
         """Measured tables and calibrated kind curves, ``base`` wherever they are silent."""
         return cls(
-            max_fraction=base.max_fraction,
-            bandwidth_fraction=base.bandwidth_fraction,
-            half_saturation_s=base.half_saturation_s,
-            kernel_s=base.kernel_s,
-            embedding_table_passes=base.embedding_table_passes,
-            overlap=base.overlap,
+            **_curve_fields(base),
             tables=tables,
             kind_curves=kind_curves,
             activation_tables=activation_tables,
@@ -235,14 +231,7 @@ class ProfiledCurve(EfficiencyCurve):
         layer: LayerSpec | None = None,
     ) -> EfficiencyCurve:
         if layer_kind is None or pass_kind is None:
-            return EfficiencyCurve(
-                max_fraction=self.max_fraction,
-                bandwidth_fraction=self.bandwidth_fraction,
-                half_saturation_s=self.half_saturation_s,
-                kernel_s=self.kernel_s,
-                embedding_table_passes=self.embedding_table_passes,
-                overlap=self.overlap,
-            )
+            return EfficiencyCurve(**_curve_fields(self))
         found = self.calibrated(device, layer_kind=layer_kind, pass_kind=pass_kind, layer=layer)
         return found if found is not None else self.for_device(device)
 
@@ -308,3 +297,8 @@ class ProfiledCurve(EfficiencyCurve):
     ) -> float | None:
         found = self.lookup(layer, shape=shape, kind=kind)
         return None if found is None else found[0]
+
+
+def _curve_fields(curve: EfficiencyCurve) -> dict[str, Any]:
+    """The plain curve's fields of ``curve`` (a ProfiledCurve's rates without its tables)."""
+    return {f.name: getattr(curve, f.name) for f in fields(EfficiencyCurve)}

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from piebald.runtime.models.loss import token_loss_sum
-from piebald.runtime.models.rope import rope_tables
+from piebald.runtime.models.rope import Rope, rope_tables
 from piebald.runtime.models.stage_part import build_layer_module
 from piebald.specs.model import Family, ModelArch, build_model_spec
 
@@ -70,6 +70,18 @@ def _arch(family: Family) -> ModelArch:
     )
 
 
+def _rope(arch: ModelArch, *, seq_len: int) -> Rope | None:
+    """The rotary tables a Llama block takes (GPT-2 blocks take none)."""
+    if arch.family is not Family.LLAMA:
+        return None
+    return rope_tables(
+        seq_len=seq_len,
+        head_dim=arch.resolved_head_dim,
+        theta=arch.rope_theta,
+        device=torch.device("cpu"),
+    )
+
+
 @pytest.mark.parametrize("family", [Family.LLAMA, Family.GPT2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("index", [0, 1, 3])  # embedding, a block, the head (with its loss)
@@ -83,14 +95,7 @@ def test_forward_traffic_and_kernels_match_the_runtime(
     tokens = batch * seq
     torch.manual_seed(0)
     module = build_layer_module(arch, index, head_owns_output=True).to(dtype)
-    rope = (
-        rope_tables(
-            seq_len=seq, head_dim=arch.resolved_head_dim, theta=arch.rope_theta,
-            device=torch.device("cpu"),
-        )
-        if family is Family.LLAMA
-        else None
-    )  # fmt: skip
+    rope = _rope(arch, seq_len=seq)
     if index == 0:
         x: torch.Tensor = torch.randint(0, arch.vocab_size, (batch, seq))
     else:
@@ -120,14 +125,7 @@ def test_a_block_backward_moves_about_twice_its_forward(family: Family) -> None:
     kernels (2.2x the bytes measured when this was written)."""
     arch = _arch(family)
     module = build_layer_module(arch, 1, head_owns_output=True).to(torch.bfloat16)
-    rope = (
-        rope_tables(
-            seq_len=32, head_dim=arch.resolved_head_dim, theta=arch.rope_theta,
-            device=torch.device("cpu"),
-        )
-        if family is Family.LLAMA
-        else None
-    )  # fmt: skip
+    rope = _rope(arch, seq_len=32)
     x = torch.randn(2, 32, arch.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     forward = _Counter()
     with forward:
