@@ -7,6 +7,14 @@ shard fraction of the stage's training state. ``routes[j]`` is the rank that mic
 visits in each stage. Micro-batch j holds the ``micro_batch_size`` sequences (of the rank
 it visits first) that follow micro-batch j-1 in the global batch.
 
+A stage of tensor-parallel degree t > 1 (Megatron-LM, Shoeybi et al. 2019) lists its ranks
+as consecutive runs of t, each run a *tensor group* inside one node that splits every
+block's weights t ways and runs the same micro-batches together. The group's first rank,
+its *leader*, stands for it in ``routes``; every member carries the group's micro-batch
+size and count, and a 1/t share of the group's fraction of the training state (so the
+fractions of a stage still sum to 1). The stage's data-parallel groups run over tensor
+groups: the members at one position of every group.
+
 Construction validates everything against the embedded cluster and model; errors name the
 field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
 """
@@ -44,6 +52,7 @@ __all__ = [
 
 PLAN_VERSION = 1
 FRACTION_TOLERANCE = 1e-6
+TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 
 
 class Schedule(StrEnum):
@@ -150,15 +159,44 @@ class Stage:
     # planner lowers it below the Little's-law budget where that does not fit memory, paying
     # in round trips). None: the Little's-law budget, ``cost.in_flight.in_flight_micro_batches``.
     max_in_flight: tuple[int, ...] | None = None
+    # Ranks per tensor group (consecutive in ``ranks``, inside one node); 1: no tensor
+    # parallelism.
+    tensor_parallel_degree: int = 1
 
     @property
     def num_layers(self) -> int:
         return self.layer_end - self.layer_start
 
     @property
+    def tensor_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The stage's tensor groups, in order: consecutive runs of its degree."""
+        t = self.tensor_parallel_degree
+        return tuple(self.ranks[i : i + t] for i in range(0, len(self.ranks), t))
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        """The first rank of every tensor group: the ranks routes name (all of them at
+        degree 1)."""
+        return self.ranks[:: self.tensor_parallel_degree]
+
+    def leader_of(self, rank: int) -> int:
+        """The leader of ``rank``'s tensor group."""
+        t = self.tensor_parallel_degree
+        return self.ranks[self.ranks.index(rank) // t * t]
+
+    def data_parallel_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks ``rank`` shares its slice of the training state with: the members at
+        its position of every tensor group (the whole stage at degree 1)."""
+        t = self.tensor_parallel_degree
+        return self.ranks[self.ranks.index(rank) % t :: t]
+
+    @property
     def num_sequences(self) -> int:
+        """Sequences the stage trains per step (a tensor group's members share theirs)."""
+        t = self.tensor_parallel_degree
         return sum(
-            m * b for m, b in zip(self.num_micro_batches, self.micro_batch_size, strict=True)
+            m * b
+            for m, b in zip(self.num_micro_batches[::t], self.micro_batch_size[::t], strict=True)
         )
 
 
@@ -358,6 +396,7 @@ def _validate_stage(
                 list(values),
                 f"{len(stage.ranks)} values, one per rank of the stage",
             )
+    _validate_tensor_groups(plan, where, stage)
     batch = plan.job.global_batch_size
     # Bounded above too: a rank without micro-batches still has its size priced.
     if any(not 1 <= size <= batch for size in stage.micro_batch_size):
@@ -390,6 +429,59 @@ def _validate_stage(
             list(fractions),
             "equal fractions when zero is 'none' (nothing is sharded)",
         )
+
+
+def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
+    """Tensor groups split heads and the MLP width evenly, sit inside one node (their
+    collectives run every layer, on the node's link) and run as one: their members carry
+    equal micro-batch sizes, counts, shard fractions and in-flight budgets."""
+    t = stage.tensor_parallel_degree
+    if t == 1:
+        return
+    if t not in TENSOR_PARALLEL_DEGREES:
+        raise _fail(f"{where}.tensor_parallel_degree", t, f"one of {list(TENSOR_PARALLEL_DEGREES)}")
+    arch = plan.model.arch
+    for name, width in (
+        ("attention heads", arch.num_heads),
+        ("key/value heads", arch.num_kv_heads),
+        ("MLP width", arch.ffn_hidden_size),
+    ):
+        if width % t:
+            raise _fail(
+                f"{where}.tensor_parallel_degree",
+                t,
+                f"a degree dividing the model's {name} ({width})",
+            )
+    if len(stage.ranks) % t:
+        raise _fail(
+            f"{where}.ranks",
+            list(stage.ranks),
+            f"a multiple of tensor_parallel_degree {t} ranks (whole tensor groups)",
+        )
+    per_rank = {
+        "micro_batch_size": stage.micro_batch_size,
+        "num_micro_batches": stage.num_micro_batches,
+        "shard_fraction": stage.shard_fraction,
+        "max_in_flight": stage.max_in_flight or (),
+    }
+    for start in range(0, len(stage.ranks), t):
+        group = stage.ranks[start : start + t]
+        if len({plan.cluster.node_of(rank).index for rank in group}) > 1:
+            raise _fail(
+                f"{where}.ranks",
+                list(group),
+                f"tensor group of {t} ranks inside one node (consecutive ranks of a node)",
+            )
+        for name, values in per_rank.items():
+            members = values[start : start + t]
+            if members and any(
+                not math.isclose(value, members[0], rel_tol=1e-9) for value in members
+            ):
+                raise _fail(
+                    f"{where}.{name}",
+                    list(values),
+                    f"equal values across each tensor group (ranks {list(group)})",
+                )
 
 
 def _validate_lockstep(plan: Plan, where: str, stage: Stage) -> None:
@@ -442,22 +534,25 @@ def _validate_in_flight(plan: Plan, where: str, stage: Stage) -> None:
 
 
 def _validate_routes(plan: Plan) -> None:
-    num_routes = sum(plan.stages[0].num_micro_batches)
+    first = plan.stages[0]
+    num_routes = sum(first.num_micro_batches[:: first.tensor_parallel_degree])
     if len(plan.routes) != num_routes:
         raise _fail(
             "routes", f"{len(plan.routes)} routes", f"one route per micro-batch ({num_routes})"
         )
     for index, stage in enumerate(plan.stages):
-        visits = dict.fromkeys(stage.ranks, 0)
+        visits = dict.fromkeys(stage.leaders, 0)
         for j, route in enumerate(plan.routes):
             if len(route) != plan.num_stages or route[index] not in visits:
                 raise _fail(
                     f"routes[{j}]",
                     list(route),
-                    f"one rank per stage, the one of stage {index} in {list(stage.ranks)}",
+                    f"one rank per stage, the one of stage {index} in {list(stage.leaders)}"
+                    + (" (tensor-group leaders)" if stage.tensor_parallel_degree > 1 else ""),
                 )
             visits[route[index]] += 1
-        if tuple(visits.values()) != stage.num_micro_batches:
+        counts = stage.num_micro_batches[:: stage.tensor_parallel_degree]
+        if tuple(visits.values()) != counts:
             raise _fail(
                 f"stages[{index}].num_micro_batches",
                 list(stage.num_micro_batches),

@@ -91,6 +91,8 @@ def _stage_to_dict(plan: Plan, stage: Stage) -> dict[str, Any]:
     }
     if stage.max_in_flight is not None:  # absent: the Little's-law budget (older plans too)
         out["max_in_flight"] = list(stage.max_in_flight)
+    if stage.tensor_parallel_degree > 1:  # absent: 1 (older plans too)
+        out["tensor_parallel_degree"] = stage.tensor_parallel_degree
     return out
 
 
@@ -257,6 +259,7 @@ def _stage_from(fields: Fields) -> Stage:
         zero=ZeroMode(fields.choice("zero", [z.value for z in ZeroMode], "none")),
         recompute=fields.boolean("recompute", default=False),
         max_in_flight=_int_list(fields, "max_in_flight") if fields.has("max_in_flight") else None,
+        tensor_parallel_degree=fields.integer("tensor_parallel_degree", default=1, minimum=1),
     )
 
 
@@ -305,6 +308,7 @@ _STAGE_KEYS = (
     "zero",
     "recompute",
     "max_in_flight",
+    "tensor_parallel_degree",
 )
 _PREDICTION_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_bytes")
 _RUNNER_UP_KEYS = ("description", "tokens_per_s", "step_time_s")
