@@ -204,8 +204,10 @@ def prefix_sums(values: list[float]) -> npt.NDArray[np.float64]:
 
 
 @functools.lru_cache(maxsize=64)
-def _ranges(model: ModelSpec) -> _LayerRanges:
-    layers = model.layers
+def _ranges(model: ModelSpec, tensor_parallel_degree: int = 1) -> _LayerRanges:
+    """Sums over every range of ``model``'s layers as one rank of a tensor group of
+    ``tensor_parallel_degree`` holds them (``ModelSpec.layers_at``)."""
+    layers = model.layers_at(tensor_parallel_degree)
     size = len(layers) + 1
     start, end = np.arange(size)[:, None], np.arange(size)[None, :]
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
@@ -257,7 +259,7 @@ def _ranges(model: ModelSpec) -> _LayerRanges:
         rope_bytes_per_position=(
             2 * 4.0 * model.arch.resolved_head_dim if model.arch.family is Family.LLAMA else 0.0
         ),
-        ffn_size=model.arch.ffn_hidden_size,
+        ffn_size=model.arch.ffn_hidden_size // tensor_parallel_degree,
         vocab_size=model.arch.vocab_size,
     )
 
@@ -302,7 +304,8 @@ def _measured_activations(
     per_layer: dict[tuple[object, ...], tuple[float, bool]] = {}
     kept: list[float] = []
     any_measured = False
-    for layer in model.layers:
+    layers = model.layers_at(shape.tensor_parallel_degree)
+    for layer in layers:
         key = (
             layer.kind,
             layer.num_params,
@@ -314,7 +317,7 @@ def _measured_activations(
         value, measured_here = per_layer[key]
         kept.append(value)
         any_measured |= measured_here
-    block = next((layer for layer in model.layers if layer.kind is LayerKind.BLOCK), None)
+    block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
     block_bytes = 0.0
     if block is not None:
         # Its full activations (held while it is recomputed): those without recompute.
@@ -329,9 +332,12 @@ def _measured_activations(
     return _MeasuredActivations(kept=matrix, block_bytes=block_bytes)
 
 
-def stage_params_matrix(model: ModelSpec) -> npt.NDArray[np.float64]:
-    """Parameters a stage stores for every layer range, indexed [a, b] (tied replica included)."""
-    return _ranges(model).params
+def stage_params_matrix(
+    model: ModelSpec, *, tensor_parallel_degree: int = 1
+) -> npt.NDArray[np.float64]:
+    """Parameters a stage stores for every layer range, indexed [a, b] (tied replica
+    included), per rank of a tensor group of ``tensor_parallel_degree``."""
+    return _ranges(model, tensor_parallel_degree).params
 
 
 def _sharded(zero: ZeroMode) -> tuple[bool, bool, bool]:
@@ -525,7 +531,7 @@ def stage_memory_bytes(
     ``shape``: the rank's passes; ``wire_dtype``: the stage group's (``cost.precision``;
     default the shape's dtype). ``curve``: the measured activations, if any (see the module
     docstring)."""
-    r = _ranges(model)
+    r = _ranges(model, shape.tensor_parallel_degree)
     dtype = shape.dtype
     index: Any = slice(None) if layers is None else layers
     tied = r.tied_params[index]
@@ -582,8 +588,12 @@ def rank_memory(
     fractions of its stage's ranks (default: an even pair); ``receive_share``: the share
     of a layer the per-layer reduce-scatter receives from each rank (default: even
     shares); ``tied_group``: the tied weight's group (its size, wire bytes per element and
-    largest share) where the rank holds a part of it (default: the most it takes)."""
-    r = _ranges(model)
+    largest share) where the rank holds a part of it (default: the most it takes).
+
+    At tensor-parallel degree t (``shape``) the rank holds its slice of the layers
+    (``ModelSpec.layers_at``), and ``shard_fraction`` and ``group_shares`` are its and
+    its data-parallel group's shares of that slice (summing to 1 over the group)."""
+    r = _ranges(model, shape.tensor_parallel_degree)
     dtype = shape.dtype
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])
@@ -631,23 +641,30 @@ def plan_rank_memory(
     ``plan`` holding ``num_in_flight`` micro-batches: what the plan estimate, the
     simulator's prices and the planner's final check all price a plan's rank with."""
     stage = plan.stages[stage_index]
+    rank = stage.ranks[position]
+    # A rank of a tensor group shares its slice with its data-parallel group; the plan's
+    # fractions are of the whole stage (t of them per group), so each is t times its share.
+    t = stage.tensor_parallel_degree
+    group = stage.data_parallel_group(rank)
+    shares = [stage.shard_fraction[stage.ranks.index(member)] * t for member in group]
     return rank_memory(
         plan.model,
         shape=PassShape.for_job(
             plan.job,
-            device=plan.cluster.device_of(stage.ranks[position]),
+            device=plan.cluster.device_of(rank),
             micro_batch_size=stage.micro_batch_size[position],
             recompute=stage.recompute,
+            tensor_parallel_degree=t,
         ),
         layer_start=stage.layer_start,
         layer_end=stage.layer_end,
         optimizer=plan.job.optimizer,
         zero=stage.zero,
-        shard_fraction=stage.shard_fraction[position],
+        shard_fraction=stage.shard_fraction[position] * t,
         num_in_flight=num_in_flight,
         num_neighbor_stages=(stage_index > 0) + (stage_index < plan.num_stages - 1),
         wire_dtype=stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision),
-        group_shares=stage.shard_fraction,
+        group_shares=shares,
         receive_share=receive_share,
         tied_group=_tied_group(plan),
         curve=curve,

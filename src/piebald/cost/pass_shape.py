@@ -1,6 +1,7 @@
 """What one micro-batch's pass through a model's layers is priced by, besides the layers
-and the pricing curve: the device, the dtype it computes in, the micro-batch's shape, and
-whether blocks recompute their activations.
+and the pricing curve: the device, the dtype it computes in, the micro-batch's shape,
+whether blocks recompute their activations, and the tensor-parallel degree its blocks are
+split by (the pass is one rank's share, ``ModelSpec.layers_at``).
 
 Compute time (``cost.compute``, ``cost.pass_times``), activation memory
 (``cost.memory``) and the profile's measurements (``profiler.compute_model``) all take one
@@ -28,18 +29,29 @@ class PassShape:
     # Blocks keep only their input and rerun their forward in the backward pass
     # (activation checkpointing); a forward pass costs the same either way.
     recompute: bool
+    tensor_parallel_degree: int = 1
     # Hashed once: the planner looks shapes up per rank, and a device type's hash walks
     # all its fields.
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size < 1 or self.seq_len < 1:
+        if self.micro_batch_size < 1 or self.seq_len < 1 or self.tensor_parallel_degree < 1:
             raise ValueError(
                 f"pass of micro_batch_size = {self.micro_batch_size}, seq_len = "
-                f"{self.seq_len}; expected both >= 1"
+                f"{self.seq_len}, tensor_parallel_degree = {self.tensor_parallel_degree}; "
+                "expected all >= 1"
             )
-        key = (self.device, self.dtype, self.micro_batch_size, self.seq_len, self.recompute)
-        object.__setattr__(self, "_hash", hash(key))
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple[DeviceType, Dtype, int, int, bool, int]:
+        return (
+            self.device,
+            self.dtype,
+            self.micro_batch_size,
+            self.seq_len,
+            self.recompute,
+            self.tensor_parallel_degree,
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -47,12 +59,17 @@ class PassShape:
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled as its fields and rebuilt, never with its hash: string hashes differ
         # between processes.
-        fields = (self.device, self.dtype, self.micro_batch_size, self.seq_len, self.recompute)
-        return _rebuild, fields
+        return _rebuild, self._fields()
 
     @classmethod
     def for_job(
-        cls, job: JobSpec, *, device: DeviceType, micro_batch_size: int, recompute: bool
+        cls,
+        job: JobSpec,
+        *,
+        device: DeviceType,
+        micro_batch_size: int,
+        recompute: bool,
+        tensor_parallel_degree: int = 1,
     ) -> PassShape:
         """A pass of ``job``'s sequences on ``device``, in the dtype it trains ``job`` in."""
         return cls(
@@ -61,6 +78,7 @@ class PassShape:
             micro_batch_size=micro_batch_size,
             seq_len=job.seq_len,
             recompute=recompute,
+            tensor_parallel_degree=tensor_parallel_degree,
         )
 
     @property
@@ -69,7 +87,12 @@ class PassShape:
 
 
 def _rebuild(
-    device: DeviceType, dtype: Dtype, micro_batch_size: int, seq_len: int, recompute: bool
+    device: DeviceType,
+    dtype: Dtype,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: bool,
+    tensor_parallel_degree: int,
 ) -> PassShape:
     return PassShape(
         device=device,
@@ -77,4 +100,5 @@ def _rebuild(
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
         recompute=recompute,
+        tensor_parallel_degree=tensor_parallel_degree,
     )

@@ -51,13 +51,14 @@ def pass_times(
     model: ModelSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> PassTimes:
     """Prefix sums of forward and backward times of ``model``'s layers, one micro-batch of
-    ``shape`` each."""
+    ``shape`` each: compute only, on one rank of a tensor group at degree > 1 (its
+    collectives are ``cost.tensor_comm``'s)."""
     # Blocks are identical: price each distinct layer once.
     forward_of: dict[object, float] = {}
     backward_of: dict[object, float] = {}
     forward = np.zeros(model.num_layers + 1)
     backward = np.zeros(model.num_layers + 1)
-    for layer in model.layers:
+    for layer in model.layers_at(shape.tensor_parallel_degree):
         key = (layer.kind, layer.num_params, layer.matmul_flops_per_token)
         if key not in forward_of:
             forward_of[key] = layer_forward_time_s(layer, shape=shape, curve=curve)

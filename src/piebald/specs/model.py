@@ -32,10 +32,20 @@ V = vocabulary, s = sequence length):
   4h + 4 fp32 and 2h values; GPT-2 mean/rstd 8 and 2h values), the fp32 log-softmax of
   the loss (4V; the logits themselves are not kept) and the int64 labels (8).
   With recompute a block keeps only its input, B = h (Korthikanti section 5).
+
+Tensor parallelism of degree t (Megatron-LM, Shoeybi et al. 2019) splits a block's heads and
+MLP width t ways: :meth:`ModelSpec.layers_at` gives the layers as one rank of a tensor group
+holds and runs them -- each block's matmul weights, column biases, attention heads,
+FLOPs, the activations on split widths (Q, K, V, the attention output, the MLP's hidden
+values, the log-sum-exp) and its per-token kernel traffic divided by t; the norms, the
+row-parallel biases and everything on the hidden width (norm inputs and outputs, residual
+adds) whole, on every rank (no sequence parallelism; Korthikanti's "10 + 24/t" split).
+The embedding and the head are not split: every rank of the group holds and runs them.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -280,10 +290,18 @@ class ModelSpec:
         """Model FLOPs of forward plus backward (3 x forward); recompute never counts."""
         return 3.0 * self.forward_flops_per_token(seq_len=seq_len)
 
-    def stage_params(self, start: int, end: int) -> int:
-        """Parameters a stage holding layers [start, end) stores, tied replicas included."""
+    def layers_at(self, tensor_parallel_degree: int) -> tuple[LayerSpec, ...]:
+        """The layers as one rank of a tensor group of this degree holds and runs them
+        (module docstring); :attr:`layers` at degree 1."""
+        if tensor_parallel_degree == 1:
+            return self.layers
+        return _build_layers(self.arch, tensor_parallel_degree=tensor_parallel_degree)
+
+    def stage_params(self, start: int, end: int, *, tensor_parallel_degree: int = 1) -> int:
+        """Parameters a stage holding layers [start, end) stores, tied replicas included;
+        per rank of a tensor group of ``tensor_parallel_degree``."""
         total = 0
-        for layer in self.layers[start:end]:
+        for layer in self.layers_at(tensor_parallel_degree)[start:end]:
             total += layer.num_params
             if layer.num_tied_params and start > 0:  # the owner (embedding) is elsewhere
                 total += layer.num_tied_params
@@ -294,27 +312,54 @@ def build_model_spec(name: str, arch: ModelArch) -> ModelSpec:
     return ModelSpec(name=name, arch=arch)
 
 
-def _block_params(arch: ModelArch) -> tuple[int, int]:
-    """(all parameters, matmul weights) of one block."""
-    h, f = arch.hidden_size, arch.ffn_hidden_size
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _BlockWidths:
+    """The widths one rank of a tensor group of degree t computes: heads, the query and
+    key/value widths and the MLP width divided by t, the hidden width whole."""
+
+    hidden: int
+    heads: int
+    q: int
+    kv: int
+    ffn: int
+
+    @classmethod
+    def of(cls, arch: ModelArch, tensor_parallel_degree: int) -> _BlockWidths:
+        t = tensor_parallel_degree
+        return cls(
+            hidden=arch.hidden_size,
+            heads=arch.num_heads // t,
+            q=arch.q_width // t,
+            kv=arch.kv_width // t,
+            ffn=arch.ffn_hidden_size // t,
+        )
+
+
+def _block_params(arch: ModelArch, widths: _BlockWidths) -> tuple[int, int]:
+    """(all parameters, matmul weights) of one block, per rank of its tensor group: split
+    weights and column biases, whole norms and row biases."""
+    h, q, kv, f = widths.hidden, widths.q, widths.kv, widths.ffn
     if arch.family is Family.GPT2:
-        weights = 4 * h * h + 2 * h * f
-        return weights + (3 * h + h + f + h) + 4 * h, weights  # biases, two LayerNorms
-    weights = 2 * h * arch.q_width + 2 * h * arch.kv_width + 3 * h * f
+        weights = 4 * h * q + 2 * h * f  # fused QKV and proj (q = h unsplit), the MLP
+        return weights + (3 * q + h + f + h) + 4 * h, weights  # biases, two LayerNorms
+    weights = 2 * h * q + 2 * h * kv + 3 * h * f
     biases = (
-        (arch.q_width + 2 * arch.kv_width if arch.attention_qkv_bias else 0)
+        (q + 2 * kv if arch.attention_qkv_bias else 0)
         + (h if arch.attention_out_bias else 0)
         + (2 * f + h if arch.mlp_bias else 0)
     )
     return weights + biases + 2 * h, weights
 
 
-def _block_activations(arch: ModelArch) -> tuple[float, float]:
-    """(fp32/int64 bytes, training-dtype values) a block keeps per token (module docstring)."""
-    h, f, heads = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads
+def _block_activations(arch: ModelArch, widths: _BlockWidths) -> tuple[float, float]:
+    """(fp32/int64 bytes, training-dtype values) a block keeps per token (module
+    docstring), per rank of its tensor group."""
+    h, heads, q, kv, f = widths.hidden, widths.heads, widths.q, widths.kv, widths.ffn
     if arch.family is Family.GPT2:
-        return 4 * heads + 16, 8 * h + 2 * f
-    return 8 * h + 4 * heads + 8, 4 * h + 2 * arch.q_width + 2 * arch.kv_width + 4 * f
+        # Norm inputs and outputs and the residual path (4h) whole; QKV and the attention
+        # output (4q, = 4h unsplit) and the MLP's two (2f) split.
+        return 4 * heads + 16, 4 * h + 4 * q + 2 * f
+    return 8 * h + 4 * heads + 8, 4 * h + 2 * q + 2 * kv + 4 * f
 
 
 def _head_activations(arch: ModelArch) -> tuple[float, float]:
@@ -324,8 +369,10 @@ def _head_activations(arch: ModelArch) -> tuple[float, float]:
     return norm_fixed + 4 * vocab + 8, 2 * h
 
 
-def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
+@functools.lru_cache(maxsize=256)
+def _build_layers(arch: ModelArch, *, tensor_parallel_degree: int = 1) -> tuple[LayerSpec, ...]:
     h, vocab = arch.hidden_size, arch.vocab_size
+    widths = _BlockWidths.of(arch, tensor_parallel_degree)
     positions = arch.max_seq_len * h if arch.family is Family.GPT2 else 0
     embedding = LayerSpec(
         index=0,
@@ -343,14 +390,10 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
     )
     llama = arch.family is not Family.GPT2
     one_block_ops = block_ops(
-        llama=llama,
-        hidden=h,
-        q_width=arch.q_width,
-        kv_width=arch.kv_width,
-        ffn_hidden=arch.ffn_hidden_size,
+        llama=llama, hidden=h, q_width=widths.q, kv_width=widths.kv, ffn_hidden=widths.ffn
     )
-    block_params, block_weights = _block_params(arch)
-    block_fixed, block_values = _block_activations(arch)
+    block_params, block_weights = _block_params(arch, widths)
+    block_fixed, block_values = _block_activations(arch, widths)
     head_fixed, head_values = _head_activations(arch)
     blocks = [
         LayerSpec(
@@ -359,7 +402,7 @@ def _build_layers(arch: ModelArch) -> tuple[LayerSpec, ...]:
             num_params=block_params,
             num_tied_params=0,
             matmul_flops_per_token=2.0 * block_weights,
-            attention_flops_per_token_per_position=4.0 * arch.q_width,
+            attention_flops_per_token_per_position=4.0 * widths.q,
             activation_fixed_bytes_per_token=block_fixed,
             activation_values_per_token=block_values,
             recompute_fixed_bytes_per_token=0.0,
