@@ -23,7 +23,13 @@ from piebald.cost.comm import Collective, RingProfile
 from piebald.cost.pass_shape import PassShape
 from piebald.specs.model import LayerKind, ModelSpec
 
-__all__ = ["ALL_REDUCES_PER_BLOCK_PASS", "NO_TENSOR_COMM", "TensorComm", "tensor_comm"]
+__all__ = [
+    "ALL_REDUCES_PER_BLOCK_PASS",
+    "NO_TENSOR_COMM",
+    "TensorComm",
+    "block_tensor_comm",
+    "tensor_comm",
+]
 
 ALL_REDUCES_PER_BLOCK_PASS = 2  # attention output and MLP output (forward), or their inputs
 
@@ -43,16 +49,22 @@ class TensorComm:
 NO_TENSOR_COMM = TensorComm(forward_s=0.0, backward_s=0.0)
 
 
+def block_tensor_comm(model: ModelSpec, *, shape: PassShape, ring: RingProfile) -> TensorComm:
+    """The all-reduces of one micro-batch of ``shape`` through one block on a tensor group
+    whose ring is ``ring`` (nothing at degree 1)."""
+    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
+        return NO_TENSOR_COMM
+    message_bytes = shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes
+    one_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
+    forward_s = ALL_REDUCES_PER_BLOCK_PASS * one_s
+    return TensorComm(forward_s=forward_s, backward_s=forward_s * (2.0 if shape.recompute else 1.0))
+
+
 def tensor_comm(
     model: ModelSpec, *, start: int, end: int, shape: PassShape, ring: RingProfile
 ) -> TensorComm:
     """The all-reduces of one micro-batch of ``shape`` through layers [start, end) on a
     tensor group whose ring is ``ring`` (nothing at degree 1)."""
-    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
-        return NO_TENSOR_COMM
+    one = block_tensor_comm(model, shape=shape, ring=ring)
     num_blocks = sum(1 for layer in model.layers[start:end] if layer.kind is LayerKind.BLOCK)
-    message_bytes = shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes
-    one_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
-    forward_s = num_blocks * ALL_REDUCES_PER_BLOCK_PASS * one_s
-    backward_s = forward_s * (2.0 if shape.recompute else 1.0)
-    return TensorComm(forward_s=forward_s, backward_s=backward_s)
+    return TensorComm(forward_s=num_blocks * one.forward_s, backward_s=num_blocks * one.backward_s)

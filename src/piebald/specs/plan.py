@@ -32,10 +32,11 @@ import numpy as np
 from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
-from piebald.specs.model import ModelSpec
+from piebald.specs.model import ModelArch, ModelSpec
 
 __all__ = [
     "PLAN_VERSION",
+    "TENSOR_PARALLEL_DEGREES",
     "CalibratedCurve",
     "CostInputs",
     "MeasuredActivation",
@@ -47,6 +48,8 @@ __all__ = [
     "Schedule",
     "Stage",
     "ZeroMode",
+    "tensor_groups_inside_nodes",
+    "tensor_split_problem",
     "weighted_round_robin",
 ]
 
@@ -431,6 +434,33 @@ def _validate_stage(
         )
 
 
+def tensor_split_problem(arch: ModelArch, degree: int) -> str | None:
+    """Why a block of ``arch`` cannot be split ``degree`` ways (heads, key/value heads
+    and the MLP width split evenly), or None where it can."""
+    if degree not in TENSOR_PARALLEL_DEGREES:
+        return f"one of {list(TENSOR_PARALLEL_DEGREES)}"
+    for name, width in (
+        ("attention heads", arch.num_heads),
+        ("key/value heads", arch.num_kv_heads),
+        ("MLP width", arch.ffn_hidden_size),
+    ):
+        if width % degree:
+            return f"a degree dividing the model's {name} ({width})"
+    return None
+
+
+def tensor_groups_inside_nodes(cluster: ClusterSpec, ranks: Sequence[int], degree: int) -> bool:
+    """Whether ``ranks``, cut into consecutive runs of ``degree``, leave every run inside
+    one node."""
+    if len(ranks) % degree:
+        return False
+    return all(
+        cluster.gpus[ranks[start]].node_index == cluster.gpus[ranks[start + degree - 1]].node_index
+        and ranks[start + degree - 1] - ranks[start] == degree - 1
+        for start in range(0, len(ranks), degree)
+    )
+
+
 def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
     """Tensor groups split heads and the MLP width evenly, sit inside one node (their
     collectives run every layer, on the node's link) and run as one: their members carry
@@ -440,18 +470,9 @@ def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
         return
     if t not in TENSOR_PARALLEL_DEGREES:
         raise _fail(f"{where}.tensor_parallel_degree", t, f"one of {list(TENSOR_PARALLEL_DEGREES)}")
-    arch = plan.model.arch
-    for name, width in (
-        ("attention heads", arch.num_heads),
-        ("key/value heads", arch.num_kv_heads),
-        ("MLP width", arch.ffn_hidden_size),
-    ):
-        if width % t:
-            raise _fail(
-                f"{where}.tensor_parallel_degree",
-                t,
-                f"a degree dividing the model's {name} ({width})",
-            )
+    problem = tensor_split_problem(plan.model.arch, t)
+    if problem is not None:
+        raise _fail(f"{where}.tensor_parallel_degree", t, problem)
     if len(stage.ranks) % t:
         raise _fail(
             f"{where}.ranks",
