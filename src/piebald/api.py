@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.errors import ArgumentError
-from piebald.planner.choices import strategy_named, zero_mode_named
+from piebald.planner.choices import strategy_named, tensor_parallel_degree, zero_mode_named
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible, search
 from piebald.planner.strategies import STRATEGIES
@@ -159,6 +159,7 @@ def plan(
     *,
     strategy: str = "piebald",
     zero: str | ZeroMode | None = None,
+    tensor_parallel: int | None = None,
     profiles: Profiles | None = None,
     verify_by_simulation: bool = False,
     progress: Progress | None = None,
@@ -169,6 +170,8 @@ def plan(
     ``cluster``: a YAML path or a loaded ClusterSpec; ``model``: a preset name, a Hugging
     Face config path or a ModelSpec; ``strategy``: piebald, or a baseline to plan as;
     ``zero``: every stage in this ZeRO mode (none, optimizer, gradients, full);
+    ``tensor_parallel``: every stage at this tensor-parallel degree (1, 2, 4, 8; default:
+    searched per stage);
     ``profiles``: a profile DB directory (or a loaded ``ProfileDB``) to price compute,
     activation memory and links from its measurements (the plan records them);
     ``verify_by_simulation``: simulate the top candidates and keep the fastest simulated
@@ -184,6 +187,7 @@ def plan(
     cluster_spec, model_spec = _cluster(cluster), _model(model)
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
+    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen)
     check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
     priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
@@ -195,6 +199,7 @@ def plan(
         curve=curve,
         progress=progress,
         zero=zero_mode,
+        tensor_parallel=degree,
     )
     best = (
         verify.verify_by_simulation(result, curve=curve).chosen

@@ -47,7 +47,7 @@ from piebald.cli.render import (
 )
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.choices import strategy_named, zero_mode_named
+from piebald.planner.choices import strategy_named, tensor_parallel_degree, zero_mode_named
 from piebald.planner.compare import Comparison
 from piebald.planner.search import search
 from piebald.profiler.apply import recorded_curve
@@ -132,6 +132,13 @@ def plan(
         str | None,
         typer.Option(help="Every stage in this ZeRO mode: none, optimizer, gradients, full."),
     ] = None,
+    tensor_parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--tensor-parallel",
+            help="Every stage at this tensor-parallel degree (1, 2, 4, 8); default: searched.",
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the plan JSON here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON.")] = False,
@@ -143,6 +150,7 @@ def plan(
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
+    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen)
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
@@ -156,6 +164,7 @@ def plan(
             progress=progress,
             curve=curve,
             zero=zero_mode,
+            tensor_parallel=degree,
         )
     best = result.best
     if simulate:

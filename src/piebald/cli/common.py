@@ -81,6 +81,7 @@ FLAG_OF_ARGUMENT = {
     "profiles": "--profiles",
     "seq_len": "--seq-len",
     "strategy": "--strategy",
+    "tensor_parallel": "--tensor-parallel",
     "zero": "--zero",
 }
 

@@ -1,18 +1,24 @@
-"""A strategy and a ZeRO mode chosen by name, as a user gives them (``piebald.plan``'s
-``strategy=`` and ``zero=``, the CLI's ``--strategy`` and ``--zero``).
+"""A strategy, a ZeRO mode and a tensor-parallel degree chosen as a user gives them
+(``piebald.plan``'s ``strategy=``, ``zero=`` and ``tensor_parallel=``, the CLI's
+``--strategy``, ``--zero`` and ``--tensor-parallel``).
 
 Errors are :class:`~piebald.errors.ArgumentError` naming the argument (``strategy``,
-``zero``); the command line reports them under its flags.
+``zero``, ``tensor_parallel``); the command line reports them under its flags.
 """
 
 from __future__ import annotations
 
 from piebald.errors import ArgumentError
-from piebald.planner.strategies import STRATEGIES, Strategy, with_zero_mode
+from piebald.planner.strategies import (
+    STRATEGIES,
+    Strategy,
+    with_tensor_parallel,
+    with_zero_mode,
+)
 from piebald.specs.fields import suggest
-from piebald.specs.plan import ZeroMode
+from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode
 
-__all__ = ["strategy_named", "zero_mode_named"]
+__all__ = ["strategy_named", "tensor_parallel_degree", "zero_mode_named"]
 
 
 def strategy_named(name: str) -> Strategy:
@@ -42,3 +48,23 @@ def zero_mode_named(value: str | ZeroMode | None, *, strategy: Strategy) -> Zero
             expected=f"a mode strategy {strategy.name} can use: {allowed}",
         )
     return mode
+
+
+def tensor_parallel_degree(value: int | None, *, strategy: Strategy) -> int | None:
+    """``value`` as a tensor-parallel degree ``strategy`` can give every stage; None
+    stays None."""
+    if value is None:
+        return None
+    if value not in TENSOR_PARALLEL_DEGREES:
+        raise ArgumentError(
+            argument="tensor_parallel",
+            value=value,
+            expected=f"one of {list(TENSOR_PARALLEL_DEGREES)}",
+        )
+    if with_tensor_parallel(strategy, value) is None:
+        raise ArgumentError(
+            argument="tensor_parallel",
+            value=value,
+            expected=f"1: strategy {strategy.name} has no tensor parallelism",
+        )
+    return value

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from piebald.cost.comm import ring_profile
+from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.in_flight import (
     in_flight_for_rounds,
@@ -34,15 +35,24 @@ from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
+from piebald.cost.tensor_comm import NO_TENSOR_COMM, tensor_comm
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Schedule, Stage, ZeroMode
+from piebald.specs.plan import (
+    Schedule,
+    Stage,
+    ZeroMode,
+    tensor_groups_inside_nodes,
+    tensor_split_problem,
+)
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
+
+_T = TypeVar("_T")
 
 # In the order of what they shard: nothing, optimizer state, gradients, weights.
 ALL_ZERO_MODES = (ZeroMode.NONE, ZeroMode.OPTIMIZER, ZeroMode.GRADIENTS, ZeroMode.FULL)
@@ -56,6 +66,8 @@ class StageRules:
     recompute: tuple[bool, ...] = (False, True)
     even_shards: bool = False
     equal_micro_batches: bool = False
+    # Tensor-parallel degrees a stage may take (Megatron-LM tensor groups inside a node).
+    tensor_parallel_degrees: tuple[int, ...] = (1,)
 
     @property
     def most_frugal_zero(self) -> ZeroMode:
@@ -141,114 +153,204 @@ def build_stage(
 ) -> StageChoice | None:
     """The fastest memory-feasible setting of this stage, or None if nothing fits.
     ``widths`` counts the ranks of this stage and of each later one: the 1F1B in-flight
-    budget and its slack (``cost.in_flight.in_flight_micro_batches``, ``slack_of``)."""
-    devices = [cluster.device_of(rank) for rank in ranks]
-    params = float(model.stage_params(layer_start, layer_end))
-    wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
-    wire_bytes = params * wire_dtype.num_bytes
-    neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
-    even = tuple(1.0 / len(ranks) for _ in ranks)
-    profile = ring_profile(cluster, ranks)
+    budget and its slack (``cost.in_flight.in_flight_micro_batches``, ``slack_of``).
+
+    At tensor-parallel degree t the stage's tensor groups (consecutive runs of t ranks
+    inside a node, one micro-batch size each) take the place of its ranks: micro-batches
+    and shards are allocated over them, and every member carries its group's."""
+    degrees = [
+        degree
+        for degree in rules.tensor_parallel_degrees
+        if degree == 1
+        or (
+            tensor_split_problem(model.arch, degree) is None
+            and tensor_groups_inside_nodes(cluster, ranks, degree)
+            and all(
+                len(set(micro_batch_sizes[i : i + degree])) == 1
+                for i in range(0, len(ranks), degree)
+            )
+        )
+    ]
     best: StageChoice | None = None
     # Little's in-flight budget wherever some setting fits with it; only where none does,
     # the fewest extra round trips that fit.
     for shrink in (False, True):
-        for recompute in rules.recompute:
-            # Ranks of one device type and micro-batch size pass alike: one shape and one
-            # lookup each (a stage may have thousands of ranks).
-            of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
-            shapes, compute_s = [], []
-            for key in zip(devices, micro_batch_sizes, strict=True):
-                if key not in of_kind:
-                    device, size = key
-                    shape = PassShape.for_job(
-                        job, device=device, micro_batch_size=size, recompute=recompute
-                    )
-                    times = pass_times(model, shape=shape, curve=curve)
-                    of_kind[key] = (
-                        shape,
-                        (
-                            times.forward_s(layer_start, layer_end),
-                            times.backward_s(layer_start, layer_end),
-                        ),
-                    )
-                shape, compute = of_kind[key]
-                shapes.append(shape)
-                compute_s.append(compute)
-            for zero in rules.zero_modes:
-                # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
-                # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).
-                lockstep = zero.per_pass and len(ranks) > 1
-                if lockstep and num_stages > 1:
-                    continue
-                # Per-pass traffic with even shards; the exact plan estimate re-prices it.
-                comm = stage_comm(profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes)
-                before_s, during_s = comm.before_forward_s, comm.during_backward_s
-                # A pass never takes zero time (a stage of only the embedding of a tiny model
-                # comes close); the allocation needs positive times.
-                pass_s = [max(max(f, before_s) + max(b, during_s), 1e-12) for f, b in compute_s]
-                counts = _counts(
-                    pass_s,
-                    micro_batch_sizes,
-                    num_sequences=job.global_batch_size,
-                    equal=rules.equal_micro_batches or lockstep,
-                )
-                if counts is None:
-                    continue
-                fitted = _fit_in_flight(
-                    model,
-                    shapes=shapes,
-                    optimizer=job.optimizer,
-                    wire_dtype=wire_dtype,
-                    layers=(layer_start, layer_end),
-                    counts=counts,
-                    zero=zero,
-                    neighbors=neighbors,
-                    widths=widths,
-                    even_shards=rules.even_shards or zero.replicated,
-                    shrink=shrink,
-                    curve=curve,
-                )
-                if fitted is None:
-                    continue
-                fractions, max_in_flight, round_trip_factor = fitted
-                stage = Stage(
-                    layer_start=layer_start,
-                    layer_end=layer_end,
-                    ranks=ranks,
-                    micro_batch_size=micro_batch_sizes,
-                    num_micro_batches=tuple(counts),
-                    shard_fraction=fractions,
-                    zero=zero,
-                    recompute=recompute,
-                    max_in_flight=max_in_flight,
-                )
-                sync = stage_comm(
-                    profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
-                ).sync_s
-                busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
-                working = [t for c, t in zip(counts, pass_s, strict=True) if c]
-                optimizer = max(
-                    optimizer_step_time_s(
-                        num_params=params * (fraction if zero.shards_optimizer else 1.0),
-                        device=device,
-                        optimizer=job.optimizer,
-                        curve=curve,
-                    )
-                    for device, fraction in zip(devices, fractions, strict=True)
-                )
-                choice = StageChoice(
-                    stage=stage,
-                    busy_s=busy,
-                    sync_s=sync,
-                    pass_s=max(working),
-                    optimizer_s=optimizer,
-                    round_trip_factor=round_trip_factor,
-                )
-                if best is None or choice.total_s < best.total_s:
-                    best = choice
+        for degree in degrees:
+            choice = _build_at_degree(
+                cluster,
+                model=model,
+                job=job,
+                ranks=ranks,
+                degree=degree,
+                layers=(layer_start, layer_end),
+                micro_batch_sizes=micro_batch_sizes,
+                stage_index=stage_index,
+                num_stages=num_stages,
+                # Little's law counts this stage's tensor groups (one pipeline lane each).
+                widths=(len(ranks) // degree, *widths[1:]),
+                rules=rules,
+                curve=curve,
+                shrink=shrink,
+            )
+            if choice is not None and (best is None or choice.total_s < best.total_s):
+                best = choice
         if best is not None:
             break
+    return best
+
+
+def _build_at_degree(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    ranks: tuple[int, ...],
+    degree: int,
+    layers: tuple[int, int],
+    micro_batch_sizes: tuple[int, ...],
+    stage_index: int,
+    num_stages: int,
+    widths: tuple[int, ...],
+    rules: StageRules,
+    curve: EfficiencyCurve,
+    shrink: bool,
+) -> StageChoice | None:
+    """:func:`build_stage` at one tensor-parallel degree and in-flight rule."""
+    layer_start, layer_end = layers
+    leaders = ranks[::degree]
+    sizes = micro_batch_sizes[::degree]
+    devices = [cluster.device_of(rank) for rank in leaders]
+    params = float(model.stage_params(layer_start, layer_end, tensor_parallel_degree=degree))
+    wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
+    wire_bytes = params * wire_dtype.num_bytes
+    neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
+    even = tuple(1.0 / len(leaders) for _ in leaders)
+    profile = ring_profile(cluster, leaders)  # one data-parallel group; all run at once
+    tensor_ring: dict[DeviceType, RingProfile] = {}
+    for index, device in enumerate(devices if degree > 1 else ()):
+        if device not in tensor_ring:
+            tensor_ring[device] = ring_profile(
+                cluster, ranks[index * degree : (index + 1) * degree]
+            )
+    best: StageChoice | None = None
+    for recompute in rules.recompute:
+        # Groups of one device type and micro-batch size pass alike: one shape and one
+        # lookup each (a stage may have thousands of ranks).
+        of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
+        shapes, compute_s = [], []
+        for key in zip(devices, sizes, strict=True):
+            if key not in of_kind:
+                device, size = key
+                shape = PassShape.for_job(
+                    job,
+                    device=device,
+                    micro_batch_size=size,
+                    recompute=recompute,
+                    tensor_parallel_degree=degree,
+                )
+                times = pass_times(model, shape=shape, curve=curve)
+                comm = (
+                    tensor_comm(
+                        model,
+                        start=layer_start,
+                        end=layer_end,
+                        shape=shape,
+                        ring=tensor_ring[device],
+                    )
+                    if degree > 1
+                    else NO_TENSOR_COMM
+                )
+                of_kind[key] = (
+                    shape,
+                    (
+                        times.forward_s(layer_start, layer_end) + comm.forward_s,
+                        times.backward_s(layer_start, layer_end) + comm.backward_s,
+                    ),
+                )
+            shape, compute = of_kind[key]
+            shapes.append(shape)
+            compute_s.append(compute)
+        for zero in rules.zero_modes:
+            # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
+            # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).
+            lockstep = zero.per_pass and len(leaders) > 1
+            if lockstep and num_stages > 1:
+                continue
+            # Per-pass traffic with even shards; the exact plan estimate re-prices it.
+            comm_of_zero = stage_comm(
+                profile, shard_fractions=even, zero=zero, state_bytes=wire_bytes
+            )
+            before_s, during_s = comm_of_zero.before_forward_s, comm_of_zero.during_backward_s
+            # A pass never takes zero time (a stage of only the embedding of a tiny model
+            # comes close); the allocation needs positive times.
+            pass_s = [max(max(f, before_s) + max(b, during_s), 1e-12) for f, b in compute_s]
+            counts = _counts(
+                pass_s,
+                sizes,
+                num_sequences=job.global_batch_size,
+                equal=rules.equal_micro_batches or lockstep,
+            )
+            if counts is None:
+                continue
+            fitted = _fit_in_flight(
+                model,
+                shapes=shapes,
+                optimizer=job.optimizer,
+                wire_dtype=wire_dtype,
+                layers=(layer_start, layer_end),
+                counts=counts,
+                zero=zero,
+                neighbors=neighbors,
+                widths=widths,
+                even_shards=rules.even_shards or zero.replicated,
+                shrink=shrink,
+                curve=curve,
+            )
+            if fitted is None:
+                continue
+            fractions, max_in_flight, round_trip_factor = fitted
+
+            def members(values: Sequence[_T]) -> tuple[_T, ...]:
+                """A value per tensor group, repeated for each of its members."""
+                return tuple(value for value in values for _ in range(degree))
+
+            stage = Stage(
+                layer_start=layer_start,
+                layer_end=layer_end,
+                ranks=ranks,
+                micro_batch_size=micro_batch_sizes,
+                num_micro_batches=members(counts),
+                # A member holds 1/t of its group's share (``specs.plan``).
+                shard_fraction=members([fraction / degree for fraction in fractions]),
+                zero=zero,
+                recompute=recompute,
+                max_in_flight=None if max_in_flight is None else members(max_in_flight),
+                tensor_parallel_degree=degree,
+            )
+            sync = stage_comm(
+                profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
+            ).sync_s
+            busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
+            working = [t for c, t in zip(counts, pass_s, strict=True) if c]
+            optimizer = max(
+                optimizer_step_time_s(
+                    num_params=params * (fraction if zero.shards_optimizer else 1.0),
+                    device=device,
+                    optimizer=job.optimizer,
+                    curve=curve,
+                )
+                for device, fraction in zip(devices, fractions, strict=True)
+            )
+            choice = StageChoice(
+                stage=stage,
+                busy_s=busy,
+                sync_s=sync,
+                pass_s=max(working),
+                optimizer_s=optimizer,
+                round_trip_factor=round_trip_factor,
+            )
+            if best is None or choice.total_s < best.total_s:
+                best = choice
     return best
 
 

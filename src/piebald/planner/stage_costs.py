@@ -31,18 +31,19 @@ from piebald.cost.in_flight import (
     little_budget,
     mean_in_flight,
 )
-from piebald.cost.memory import stage_memory_bytes, stage_params_matrix
+from piebald.cost.memory import prefix_sums, stage_memory_bytes, stage_params_matrix
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
+from piebald.cost.tensor_comm import block_tensor_comm
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.range_memory import RangeMemory, RankKind
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
-from piebald.specs.model import ModelSpec
-from piebald.specs.plan import ZeroMode
+from piebald.specs.model import LayerKind, ModelSpec
+from piebald.specs.plan import ZeroMode, tensor_groups_inside_nodes, tensor_split_problem
 
 __all__ = ["StageCost", "memory_matrices", "stage_cost"]
 
@@ -106,108 +107,31 @@ def stage_cost(
     ranks_to_end: int,
 ) -> StageCost:
     valid = _valid_ranges(model.num_layers + 1)
-    classes = Counter(cluster.device_of(rank) for rank in ranks)
-    num_micro_batches = job.global_batch_size / micro_batch_size
-    neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
-    # Weights and gradients travel in the group's common compute dtype (cost.precision).
-    wire_dtype = wire_dtype_of_devices(classes, precision=job.precision)
-    wire = float(wire_dtype.num_bytes)
-    params = _params(model)
-    on_wire = params * wire
-    has_params = params > 0
-    profile = ring_profile(cluster, ranks)
-    # The optimizer step is memory-bound and linear in the parameters a rank owns.
-    optimizer_per_param_s = max(
-        optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
-        for d in classes
-    )
     settings: list[_Setting] = []
-    for recompute in rules.recompute:
-        shapes = {
-            device: PassShape.for_job(
-                job, device=device, micro_batch_size=micro_batch_size, recompute=recompute
-            )
-            for device in classes
-        }
-        forward: dict[DeviceType, Ranges] = {}
-        backward: dict[DeviceType, Ranges] = {}
-        for device, shape in shapes.items():
-            forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
-        # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
-        # step) time their passes alike: the passes and what follows from them once each.
-        passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
-        for zero in rules.zero_modes:
-            # Per-pass ZeRO puts the ranks in lockstep: equal counts, one stage only
-            # (``specs.plan``), each pass as long as the slowest rank's.
-            lockstep = zero.per_pass and len(ranks) > 1
-            per_rank = num_micro_batches / len(ranks)
-            if lockstep and (num_stages > 1 or not float(per_rank).is_integer()):
-                continue
-            (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = _affine_comm(
-                profile, len(ranks), zero
-            )
-            key = (pre_a, pre_b, during_a, during_b, lockstep)
-            if key not in passes:
-                passes[key] = _passes(
-                    forward,
-                    backward,
-                    classes,
-                    # Per-pass traffic overlaps the pass, as in the exact stage and plan
-                    # estimate.
-                    before_forward_s=np.where(has_params, pre_a + pre_b * on_wire, 0.0),
-                    during_backward_s=np.where(has_params, during_a + during_b * on_wire, 0.0),
-                    num_micro_batches=num_micro_batches,
-                    ranks_to_end=ranks_to_end,
-                )
-                if lockstep:
-                    passes[key] = _in_lockstep(
-                        passes[key], classes, per_rank=per_rank, ranks_to_end=ranks_to_end
-                    )
-            timed = passes[key]
-            kinds = []
-            for device, count in classes.items():
-                free, per_in_flight, sharded = _memory_ranges(
-                    model,
-                    shape=shapes[device],
-                    optimizer=job.optimizer,
-                    zero=zero,
-                    neighbors=neighbors,
-                    wire=wire_dtype,
-                    curve=curve,
-                )
-                kinds.append(
-                    RankKind(
-                        count=count,
-                        free_bytes=free,
-                        per_in_flight_bytes=per_in_flight,
-                        sharded_bytes=sharded,
-                        micro_batches=timed.micro_batches[device],
-                        little=timed.little[device],
-                    )
-                )
-            memory = RangeMemory(
-                kinds=kinds,
-                even_shards=rules.even_shards or zero.replicated,
-                num_ranks=len(ranks),
-            )
-            owned = 1.0 / len(ranks) if zero.shards_optimizer else 1.0
-            settings.append(
-                _Setting(
-                    busy=timed.busy,
-                    sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0),
-                    slowest=timed.slowest,
-                    # The optimizer step stays out of the DP's cost: the step pays the
-                    # slowest stage's once, a max of its own, which the pipeline proxy adds.
-                    optimizer=params * owned * optimizer_per_param_s,
-                    memory=memory,
-                    fits_little=memory.fits(None),
-                )
+    for degree in rules.tensor_parallel_degrees:
+        if degree == 1 or (
+            tensor_split_problem(model.arch, degree) is None
+            and tensor_groups_inside_nodes(cluster, ranks, degree)
+        ):
+            settings += _settings(
+                cluster,
+                model=model,
+                job=job,
+                ranks=ranks,
+                degree=degree,
+                micro_batch_size=micro_batch_size,
+                stage_index=stage_index,
+                num_stages=num_stages,
+                rules=rules,
+                curve=curve,
+                # Little's law counts the stage's tensor groups (one pipeline lane each).
+                ranks_to_end=ranks_to_end - len(ranks) + len(ranks) // degree,
             )
     # The cheapest setting for each range (``chosen``: its index, -1 for none); of equals,
     # the one with the shorter optimizer step (ZeRO-1 syncs as much as none, a reduce-scatter
     # and an all-gather for an all-reduce, and steps a shard), as the exact build chooses;
     # Little's in-flight budget wherever some setting fits with it ...
-    num_ranges = len(params)
+    num_ranges = int(valid.sum())
     best = np.full(num_ranges, np.inf)
     best_optimizer = np.full(num_ranges, np.inf)
     chosen = np.full(num_ranges, -1)
@@ -256,6 +180,140 @@ def stage_cost(
         optimizer_s=matrix(optimizer_s, 0.0),
         rounds=matrix(best_rounds, 0.0),
     )
+
+
+def _settings(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    ranks: tuple[int, ...],
+    degree: int,
+    micro_batch_size: int,
+    stage_index: int,
+    num_stages: int,
+    rules: StageRules,
+    curve: EfficiencyCurve,
+    ranks_to_end: int,
+) -> list[_Setting]:
+    """Every (recompute, ZeRO mode) of the stage at tensor-parallel ``degree``, priced
+    for every layer range: its tensor groups are the stage's data-parallel ranks, each
+    computing its slice of the blocks (``ModelSpec.layers_at``) and meeting its group in
+    every block (``cost.tensor_comm``)."""
+    leaders = ranks[::degree]  # one per tensor group; the stage's data parallelism is theirs
+    classes = Counter(cluster.device_of(rank) for rank in leaders)
+    num_micro_batches = job.global_batch_size / micro_batch_size
+    neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
+    # Weights and gradients travel in the group's common compute dtype (cost.precision).
+    wire_dtype = wire_dtype_of_devices(classes, precision=job.precision)
+    wire = float(wire_dtype.num_bytes)
+    params = _params(model, degree)
+    on_wire = params * wire
+    has_params = params > 0
+    profile = ring_profile(cluster, leaders)  # one data-parallel group; all run at once
+    # A tensor group's ring per GPU type (its node's link), and the blocks in each range.
+    tensor_ring: dict[DeviceType, RingProfile] = {}
+    for i, leader in enumerate(leaders if degree > 1 else ()):
+        if cluster.device_of(leader) not in tensor_ring:
+            group = ranks[i * degree : (i + 1) * degree]
+            tensor_ring[cluster.device_of(leader)] = ring_profile(cluster, group)
+    blocks = _blocks(model)
+    # The optimizer step is memory-bound and linear in the parameters a rank owns.
+    optimizer_per_param_s = max(
+        optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
+        for d in classes
+    )
+    settings: list[_Setting] = []
+    for recompute in rules.recompute:
+        shapes = {
+            device: PassShape.for_job(
+                job,
+                device=device,
+                micro_batch_size=micro_batch_size,
+                recompute=recompute,
+                tensor_parallel_degree=degree,
+            )
+            for device in classes
+        }
+        forward: dict[DeviceType, Ranges] = {}
+        backward: dict[DeviceType, Ranges] = {}
+        for device, shape in shapes.items():
+            forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
+            if degree > 1:
+                comm = block_tensor_comm(model, shape=shape, ring=tensor_ring[device])
+                forward[device] = forward[device] + blocks * comm.forward_s
+                backward[device] = backward[device] + blocks * comm.backward_s
+        # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
+        # step) time their passes alike: the passes and what follows from them once each.
+        passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
+        for zero in rules.zero_modes:
+            # Per-pass ZeRO puts the ranks in lockstep: equal counts, one stage only
+            # (``specs.plan``), each pass as long as the slowest rank's.
+            lockstep = zero.per_pass and len(leaders) > 1
+            per_rank = num_micro_batches / len(leaders)
+            if lockstep and (num_stages > 1 or not float(per_rank).is_integer()):
+                continue
+            (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = _affine_comm(
+                profile, len(leaders), zero
+            )
+            key = (pre_a, pre_b, during_a, during_b, lockstep)
+            if key not in passes:
+                passes[key] = _passes(
+                    forward,
+                    backward,
+                    classes,
+                    # Per-pass traffic overlaps the pass, as in the exact stage and plan
+                    # estimate.
+                    before_forward_s=np.where(has_params, pre_a + pre_b * on_wire, 0.0),
+                    during_backward_s=np.where(has_params, during_a + during_b * on_wire, 0.0),
+                    num_micro_batches=num_micro_batches,
+                    ranks_to_end=ranks_to_end,
+                )
+                if lockstep:
+                    passes[key] = _in_lockstep(
+                        passes[key], classes, per_rank=per_rank, ranks_to_end=ranks_to_end
+                    )
+            timed = passes[key]
+            kinds = []
+            for device, count in classes.items():
+                free, per_in_flight, sharded = _memory_ranges(
+                    model,
+                    shape=shapes[device],
+                    optimizer=job.optimizer,
+                    zero=zero,
+                    neighbors=neighbors,
+                    wire=wire_dtype,
+                    curve=curve,
+                )
+                kinds.append(
+                    RankKind(
+                        count=count,
+                        free_bytes=free,
+                        per_in_flight_bytes=per_in_flight,
+                        sharded_bytes=sharded,
+                        micro_batches=timed.micro_batches[device],
+                        little=timed.little[device],
+                    )
+                )
+            memory = RangeMemory(
+                kinds=kinds,
+                even_shards=rules.even_shards or zero.replicated,
+                num_ranks=len(leaders),
+            )
+            owned = 1.0 / len(leaders) if zero.shards_optimizer else 1.0
+            settings.append(
+                _Setting(
+                    busy=timed.busy,
+                    sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0),
+                    slowest=timed.slowest,
+                    # The optimizer step stays out of the DP's cost: the step pays the
+                    # slowest stage's once, a max of its own, which the pipeline proxy adds.
+                    optimizer=params * owned * optimizer_per_param_s,
+                    memory=memory,
+                    fits_little=memory.fits(None),
+                )
+            )
+    return settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -341,9 +399,17 @@ def _read_only_ranges(matrix: Matrix) -> Ranges:
 
 
 @functools.lru_cache(maxsize=64)
-def _params(model: ModelSpec) -> Ranges:
-    """Parameters a stage of each layer range stores (``stage_params_matrix``)."""
-    return _read_only_ranges(stage_params_matrix(model))
+def _params(model: ModelSpec, degree: int) -> Ranges:
+    """Parameters a rank of a stage of each layer range stores (``stage_params_matrix``),
+    at tensor-parallel ``degree``."""
+    return _read_only_ranges(stage_params_matrix(model, tensor_parallel_degree=degree))
+
+
+@functools.lru_cache(maxsize=64)
+def _blocks(model: ModelSpec) -> Ranges:
+    """Transformer blocks in each layer range (read-only)."""
+    prefix = prefix_sums([float(layer.kind is LayerKind.BLOCK) for layer in model.layers])
+    return _read_only_ranges(prefix[None, :] - prefix[:, None])
 
 
 @functools.lru_cache(maxsize=1024)

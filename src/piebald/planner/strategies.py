@@ -15,12 +15,20 @@ import numpy.typing as npt
 
 from piebald.planner.partition import split_layers, uniform_bounds
 from piebald.planner.stage_builder import StageRules
-from piebald.specs.plan import ZeroMode
+from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode
 
-__all__ = ["BASELINES", "PIEBALD", "STRATEGIES", "Strategy", "with_zero_mode"]
+__all__ = [
+    "BASELINES",
+    "PIEBALD",
+    "STRATEGIES",
+    "Strategy",
+    "with_tensor_parallel",
+    "with_zero_mode",
+]
 
 _NOT_SHARDED = (ZeroMode.NONE,)
 _DISTRIBUTED_OPTIMIZER = (ZeroMode.NONE, ZeroMode.OPTIMIZER)
+_TENSOR_PARALLEL = TENSOR_PARALLEL_DEGREES  # Megatron-style tensor groups inside a node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,22 +78,27 @@ class Strategy:
 PIEBALD = Strategy(
     name="piebald",
     description="asymmetric stages, mixed types, uneven layers, per-GPU micro-batches and "
-    "sizes, uneven shards, ZeRO mode and recompute per stage, idle groups when faster",
+    "sizes, uneven shards, ZeRO mode, recompute and tensor parallelism per stage, idle "
+    "groups when faster",
     allow_idle_groups=True,
     per_rank_micro_batch=True,
     seed_with_baselines_up_to=16,
+    stage_rules=StageRules(tensor_parallel_degrees=_TENSOR_PARALLEL),
 )
 
 BASELINES: tuple[Strategy, ...] = (
     Strategy(
         name="megatron",
         description="uniform layers, equal DP degree per stage, equal micro-batches, "
-        "slowest GPUs dropped to form a grid (Megatron-LM)",
+        "tensor parallelism, slowest GPUs dropped to form a grid (Megatron-LM)",
         uniform_layers=True,
         equal_stage_sizes=True,
         grid_drop=True,
         stage_rules=StageRules(
-            zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True, equal_micro_batches=True
+            zero_modes=_DISTRIBUTED_OPTIMIZER,
+            even_shards=True,
+            equal_micro_batches=True,
+            tensor_parallel_degrees=_TENSOR_PARALLEL,
         ),
     ),
     Strategy(
@@ -111,23 +124,35 @@ BASELINES: tuple[Strategy, ...] = (
     ),
     Strategy(
         name="metis",
-        description="pipeline of type-homogeneous stages, uneven layers, no ZeRO (Metis)",
+        description="pipeline of type-homogeneous stages, uneven layers, tensor "
+        "parallelism, no ZeRO (Metis)",
         type_homogeneous_stages=True,
-        stage_rules=StageRules(zero_modes=_NOT_SHARDED, even_shards=True),
+        stage_rules=StageRules(
+            zero_modes=_NOT_SHARDED, even_shards=True, tensor_parallel_degrees=_TENSOR_PARALLEL
+        ),
     ),
     Strategy(
         name="sailor",
-        description="uniform layers, stages of mixed GPU types with per-GPU batch (Sailor)",
+        description="uniform layers, stages of mixed GPU types with per-GPU batch, tensor "
+        "parallelism (Sailor)",
         uniform_layers=True,
-        stage_rules=StageRules(zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True),
+        stage_rules=StageRules(
+            zero_modes=_DISTRIBUTED_OPTIMIZER,
+            even_shards=True,
+            tensor_parallel_degrees=_TENSOR_PARALLEL,
+        ),
     ),
     Strategy(
         name="holmes",
-        description="stages follow NIC classes and sites, uniform layers, equal batch (Holmes)",
+        description="stages follow NIC classes and sites, uniform layers, equal batch, "
+        "tensor parallelism (Holmes)",
         uniform_layers=True,
         domain_stages=True,
         stage_rules=StageRules(
-            zero_modes=_DISTRIBUTED_OPTIMIZER, even_shards=True, equal_micro_batches=True
+            zero_modes=_DISTRIBUTED_OPTIMIZER,
+            even_shards=True,
+            equal_micro_batches=True,
+            tensor_parallel_degrees=_TENSOR_PARALLEL,
         ),
     ),
     Strategy(
@@ -151,3 +176,15 @@ def with_zero_mode(strategy: Strategy, zero: ZeroMode | None) -> Strategy | None
     if zero not in strategy.stage_rules.zero_modes:
         return None
     return replace(strategy, stage_rules=replace(strategy.stage_rules, zero_modes=(zero,)))
+
+
+def with_tensor_parallel(strategy: Strategy, degree: int | None) -> Strategy | None:
+    """``strategy`` with every stage at tensor-parallel ``degree`` (``plan
+    --tensor-parallel``), unchanged for None, and None where the strategy cannot express
+    that degree (the baselines without tensor parallelism, above 1)."""
+    if degree is None:
+        return strategy
+    if degree not in strategy.stage_rules.tensor_parallel_degrees:
+        return None
+    rules = replace(strategy.stage_rules, tensor_parallel_degrees=(degree,))
+    return replace(strategy, stage_rules=rules)

@@ -511,7 +511,7 @@ def _validate_lockstep(plan: Plan, where: str, stage: Stage) -> None:
     one pass pattern. One stage alternates forward and backward on every rank, and GPipe
     runs all forwards then all backwards; a 1F1B pipeline orders each rank's passes by
     when its inputs arrive, which differs between ranks, so it is not allowed there."""
-    if not stage.zero.per_pass or len(stage.ranks) == 1:
+    if not stage.zero.per_pass or len(stage.leaders) == 1:  # one data-parallel rank
         return
     counts = stage.num_micro_batches
     if len(set(counts)) > 1 or counts[0] < 1:

@@ -41,7 +41,13 @@ from piebald.planner.search.settings import SearchSettings
 from piebald.planner.search.state import SearchState
 from piebald.planner.search.structures import grid_candidates, scan_depths
 from piebald.planner.search_units import Unit, build_units, unit_orders
-from piebald.planner.strategies import BASELINES, PIEBALD, Strategy, with_zero_mode
+from piebald.planner.strategies import (
+    BASELINES,
+    PIEBALD,
+    Strategy,
+    with_tensor_parallel,
+    with_zero_mode,
+)
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
@@ -62,6 +68,7 @@ def search(
     progress: Progress | None = None,
     seeds: Sequence[ScoredPlan] | None = None,
     zero: ZeroMode | None = None,
+    tensor_parallel: int | None = None,
 ) -> SearchResult:
     """The plan with the highest predicted tokens/s that fits every GPU's memory.
 
@@ -72,14 +79,22 @@ def search(
 
     ``zero`` restricts every stage to that ZeRO mode (``plan --zero``), the baselines that
     seed the search too; a strategy that cannot express it is a ``ValueError``.
+    ``tensor_parallel`` likewise restricts every stage to that tensor-parallel degree
+    (``plan --tensor-parallel``).
     """
     started = time.perf_counter()
     check_job_fits_model(job, model)
-    strategy = _restricted(strategy, zero)
+    strategy = _restricted(strategy, zero, tensor_parallel)
     settings = SearchSettings.for_cluster(cluster.num_gpus)
     if seeds is None:
         seeds = seed_with_baselines(
-            cluster, model=model, job=job, strategy=strategy, curve=curve, zero=zero
+            cluster,
+            model=model,
+            job=job,
+            strategy=strategy,
+            curve=curve,
+            zero=zero,
+            tensor_parallel=tensor_parallel,
         )
     state = SearchState(
         cluster, model=model, job=job, strategy=strategy, curve=curve, settings=settings
@@ -100,14 +115,20 @@ def search(
     return finish(state, scored, started_s=started)
 
 
-def _restricted(strategy: Strategy, zero: ZeroMode | None) -> Strategy:
+def _restricted(strategy: Strategy, zero: ZeroMode | None, tensor_parallel: int | None) -> Strategy:
     restricted = with_zero_mode(strategy, zero)
     if restricted is None:
         raise ValueError(
             f"strategy {strategy.name} cannot use ZeRO mode {zero}; it allows "
             f"{', '.join(m.value for m in strategy.stage_rules.zero_modes)}"
         )
-    return restricted
+    with_degree = with_tensor_parallel(restricted, tensor_parallel)
+    if with_degree is None:
+        raise ValueError(
+            f"strategy {strategy.name} cannot use tensor-parallel degree {tensor_parallel}; "
+            f"it allows {list(strategy.stage_rules.tensor_parallel_degrees)}"
+        )
+    return with_degree
 
 
 def seed_with_baselines(
@@ -118,14 +139,18 @@ def seed_with_baselines(
     strategy: Strategy,
     curve: EfficiencyCurve,
     zero: ZeroMode | None,
+    tensor_parallel: int | None = None,
 ) -> list[ScoredPlan]:
-    """Phase 1. The best plan of every baseline that can express ``zero`` and finds one,
-    where ``strategy`` seeds with baselines on this cluster; none otherwise."""
+    """Phase 1. The best plan of every baseline that can express ``zero`` and
+    ``tensor_parallel`` and finds one, where ``strategy`` seeds with baselines on this
+    cluster; none otherwise."""
     if not strategy.seeds_with_baselines(cluster.num_gpus):
         return []
     seeds = []
     for baseline in BASELINES:
         restricted = with_zero_mode(baseline, zero)
+        if restricted is not None:
+            restricted = with_tensor_parallel(restricted, tensor_parallel)
         if restricted is None:
             continue
         try:

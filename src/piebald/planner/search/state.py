@@ -145,8 +145,14 @@ class SearchState:
                 return None
             choices.append(choice)
         stages = tuple(choice.stage for choice in choices)
+        # Routes visit tensor groups by their leaders (``specs.plan``).
         orders = [
-            [stage.ranks[i] for i in weighted_round_robin(stage.num_micro_batches)]
+            [
+                stage.leaders[i]
+                for i in weighted_round_robin(
+                    stage.num_micro_batches[:: stage.tensor_parallel_degree]
+                )
+            ]
             for stage in stages
         ]
         routes = tuple(zip(*orders, strict=True))
