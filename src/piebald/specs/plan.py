@@ -48,6 +48,7 @@ __all__ = [
     "Schedule",
     "Stage",
     "ZeroMode",
+    "round_robin_routes",
     "tensor_groups_inside_nodes",
     "tensor_split_problem",
     "weighted_round_robin",
@@ -362,6 +363,20 @@ def weighted_round_robin(counts: Sequence[int]) -> list[int]:
         current[best] -= total
         order.append(best)
     return order
+
+
+def round_robin_routes(stages: Sequence[Stage]) -> tuple[tuple[int, ...], ...]:
+    """Routes that visit each stage's tensor groups (by their leaders) as often as their
+    micro-batch counts, interleaved by :func:`weighted_round_robin`; the stages must agree
+    on the number of micro-batches."""
+    orders = [
+        [
+            stage.leaders[i]
+            for i in weighted_round_robin(stage.num_micro_batches[:: stage.tensor_parallel_degree])
+        ]
+        for stage in stages
+    ]
+    return tuple(zip(*orders, strict=True))
 
 
 def _fail(field_name: str, value: object, expected: str) -> SpecError:

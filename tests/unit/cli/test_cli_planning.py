@@ -131,3 +131,43 @@ def test_plan_zero_errors_are_one_line() -> None:
         "plan", "--cluster", str(example_path()), *SMALL, "--zero", "full", "--strategy", "metis"
     )
     assert code == 2 and "strategy metis can use" in output and "Traceback" not in output
+
+
+def test_plan_tensor_parallel_restricts_every_stage(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, output = run_cli(
+        "plan",
+        "--cluster",
+        str(example_path()),
+        *SMALL,
+        "--tensor-parallel",
+        "2",
+        "--out",
+        str(out),
+    )
+    assert code == 0, output
+    plan = load_plan(out)
+    assert {stage.tensor_parallel_degree for stage in plan.stages} == {2}
+    for stage in plan.stages:
+        for group in stage.tensor_groups:
+            assert len({plan.cluster.node_of(rank).index for rank in group}) == 1
+    code, output = run_cli("explain", str(out))
+    assert code == 0 and "bottleneck" in output
+
+
+def test_plan_tensor_parallel_errors_are_one_line() -> None:
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--tensor-parallel", "3"
+    )
+    assert code == 2 and "--tensor-parallel" in output and "[1, 2, 4, 8]" in output
+    code, output = run_cli(
+        "plan",
+        "--cluster",
+        str(example_path()),
+        *SMALL,
+        "--tensor-parallel",
+        "2",
+        "--strategy",
+        "zorse",
+    )
+    assert code == 2 and "no tensor parallelism" in output and "Traceback" not in output

@@ -50,7 +50,7 @@ from piebald.report.describe import describe_plan
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, Schedule, ZeroMode, weighted_round_robin
+from piebald.specs.plan import Plan, Schedule, ZeroMode, round_robin_routes
 from piebald.specs.presets import load_model
 
 ORACLE_SIZES = (1, 2, 4)
@@ -268,10 +268,13 @@ class _Oracle:
 
     def _optimizer_s(self, choice: StageChoice) -> float:
         stage = choice.stage
-        params = float(self.model.stage_params(stage.layer_start, stage.layer_end))
+        t = stage.tensor_parallel_degree  # a rank's slice, and its share of it (f x t)
+        params = float(
+            self.model.stage_params(stage.layer_start, stage.layer_end, tensor_parallel_degree=t)
+        )
         return max(
             optimizer_step_time_s(
-                num_params=params * (f if stage.zero is not ZeroMode.NONE else 1.0),
+                num_params=params * (f * t if stage.zero is not ZeroMode.NONE else 1.0),
                 device=self.cluster.device_of(rank),
                 optimizer=self.job.optimizer,
             )
@@ -280,16 +283,12 @@ class _Oracle:
 
     def _price(self, choices: list[StageChoice], bound_s: float) -> None:
         stages = tuple(choice.stage for choice in choices)
-        orders = [
-            [stage.ranks[i] for i in weighted_round_robin(stage.num_micro_batches)]
-            for stage in stages
-        ]
         plan = Plan(
             cluster=self.cluster,
             model=self.model,
             job=self.job,
             stages=stages,
-            routes=tuple(zip(*orders, strict=True)),
+            routes=round_robin_routes(stages),
             schedule=Schedule.ONE_F_ONE_B,
         )
         estimate = estimate_plan(plan)

@@ -18,7 +18,7 @@ from piebald.planner.structure_traffic import NodeSignatures, Signature, Structu
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, Schedule, weighted_round_robin
+from piebald.specs.plan import Plan, Schedule, round_robin_routes
 
 __all__ = ["SearchState"]
 
@@ -145,17 +145,7 @@ class SearchState:
                 return None
             choices.append(choice)
         stages = tuple(choice.stage for choice in choices)
-        # Routes visit tensor groups by their leaders (``specs.plan``).
-        orders = [
-            [
-                stage.leaders[i]
-                for i in weighted_round_robin(
-                    stage.num_micro_batches[:: stage.tensor_parallel_degree]
-                )
-            ]
-            for stage in stages
-        ]
-        routes = tuple(zip(*orders, strict=True))
+        routes = round_robin_routes(stages)
         plan = Plan(
             cluster=self.cluster,
             model=self.model,
