@@ -4,8 +4,8 @@ For each point of benchmarks/published.yaml (torchtitan, llm-foundry, Megatron-L
 llm.c runs on 8 to 128 identical H100s or A100s) this plans the same model, batch and
 sequence length on the same cluster with the strategy closest to what was run
 (``published_points.plan_choice``: zero-even with full sharding for FSDP, with ZeRO-1 for
-llm.c) and prints the cost model's tokens/s per GPU beside the measured figure. Runs that
-need tensor parallelism are listed as not expressible. Then the median and worst
+llm.c; runs with tensor parallelism as one stage of their TP degree) and prints the cost
+model's tokens/s per GPU beside the measured figure. Then the median and worst
 |predicted / measured - 1| over the expressible points, and the H100 / A100 ratio for
 llama-3-8b under FSDP (torchtitan) beside the measured one.
 
@@ -25,8 +25,11 @@ from dataclasses import dataclass, replace
 import piebald
 from piebald.cost.plan_fit import first_memory_overflow
 from piebald.errors import SpecError
-from piebald.planner.search import Infeasible
-from piebald.specs.plan import Plan
+from piebald.planner.search import Infeasible, search
+from piebald.planner.strategies import PIEBALD
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan, ZeroMode, round_robin_routes
 from published_points import (
     PublishedPoint,
     build_cluster,
@@ -68,17 +71,18 @@ def predict(point: PublishedPoint) -> Outcome:
     except ValueError as error:
         return _none(point, point.model, f"model not buildable: {error}")
     degree = tensor_parallel_degree(point)
-    if degree > 1:
-        return _none(point, model.name, f"not expressible (needs tensor parallelism, TP {degree})")
     try:
         cluster, cluster_notes = build_cluster(point)
     except ValueError as error:
         return _none(point, model.name, str(error))
     choice = plan_choice(point)
     try:
-        plan = piebald.plan(
-            cluster, model, build_job(point), strategy=choice.strategy, zero=choice.zero
-        )
+        if degree > 1:
+            plan = _one_tensor_parallel_stage(point, cluster, model, degree, choice.zero)
+        else:
+            plan = piebald.plan(
+                cluster, model, build_job(point), strategy=choice.strategy, zero=choice.zero
+            )
     except Infeasible as error:
         return _none(point, model.name, f"infeasible: {error}")
     plan, run_notes = as_run(plan, point)
@@ -87,6 +91,7 @@ def predict(point: PublishedPoint) -> Outcome:
     summary = (
         f"{choice.strategy}"
         + (f" --zero {choice.zero.value}" if choice.zero is not None else "")
+        + (f" TP {stage.tensor_parallel_degree}" if stage.tensor_parallel_degree > 1 else "")
         + f": {len(plan.stages)} stage(s), micro-batch {sorted(set(stage.micro_batch_size))} x "
         f"{sorted(set(stage.num_micro_batches))}, recompute {stage.recompute}"
     )
@@ -98,6 +103,25 @@ def predict(point: PublishedPoint) -> Outcome:
         plan_summary=summary,
         notes=model_notes + cluster_notes + run_notes,
     )
+
+
+def _one_tensor_parallel_stage(
+    point: PublishedPoint,
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    degree: int,
+    zero: ZeroMode | None,
+) -> Plan:
+    """The run's layout (every published TP point is one pipeline stage): one stage of
+    tensor groups of ``degree`` over the cluster, its data parallelism in ``zero`` (FSDP:
+    full; Megatron's distributed optimizer, which ``--overlap-param-gather`` implies:
+    optimizer; older Megatron: none); the micro-batch the planner picks where the source
+    does not say."""
+    if zero is None:
+        zero = ZeroMode.OPTIMIZER if "param-gather" in point.parallelism else ZeroMode.NONE
+    rules = replace(PIEBALD.stage_rules, zero_modes=(zero,), tensor_parallel_degrees=(degree,))
+    one_stage = replace(PIEBALD, name="one tensor-parallel stage", max_stages=1, stage_rules=rules)
+    return search(cluster, model=model, job=build_job(point), strategy=one_stage).best.plan
 
 
 def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
@@ -116,20 +140,17 @@ def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
         stage = replace(stage, recompute=recompute)
     n = len(stage.ranks)
     if point.micro_batch is not None:
-        per_rank = point.global_batch // n
-        if per_rank % point.micro_batch or per_rank == 0:
-            notes.append(f"micro-batch {point.micro_batch} does not divide {per_rank}: as planned")
+        # Per tensor group (all of its members run the same sequences).
+        per_group = point.global_batch // len(stage.leaders)
+        if per_group % point.micro_batch or per_group == 0:
+            notes.append(f"micro-batch {point.micro_batch} does not divide {per_group}: as planned")
         else:
             stage = replace(
                 stage,
                 micro_batch_size=(point.micro_batch,) * n,
-                num_micro_batches=(per_rank // point.micro_batch,) * n,
+                num_micro_batches=(per_group // point.micro_batch,) * n,
             )
-    routes = tuple(
-        (rank,)
-        for rank, count in zip(stage.ranks, stage.num_micro_batches, strict=True)
-        for _ in range(count)
-    )
+    routes = round_robin_routes((stage,))
     held = replace(plan, stages=(stage,), routes=routes, predicted=None)
     if first_memory_overflow(held) is not None:
         notes.append("the run as published does not fit piebald's memory model")

@@ -113,15 +113,22 @@ def test_gpt2_shaped_models_match_transformers_parameter_counts() -> None:
             assert model.num_params == mpt_params + gpt2_only, point.point_id
 
 
-def test_missing_gpu_type_and_tensor_parallelism_are_reported_not_planned() -> None:
+def test_a_missing_gpu_type_is_reported_not_planned() -> None:
     from published import predict
 
     by_id = {point.point_id: point for point in POINTS}
     missing = predict(dataclasses.replace(by_id["mpt-7b-8xa100-80"], gpu_name="B300"))
     assert missing.predicted_tokens_per_s_per_gpu is None
     assert missing.why_none is not None and "'B300'" in missing.why_none
-    tp = predict(by_id["tt-8b-64gpu-2d-bf16"])
-    assert tp.why_none == "not expressible (needs tensor parallelism, TP 8)"
+
+
+def test_a_tensor_parallel_point_is_planned_in_its_own_layout() -> None:
+    from published import predict
+
+    by_id = {point.point_id: point for point in POINTS}
+    tp = predict(by_id["megcore-7.1b-96xh100"])  # TP 2 x PP 1 x DP 48
+    assert tp.predicted_tokens_per_s_per_gpu is not None, tp.why_none
+    assert "TP 2: 1 stage(s)" in tp.plan_summary
 
 
 def test_unknown_point_id_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
