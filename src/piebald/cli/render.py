@@ -10,7 +10,7 @@ from piebald.report.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan
+from piebald.specs.plan import Plan, Stage
 from piebald.specs.units import format_bytes, format_rate
 
 __all__ = [
@@ -139,6 +139,15 @@ def models_table(models: list[ModelSpec], *, seq_len: int) -> Table:
     return table
 
 
+def _tensor_cell(stage: Stage, rank: int) -> str:
+    """The rank's tensor-parallel degree, its leader marked: ``2 (leader)``, ``2``; ``-``
+    at degree 1."""
+    t = stage.tensor_parallel_degree
+    if t == 1:
+        return "-"
+    return f"{t} (leader)" if stage.leader_of(rank) == rank else str(t)
+
+
 def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
     tokens_per_s = estimate.tokens_per_s
     mfu = model_flops_utilization(plan, tokens_per_s=tokens_per_s)
@@ -148,8 +157,9 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
         f"bottleneck {estimate.bottleneck}"
     )
     caption = (
-        "mbs: micro-batch size, #mb: micro-batches per step, shard: fraction of the "
-        "stage's training state, rc: recompute, busy: compute time / step time"
+        "tp: tensor-parallel degree (ranks per tensor group, its leader first), mbs: "
+        "micro-batch size, #mb: micro-batches per step, shard: fraction of the stage's "
+        "training state, rc: recompute, busy: compute time / step time"
     )
     table = Table(title=title, caption=caption)
     for column in (
@@ -157,6 +167,7 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
         "layers",
         "rank",
         "GPU",
+        "tp",
         "mbs",
         "#mb",
         "shard",
@@ -178,6 +189,7 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
                 f"{stage.layer_start}-{stage.layer_end - 1}" if first else "",
                 str(rank),
                 device.name,
+                _tensor_cell(stage, rank),
                 str(stage.micro_batch_size[position]),
                 str(stage.num_micro_batches[position]),
                 f"{stage.shard_fraction[position]:.3f}",
@@ -210,11 +222,13 @@ def explanation_tables(plan: Plan, explanation: Explanation) -> list[Table | str
     estimate = explanation.estimate
     step = estimate.step_time_s
     time_table = Table(
-        title=f"where the {step:.3f} s step goes (bottleneck: {estimate.bottleneck})"
+        title=f"where the {step:.3f} s step goes (bottleneck: {estimate.bottleneck}; "
+        "tp: tensor-parallel degree x tensor groups)"
     )
     for column in (
         "stage",
         "layers",
+        "tp",
         "compute",
         "bubble",
         "p2p to next",
@@ -226,6 +240,11 @@ def explanation_tables(plan: Plan, explanation: Explanation) -> list[Table | str
         time_table.add_row(
             str(stage.index),
             f"{stage.layers[0]}-{stage.layers[1] - 1}",
+            (
+                f"{stage.tensor_parallel_degree} x {stage.num_tensor_groups}"
+                if stage.tensor_parallel_degree > 1
+                else "-"
+            ),
             f"{stage.compute_s:.3f} s ({stage.compute_s / step:.0%})",
             f"{stage.bubble_s:.3f} s ({stage.bubble_s / step:.0%})",
             f"{stage.p2p_s:.3f} s",

@@ -15,10 +15,15 @@ NCCL), i.e. S becomes n * max(fraction) * S.
 A ring step does not move data at the link's full rate: NCCL's measured bus bandwidth is a
 fraction of it (:data:`BUS_EFFICIENCY`), so every ring runs at ``B * BUS_EFFICIENCY``.
 Point-to-point messages (pipeline hops) run at the link's rate.
+
+Several rings may cross the same NICs at once (a tensor-parallel stage's data-parallel
+groups, one per position of its tensor groups, span the same nodes and sync together):
+``ring_profile(..., rings_per_nic=n)`` gives each of them 1/n of every inter-node link.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -125,9 +130,13 @@ def _ring_over(links: Sequence[Link], num_ranks: int) -> _Ring:
     )
 
 
-def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
+def ring_profile(
+    cluster: ClusterSpec, ranks: Sequence[int], *, rings_per_nic: int = 1
+) -> RingProfile:
     """The flat ring in rank order (each node one flow in, one out) and, when every node
-    holds the same number of the group's GPUs, the hierarchical alternative."""
+    holds the same number of the group's GPUs, the hierarchical alternative.
+    ``rings_per_nic``: rings over the same nodes running at once, sharing each node's NIC
+    equally (inside a node every GPU has its own port)."""
     ordered = sorted(ranks)
     if len(ordered) <= 1:
         single = _Ring(num_ranks=len(ordered), bandwidth_bytes_per_s=1.0, latency_s=0.0)
@@ -144,7 +153,10 @@ def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
         links = [cluster.link_between(ordered[0], ordered[1])]
     else:  # (link_between remembers links by node pair; node_link would build them anew)
         firsts = [cluster.nodes[node].first_rank for node in nodes]
-        links = [cluster.link_between(firsts[i - 1], firsts[i]) for i in range(len(nodes))]
+        links = [
+            _shared(cluster.link_between(firsts[i - 1], firsts[i]), rings_per_nic)
+            for i in range(len(nodes))
+        ]
         links += [
             cluster.link_between(first, first + 1)
             for first, count in zip(firsts, by_node.values(), strict=True)
@@ -163,6 +175,13 @@ def ring_profile(cluster: ClusterSpec, ranks: Sequence[int]) -> RingProfile:
     )
     inter = _ring_over(links[: len(nodes)], len(nodes))  # the node-to-node links above
     return RingProfile(num_ranks=len(ordered), flat=flat, intra=intra, inter=inter)
+
+
+def _shared(link: Link, rings: int) -> Link:
+    """``link`` as each of ``rings`` rings crossing it at once sees it."""
+    if rings == 1:
+        return link
+    return dataclasses.replace(link, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s / rings)
 
 
 def collective_time_s(

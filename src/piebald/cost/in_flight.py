@@ -138,16 +138,20 @@ def in_flight_for_rounds(*, budget: Any, rank_micro_batches: Any, num_rounds: An
 
 
 def stage_in_flight(plan: Plan, stage_index: int) -> tuple[int, ...]:
-    """Each rank's in-flight budget in stage ``stage_index``: the plan's ``max_in_flight``
-    where the planner recorded one (a budget lowered to fit memory, or Little's without its
-    slack), else Little's law with its slack (:func:`in_flight_micro_batches`). The memory
-    estimate, the step-time estimate and the 1F1B schedule all hold a rank to this."""
+    """Each rank's in-flight budget in stage ``stage_index`` (a tensor group's members all
+    hold their leader's): the plan's ``max_in_flight`` where the planner recorded one (a
+    budget lowered to fit memory, or Little's without its slack), else Little's law with
+    its slack (:func:`in_flight_micro_batches`). The memory estimate, the step-time
+    estimate and the 1F1B schedule all hold a rank to this."""
     stage = plan.stages[stage_index]
     if stage.max_in_flight is not None:
         return stage.max_in_flight
-    downstream = ranks_to_end([s.num_micro_batches for s in plan.stages], stage_index)
-    total = sum(stage.num_micro_batches)
-    widths = [sum(1 for n in s.num_micro_batches if n) for s in plan.stages[stage_index:]]
+    # A tensor group runs as one rank of the pipeline (its members share its micro-batches):
+    # widths, ranks to the end and the stage's micro-batches count groups, by their leaders.
+    counts = [s.num_micro_batches[:: s.tensor_parallel_degree] for s in plan.stages]
+    downstream = ranks_to_end(counts, stage_index)
+    total = sum(counts[stage_index])
+    widths = [sum(1 for n in c if n) for c in counts[stage_index:]]
     slack = slack_of(schedule=plan.schedule, widths=widths)
     return tuple(
         in_flight_micro_batches(

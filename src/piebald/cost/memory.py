@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.data_parallel import data_parallel_shares
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.precision import stage_wire_dtype
 from piebald.specs.devices import DeviceType, Dtype
@@ -645,8 +646,7 @@ def plan_rank_memory(
     # A rank of a tensor group shares its slice with its data-parallel group; the plan's
     # fractions are of the whole stage (t of them per group), so each is t times its share.
     t = stage.tensor_parallel_degree
-    group = stage.data_parallel_group(rank)
-    shares = [stage.shard_fraction[stage.ranks.index(member)] * t for member in group]
+    shares = data_parallel_shares(stage, rank)
     return rank_memory(
         plan.model,
         shape=PassShape.for_job(

@@ -2,10 +2,13 @@
 
 Builds the step model's terms from a plan (``cost.step_model``, where the pipeline form,
 Little's bound, the horizon's fixed point and the exposed sync are written and cited): per
-stage, every rank's busy time, its pass (the per-pass ZeRO traffic it waits for
+stage, every rank's busy time, its pass (``cost.rank_pass``: its tensor slice's compute,
+its tensor group's collectives and input broadcast; the per-pass ZeRO traffic it waits for
 included), the round trips its in-flight budget forces (``cost.in_flight.stage_in_flight``),
-the stage's data-parallel sync priced by its ZeRO mode and its slowest optimizer step; per
-boundary, the exact traffic of the plan's routes (``cost.traffic.plan_traffic``).
+the stage's data-parallel sync priced by its ZeRO mode over one of its data-parallel
+groups (``cost.data_parallel``) and its slowest optimizer step; per boundary, the exact
+traffic of the plan's routes (``cost.traffic.plan_traffic``: leader to leader). A tensor
+group counts as one rank of the pipeline wherever the step model counts ranks.
 
 The simulator executes plans operation by operation and checks these numbers
 (benchmarks/simulate_scenarios.py).
@@ -15,16 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.data_parallel import owned_params, plan_stage_comm
 from piebald.cost.in_flight import num_round_trips, stage_in_flight
 from piebald.cost.memory import MemoryBreakdown, plan_rank_memory
-from piebald.cost.pass_shape import PassShape
-from piebald.cost.pass_times import pass_times
-from piebald.cost.precision import stage_wire_dtype
+from piebald.cost.rank_pass import plan_rank_pass
 from piebald.cost.step_model import Bottleneck, RoundTrip, StageTerms, settle
 from piebald.cost.traffic import plan_traffic
-from piebald.cost.zero_comm import stage_comm
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction
 
@@ -76,15 +76,7 @@ class _StageParts:
 
 def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _StageParts:
     stage = plan.stages[stage_index]
-    precision = plan.job.precision
-    params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
-    wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=precision).num_bytes
-    comm = stage_comm(
-        ring_profile(plan.cluster, stage.ranks),
-        shard_fractions=stage.shard_fraction,
-        zero=stage.zero,
-        state_bytes=params * wire,
-    )
+    comm = plan_stage_comm(plan, stage_index)
     before_forward_s, during_backward_s = comm.before_forward_s, comm.during_backward_s
     budgets = stage_in_flight(plan, stage_index)
     compute: dict[int, float] = {}
@@ -93,35 +85,34 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
     trips: dict[RoundTrip, None] = {}
     memory: dict[int, MemoryBreakdown] = {}
     pass_s = optimizer_s = 0.0
-    # Ranks of one type with the same shares cost the same: price each kind once.
-    pass_of: dict[tuple[DeviceType, int], float] = {}
+    # Ranks of one type and node group with the same shares cost the same: price each kind
+    # once (the node group sets a tensor group's link).
+    pass_of: dict[tuple[DeviceType, int, int], float] = {}
     memory_of: dict[tuple[DeviceType, int, int, float], MemoryBreakdown] = {}
     for index, rank in enumerate(stage.ranks):
         device = plan.cluster.device_of(rank)
         size, count = stage.micro_batch_size[index], stage.num_micro_batches[index]
         fraction = stage.shard_fraction[index]
-        if (device, size) not in pass_of:
-            shape = PassShape.for_job(
-                plan.job, device=device, micro_batch_size=size, recompute=stage.recompute
-            )
-            times = pass_times(plan.model, shape=shape, curve=curve)
-            forward_s = max(times.forward_s(stage.layer_start, stage.layer_end), before_forward_s)
-            backward_s = max(
-                times.backward_s(stage.layer_start, stage.layer_end), during_backward_s
-            )
-            pass_of[device, size] = forward_s + backward_s
-        compute[rank] = count * pass_of[device, size]
-        owned = params * (fraction if stage.zero.shards_optimizer else 1.0)
+        kind = (device, size, plan.cluster.gpus[rank].group_index)
+        if kind not in pass_of:
+            one = plan_rank_pass(plan, stage_index=stage_index, position=index, curve=curve)
+            forward_s = max(one.forward_s, before_forward_s)
+            backward_s = max(one.backward_s, during_backward_s)
+            pass_of[kind] = forward_s + backward_s
+        compute[rank] = count * pass_of[kind]
         optimizer_s = max(
             optimizer_s,
             optimizer_step_time_s(
-                num_params=owned, device=device, optimizer=plan.job.optimizer, curve=curve
+                num_params=owned_params(plan, stage_index, index),
+                device=device,
+                optimizer=plan.job.optimizer,
+                curve=curve,
             ),
         )
         in_flight = budgets[index]
         if count:
-            pass_s = max(pass_s, pass_of[device, size])
-            trip = RoundTrip(rounds=num_round_trips(count, in_flight), pass_s=pass_of[device, size])
+            pass_s = max(pass_s, pass_of[kind])
+            trip = RoundTrip(rounds=num_round_trips(count, in_flight), pass_s=pass_of[kind])
             trips[trip] = None
         key = (device, size, in_flight, fraction)
         if key not in memory_of:
@@ -132,7 +123,10 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
     terms = StageTerms(
         busy_s=max(compute.values()),
         pass_s=pass_s,
-        num_working_ranks=sum(1 for count in stage.num_micro_batches if count),
+        # A tensor group is one rank of the pipeline: count groups, by their leaders.
+        num_working_ranks=sum(
+            1 for count in stage.num_micro_batches[:: stage.tensor_parallel_degree] if count
+        ),
         round_trips=tuple(trips),
         sync_s=comm.sync_s,
         optimizer_s=optimizer_s,

@@ -10,13 +10,17 @@ __all__ = ["describe_plan"]
 
 
 def describe_plan(plan: Plan) -> str:
-    """``"2 stages: layers 0-8 on 2x A100-80GB (zero optimizer) | layers 9-17 on ..."``."""
+    """``"2 stages: layers 0-8 on 2x A100-80GB (zero optimizer) | layers 9-17 on ..."``; a
+    tensor-parallel stage says ``tp 2 x 4 groups``."""
     parts = []
     for stage in plan.stages:
         types = Counter(plan.cluster.device_of(rank).name for rank in stage.ranks)
         gpus = " + ".join(f"{count}x {name}" for name, count in types.items())
         sizes = sorted(set(stage.micro_batch_size))
         extras = [f"zero {stage.zero.value}"]
+        t = stage.tensor_parallel_degree
+        if t > 1:
+            extras.insert(0, f"tp {t} x {len(stage.tensor_groups)} groups")
         if stage.recompute:
             extras.append("recompute")
         extras.append("mbs " + "/".join(str(s) for s in sizes))

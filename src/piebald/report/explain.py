@@ -19,6 +19,8 @@ COMPUTE_BOUND_FRACTION = 0.9  # of the step: the GPU is the one everybody waits 
 class StageTime:
     index: int
     layers: tuple[int, int]
+    tensor_parallel_degree: int  # ranks per tensor group (1: none)
+    num_tensor_groups: int  # the stage's pipeline width: its tensor groups
     compute_s: float  # the stage's busiest GPU, per step
     bubble_s: float  # pipeline time that busiest GPU spends waiting
     p2p_s: float  # busy time of the link to the next stage
@@ -56,6 +58,8 @@ def explain_plan(plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> Expla
             StageTime(
                 index=index,
                 layers=(stage.layer_start, stage.layer_end),
+                tensor_parallel_degree=stage.tensor_parallel_degree,
+                num_tensor_groups=len(stage.tensor_groups),
                 compute_s=busiest,
                 bubble_s=max(0.0, estimate.pipeline_s - busiest),
                 p2p_s=stage_estimate.boundary_s,

@@ -46,6 +46,13 @@ parameter gather, and before a backward under ZeRO-2/3 the reduce-scatter of its
 (both stream layer by layer alongside their pass, so one pass ahead, no more). After a
 forward a rank sends the activation, after a backward the gradient of its input. The
 step ends with the stage's collectives and the optimizer step (see ``ops``).
+
+Tensor groups. Routes name a tensor group's leader, so the orders above, the dry run and
+every transfer are the leaders'. A follower's list is its leader's without the
+point-to-point operations: the same passes in the same order, which it runs in lockstep
+with its leader (their tensor all-reduces meet inside every pass; the leader hands the
+received input on as part of the pass, ``cost.rank_pass``), and the ZeRO traffic and
+step-end collectives of its own data-parallel group (``Stage.data_parallel_group``).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from piebald.cost.memory import RECEIVES_POSTED
 from piebald.errors import SpecError
 from piebald.schedule.network import StepMessages
 from piebald.schedule.ops import (
+    P2P_OPS,
     AllGatherParams,
     AllReduceGrads,
     Backward,
@@ -99,12 +107,20 @@ class StepSchedule:
 
 
 def _micro_batches_of(plan: Plan) -> dict[int, list[int]]:
-    """The micro-batches each rank runs, ascending."""
-    visits: dict[int, list[int]] = {rank: [] for rank in plan.used_ranks}
+    """The micro-batches each rank that routes name (a tensor group's leader) runs,
+    ascending."""
+    visits: dict[int, list[int]] = {rank: [] for stage in plan.stages for rank in stage.leaders}
     for j, route in enumerate(plan.routes):
         for rank in route:
             visits[rank].append(j)
     return visits
+
+
+def _leader_of(plan: Plan) -> dict[int, int]:
+    """Every used rank's tensor-group leader (itself at degree 1 and for leaders)."""
+    return {
+        rank: group[0] for stage in plan.stages for group in stage.tensor_groups for rank in group
+    }
 
 
 def _gpipe_orders(plan: Plan) -> dict[int, list[ComputeOp]]:
@@ -229,10 +245,14 @@ def one_f_one_b_dry_run(plan: Plan, prices: Prices) -> DryRun:
 
 
 def compute_orders(plan: Plan, prices: Prices) -> dict[int, list[ComputeOp]]:
-    """Forward and backward passes of every used rank, in the order it runs them."""
+    """Forward and backward passes of every used rank, in the order it runs them (a tensor
+    group's members in its leader's)."""
     if plan.schedule is Schedule.GPIPE:
-        return _gpipe_orders(plan)
-    return {rank: list(order) for rank, order in one_f_one_b_dry_run(plan, prices).orders.items()}
+        leaders = _gpipe_orders(plan)
+    else:
+        dry_run = one_f_one_b_dry_run(plan, prices)
+        leaders = {rank: list(order) for rank, order in dry_run.orders.items()}
+    return {rank: list(leaders[leader]) for rank, leader in _leader_of(plan).items()}
 
 
 def _receive(plan: Plan, op: ComputeOp) -> list[Op]:
@@ -249,7 +269,7 @@ def _channel_inputs(plan: Plan, op: ComputeOp) -> list[Op]:
     """A pass's per-pass ZeRO traffic: the parameter gather it streams (ZeRO-3) and the
     reduce-scatter that runs alongside a backward (ZeRO-2/3)."""
     stage = plan.stages[op.stage]
-    if len(stage.ranks) == 1:
+    if _data_parallel_size(plan, op.stage) == 1:
         return []
     ops: list[Op] = []
     if stage.zero.gathers_per_pass:
@@ -271,9 +291,15 @@ def _outputs(plan: Plan, rank: int, op: ComputeOp) -> list[Op]:
     return []
 
 
+def _data_parallel_size(plan: Plan, s: int) -> int:
+    """Ranks in each data-parallel group of stage ``s`` (its tensor groups)."""
+    stage = plan.stages[s]
+    return len(stage.ranks) // stage.tensor_parallel_degree
+
+
 def _step_end(plan: Plan, s: int) -> list[Op]:
     stage = plan.stages[s]
-    shared = len(stage.ranks) > 1  # a one-rank group has nothing to exchange
+    shared = _data_parallel_size(plan, s) > 1  # a one-rank group has nothing to exchange
     ops: list[Op] = []
     if shared and stage.zero.step_end_all_reduce:
         ops.append(AllReduceGrads(stage=s))
@@ -289,7 +315,11 @@ def build_schedule(plan: Plan, *, prices: Prices | None = None) -> StepSchedule:
     """The operations of every used rank for one step of ``plan`` (deterministic)."""
     prices = prices or Prices(plan)
     rank_ops: dict[int, tuple[Op, ...]] = {}
-    for rank, order in compute_orders(plan, prices).items():
+    orders = compute_orders(plan, prices)
+    leader_of = _leader_of(plan)
+    for rank, order in orders.items():
+        if leader_of[rank] != rank:
+            continue  # a follower: its leader's list, below
         # Passes by kind, in order: the k-th forward reads the receive posted when
         # forward k - RECEIVES_POSTED ended (at the step's start for the first ones).
         by_kind = {
@@ -312,6 +342,14 @@ def build_schedule(plan: Plan, *, prices: Prices | None = None) -> StepSchedule:
                 ops += _receive(plan, passes[run[type(op)] - 1 + RECEIVES_POSTED])
         ops += _step_end(plan, plan.stage_of_rank[rank])
         rank_ops[rank] = tuple(ops)
+    # A follower runs its leader's passes in lockstep (their collectives meet inside every
+    # pass) and its own data-parallel group's traffic, but talks to no other stage.
+    rank_ops = {
+        rank: rank_ops[rank]
+        if leader == rank
+        else tuple(op for op in rank_ops[leader] if not isinstance(op, P2P_OPS))
+        for rank, leader in leader_of.items()
+    }
     schedule = StepSchedule(kind=plan.schedule, rank_ops=rank_ops)
     check_schedule(plan, schedule)
     return schedule
@@ -344,10 +382,29 @@ def _check_lockstep(plan: Plan, schedule: StepSchedule) -> None:
             )
 
 
+def _check_followers(plan: Plan, schedule: StepSchedule) -> None:
+    """A tensor group's members run its leader's passes in its order and send and receive
+    nothing (its leader talks to the other stages for it)."""
+    for rank, leader in _leader_of(plan).items():
+        if rank == leader:
+            continue
+        ops = schedule.rank_ops.get(rank, ())
+        passes = [op for op in ops if isinstance(op, Forward | Backward)]
+        led = [op for op in schedule.rank_ops.get(leader, ()) if isinstance(op, Forward | Backward)]
+        talks = [op for op in ops if isinstance(op, P2P_OPS)]
+        if passes != led or talks:
+            raise _fail(
+                f"rank {rank}",
+                {"passes": passes[:4], "leader's": led[:4], "transfers": talks[:4]},
+                f"the passes of its tensor-group leader {leader}, in its order, and no transfers",
+            )
+
+
 def check_schedule(plan: Plan, schedule: StepSchedule) -> None:
     """Every send has one matching receive, every rank runs the forward and backward of
-    exactly the micro-batches routed through it, and the ranks of a ZeRO-2/3 stage run
-    their passes in one pattern (a deadlock is the engine's to find)."""
+    exactly the micro-batches routed through it (through its tensor-group leader), a
+    follower in its leader's order and without transfers, and the ranks of a ZeRO-2/3
+    stage run their passes in one pattern (a deadlock is the engine's to find)."""
     sends: dict[tuple[str, int, int, int], int] = {}
     recvs: dict[tuple[str, int, int, int], int] = {}
     for rank, ops in schedule.rank_ops.items():
@@ -368,7 +425,9 @@ def check_schedule(plan: Plan, schedule: StepSchedule) -> None:
             "each (kind, micro-batch, sender, receiver) sent once and received once",
         )
     _check_lockstep(plan, schedule)
-    expected = _micro_batches_of(plan)
+    _check_followers(plan, schedule)
+    routed = _micro_batches_of(plan)
+    expected = {rank: routed[leader] for rank, leader in _leader_of(plan).items()}
     for rank, micro_batches in expected.items():
         ops = schedule.rank_ops.get(rank, ())
         forwards = sorted(op.micro_batch for op in ops if isinstance(op, Forward))

@@ -20,7 +20,14 @@ A rank's schedule is a list of these, in issue order. The executor walks the lis
   own channel, which for a stage whose ranks make the same passes differs from the
   lockstep only by how long the faster ranks wait inside each pass. Once-per-step
   collectives (``AllReduceGrads``, ``ReduceScatterGrads``, ``AllGatherParams``) are
-  synchronised over the stage's ranks: they start when every rank has reached them.
+  synchronised over the rank's data-parallel group (the stage's ranks at tensor-parallel
+  degree 1, ``Stage.data_parallel_group``): they start when every member has reached them.
+
+A tensor group's members (tensor-parallel degree > 1) run the same passes of the same
+micro-batches together: a pass starts once every member has reached it, and it includes
+the group's all-reduces and the leader's broadcast of the input it received
+(``cost.rank_pass``). Only the leader sends and receives between stages; a follower's list
+has no point-to-point operations (``schedule.build``).
 
 The list (one concept per class, all frozen, hashable):
 

@@ -2,13 +2,14 @@
 
 The simulator must differ from the closed-form estimate (``piebald.cost.plan_estimate``)
 only through the schedule, never through prices, so every number here comes from the same
-functions with the same arguments: ``pass_times`` for compute, ``p2p_time_s``'s alpha-beta
-model over ``cluster.link_between`` for activation hops, ``stage_comm`` (the stage's state
-bytes and shard fractions over its ``ring_profile``) for collectives,
-``optimizer_step_time_s`` for the owned shard, ``rank_memory`` for memory (its activations
-measured where the curve carries measurements, as the planner's are).
-Ranks of one device type and micro-batch size in a stage cost the same, so each distinct
-operation is priced once.
+functions with the same arguments: ``plan_rank_pass`` for a pass (compute of the rank's
+tensor slice, its tensor group's collectives and input broadcast), ``p2p_time_s``'s
+alpha-beta model over ``cluster.link_between`` for activation hops, ``plan_stage_comm``
+(one data-parallel group's slice bytes and shares over its ring) for collectives,
+``optimizer_step_time_s`` of ``owned_params`` for the optimizer, ``plan_rank_memory`` for
+memory (its activations measured where the curve carries measurements, as the planner's
+are). Ranks of one device type and micro-batch size in a stage cost the same, so each
+distinct operation is priced once.
 
 A transfer also names the physical resources it occupies, so concurrent transfers can share
 them (``piebald.schedule.network``): inside a node each GPU's own port (NVLink and PCIe
@@ -22,15 +23,14 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from piebald.cost.comm import p2p_time_s, ring_profile
+from piebald.cost.comm import p2p_time_s
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
+from piebald.cost.data_parallel import owned_params, plan_stage_comm
 from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.link_resources import transfer_resources
 from piebald.cost.memory import plan_rank_memory
-from piebald.cost.pass_shape import PassShape
-from piebald.cost.pass_times import pass_times
-from piebald.cost.precision import activation_message_bytes, stage_wire_dtype
-from piebald.cost.zero_comm import StageComm, stage_comm
+from piebald.cost.precision import activation_message_bytes
+from piebald.cost.rank_pass import RankPass, plan_rank_pass
 from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan
@@ -58,57 +58,39 @@ class Prices:
     def __init__(self, plan: Plan, *, curve: EfficiencyCurve = DEFAULT_CURVE) -> None:
         self.plan = plan
         self.curve = curve
-        self.stages = tuple(self._stage_prices(index) for index in range(plan.num_stages))
-        self._forward: dict[int, float] = {}
-        self._backward: dict[int, float] = {}
+        self.stages = tuple(plan_stage_comm(plan, index) for index in range(plan.num_stages))
+        self._passes: dict[int, RankPass] = {}
         self._optimizer: dict[int, float] = {}
         self._memory: dict[int, tuple[float, float, int]] = {}
         self._transfers: dict[tuple[int, int], Transfer] = {}
-        pass_of: dict[tuple[DeviceType, int, int], tuple[float, float]] = {}
+        pass_of: dict[tuple[DeviceType, int, int, int], RankPass] = {}
         optimizer_of: dict[tuple[DeviceType, int, float], float] = {}
         memory_of: dict[tuple[DeviceType, int, int, float, int], tuple[float, float, int]] = {}
         for index, stage in enumerate(plan.stages):
-            params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
             for position, rank in enumerate(stage.ranks):
                 device = plan.cluster.device_of(rank)
                 size = stage.micro_batch_size[position]
                 fraction = stage.shard_fraction[position]
-                if (device, size, index) not in pass_of:
-                    shape = PassShape.for_job(
-                        plan.job, device=device, micro_batch_size=size, recompute=stage.recompute
+                # (The node group sets a tensor group's link: part of a pass's kind.)
+                kind = (device, size, index, plan.cluster.gpus[rank].group_index)
+                if kind not in pass_of:
+                    pass_of[kind] = plan_rank_pass(
+                        plan, stage_index=index, position=position, curve=curve
                     )
-                    times = pass_times(plan.model, shape=shape, curve=curve)
-                    pass_of[device, size, index] = (
-                        times.forward_s(stage.layer_start, stage.layer_end),
-                        times.backward_s(stage.layer_start, stage.layer_end),
-                    )
-                self._forward[rank], self._backward[rank] = pass_of[device, size, index]
-                owned = fraction if stage.zero.shards_optimizer else 1.0
-                if (device, index, owned) not in optimizer_of:
-                    optimizer_of[device, index, owned] = optimizer_step_time_s(
-                        num_params=params * owned,
+                self._passes[rank] = pass_of[kind]
+                if (device, index, fraction) not in optimizer_of:
+                    optimizer_of[device, index, fraction] = optimizer_step_time_s(
+                        num_params=owned_params(plan, index, position),
                         device=device,
                         optimizer=plan.job.optimizer,
                         curve=curve,
                     )
-                self._optimizer[rank] = optimizer_of[device, index, owned]
+                self._optimizer[rank] = optimizer_of[device, index, fraction]
                 count = stage.num_micro_batches[position]
                 key = (device, size, index, fraction, count)
                 if key not in memory_of:
                     memory_of[key] = self._rank_memory(index, position)
                 self._memory[rank] = memory_of[key]
-
-    def _stage_prices(self, index: int) -> StageComm:
-        plan = self.plan
-        stage = plan.stages[index]
-        params = float(plan.model.stage_params(stage.layer_start, stage.layer_end))
-        wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision)
-        return stage_comm(
-            ring_profile(plan.cluster, stage.ranks),
-            shard_fractions=stage.shard_fraction,
-            zero=stage.zero,
-            state_bytes=params * wire.num_bytes,  # as plan_estimate passes it
-        )
 
     def _rank_memory(self, index: int, position: int) -> tuple[float, float, int]:
         """(bytes held all step, bytes per micro-batch in flight, in-flight limit), as the
@@ -129,10 +111,20 @@ class Prices:
 
     # -- compute ---------------------------------------------------------------------
     def forward_s(self, rank: int) -> float:
-        return self._forward[rank]
+        """One forward pass: compute and tensor-parallel communication."""
+        return self._passes[rank].forward_s
 
     def backward_s(self, rank: int) -> float:
-        return self._backward[rank]
+        """One backward pass: compute and tensor-parallel communication."""
+        return self._passes[rank].backward_s
+
+    def tensor_forward_s(self, rank: int) -> float:
+        """The tensor-parallel communication inside one forward pass (0 at degree 1)."""
+        return self._passes[rank].tensor_forward_s
+
+    def tensor_backward_s(self, rank: int) -> float:
+        """The tensor-parallel communication inside one backward pass (0 at degree 1)."""
+        return self._passes[rank].tensor_backward_s
 
     def optimizer_s(self, rank: int) -> float:
         return self._optimizer[rank]

@@ -9,6 +9,12 @@ rate it gets on the resources it shares with concurrent transfers
 (``piebald.schedule.network``). Durations come from ``Prices`` (the planner's cost
 functions), so differences from the closed-form estimate come from the schedule alone.
 
+A tensor group's members (``Stage.tensor_groups``) run each pass together: a pass starts
+once every member has reached it with its inputs there (the leader's received input, each
+member's own gathers), on all members at once, since their all-reduces meet inside it. A
+pass's price includes the group's communication (``Prices.tensor_forward_s``); the
+timeline draws that share as its own segment at the pass's end ("tensor comm").
+
 When no event is left and some rank has operations left, the step cannot finish: the
 result carries a :class:`Deadlock` with every stuck rank, the operation it is stuck at, the
 ranks it waits for, and a cycle of ranks waiting on each other.
@@ -45,6 +51,7 @@ from piebald.schedule.ops import (
 )
 from piebald.schedule.prices import Prices
 from piebald.simulator.result import (
+    TENSOR_COMM,
     Deadlock,
     Interval,
     Lane,
@@ -80,6 +87,7 @@ class _RankState:
         "channel",
         "channel_busy",
         "computing",
+        "data_parallel_group",
         "end_s",
         "free_since",
         "gather_end",
@@ -93,12 +101,21 @@ class _RankState:
         "peak_bytes",
         "rank",
         "stage",
+        "tensor_group",
         "wait_reason",
         "waiting",
     )
 
-    def __init__(self, rank: int, stage: int, ops: tuple[Op, ...], static_bytes: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        stage: int,
+        ops: tuple[Op, ...],
+        static_bytes: float,
+        groups: tuple[tuple[int, ...], tuple[int, ...]],
+    ) -> None:
         self.rank, self.stage, self.ops = rank, stage, ops
+        self.tensor_group, self.data_parallel_group = groups
         self.pc = 0
         self.waiting = False
         self.computing = False
@@ -113,6 +130,20 @@ class _RankState:
         self.in_flight = 0
         self.peak_bytes = static_bytes
         self.busy_s = self.blocked_s = self.passes_s = self.end_s = 0.0
+
+
+def _groups_of(plan: Plan) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every used rank's tensor group and data-parallel group (``Stage``'s)."""
+    groups: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for stage in plan.stages:
+        t = stage.tensor_parallel_degree
+        # (Stage.data_parallel_group, one slice per position rather than a search per rank:
+        # a stage may hold a thousand ranks.)
+        by_position = [stage.ranks[offset::t] for offset in range(t)]
+        for tensor_group in stage.tensor_groups:
+            for offset, rank in enumerate(tensor_group):
+                groups[rank] = (tensor_group, by_position[offset])
+    return groups
 
 
 def _needs(ops: tuple[Op, ...]) -> dict[int, tuple[tuple[Hashable, int | None], ...]]:
@@ -140,10 +171,16 @@ def _needs(ops: tuple[Op, ...]) -> dict[int, tuple[tuple[Hashable, int | None], 
 class _Engine:
     def __init__(self, plan: Plan, schedule: StepSchedule, prices: Prices, record: bool) -> None:
         self.plan, self.prices, self.record = plan, prices, record
+        groups = _groups_of(plan)
         self.ranks = {
-            rank: _RankState(rank, plan.stage_of_rank[rank], ops, prices.static_memory_bytes(rank))
+            rank: _RankState(
+                rank, plan.stage_of_rank[rank], ops, prices.static_memory_bytes(rank), groups[rank]
+            )
             for rank, ops in schedule.rank_ops.items()
         }
+        # Per tensor group and pass (leader, forward?, micro-batch): the members that have
+        # reached it with their inputs there.
+        self.lockstep: dict[tuple[int, bool, int], list[_RankState]] = {}
         self.events: list[tuple[float, int, int, object, object]] = []
         self.sequence = 0
         self.now = 0.0
@@ -188,6 +225,9 @@ class _Engine:
                 if not ready:
                     state.waiting = True
                     return
+                if len(state.tensor_group) > 1 and isinstance(op, Forward | Backward):
+                    self.meet(state, op)
+                    return
                 state.waiting = False
                 state.pc += 1
                 self.start_compute(state, op)
@@ -203,6 +243,22 @@ class _Engine:
                 state.channel.append(op)
                 state.outstanding += 1
                 self.pump(state)
+
+    def meet(self, state: _RankState, op: Forward | Backward) -> None:
+        """``state`` has reached ``op`` with its inputs there: start it on every member of
+        its tensor group once all have."""
+        key = (state.tensor_group[0], isinstance(op, Forward), op.micro_batch)
+        arrived = self.lockstep.setdefault(key, [])
+        if state not in arrived:
+            arrived.append(state)
+        if len(arrived) < len(state.tensor_group):
+            state.waiting = True
+            return
+        del self.lockstep[key]
+        for member in arrived:
+            member.waiting = False
+            member.pc += 1
+            self.start_compute(member, op)
 
     def wake(self, state: _RankState, reason: int) -> None:
         if state.waiting and not state.computing:
@@ -238,18 +294,43 @@ class _Engine:
         state.computing = True
         self.push(end_s, _COMPUTE_DONE, state, op)
         if self.record:
+            self.record_compute(state, op, end_s)
+        if isinstance(op, Backward):
+            self.pump(state)  # its reduce-scatter may start now
+
+    def record_compute(
+        self, state: _RankState, op: Forward | Backward | OptimizerStep, end_s: float
+    ) -> None:
+        """The compute operation's interval; a pass's tensor-parallel communication as
+        its own segment at its end (it runs between the pass's kernels)."""
+        rank, label = state.rank, describe_op(op)
+        tensor_s = 0.0
+        if isinstance(op, Forward):
+            tensor_s = self.prices.tensor_forward_s(rank)
+        elif isinstance(op, Backward):
+            tensor_s = self.prices.tensor_backward_s(rank)
+        split_s = max(self.now, end_s - tensor_s)
+        self.intervals.append(
+            Interval(
+                rank=rank,
+                lane=Lane.COMPUTE,
+                kind=_KIND[type(op)],
+                label=label,
+                start_s=self.now,
+                end_s=split_s if tensor_s > 0 else end_s,
+            )
+        )
+        if tensor_s > 0:
             self.intervals.append(
                 Interval(
                     rank=rank,
                     lane=Lane.COMPUTE,
-                    kind=_KIND[type(op)],
-                    label=describe_op(op),
-                    start_s=self.now,
+                    kind=TENSOR_COMM,
+                    label=f"tp {label}",
+                    start_s=split_s,
                     end_s=end_s,
                 )
             )
-        if isinstance(op, Backward):
-            self.pump(state)  # its reduce-scatter may start now
 
     def compute_done(self, state: _RankState, op: object) -> None:
         state.computing = False
@@ -284,12 +365,12 @@ class _Engine:
         ):
             return
         if isinstance(op, _GROUP):
-            key = (state.stage, type(op))
+            key = (state.data_parallel_group[0], type(op))
             arrived = self.arrivals.setdefault(key, [])
             if state in arrived:
                 return
             arrived.append(state)
-            if len(arrived) < len(self.plan.stages[state.stage].ranks):
+            if len(arrived) < len(state.data_parallel_group):
                 return
             del self.arrivals[key]
             members = arrived
@@ -362,13 +443,18 @@ class _Engine:
             for key, provider in state.needs.get(state.pc, ()):
                 if key not in state.have:
                     blockers.add(provider if provider is not None else state.rank)
+            if isinstance(op, Forward | Backward) and not blockers:
+                meeting = (state.tensor_group[0], isinstance(op, Forward), op.micro_batch)
+                met = {s.rank for s in self.lockstep.get(meeting, [])}
+                blockers |= set(state.tensor_group) - met
             where = describe_op(op)
         else:
             where = "the end of its step"
         if state.channel and isinstance(state.channel[0], _GROUP):
             head = state.channel[0]
-            arrived = {s.rank for s in self.arrivals.get((state.stage, type(head)), [])}
-            blockers |= set(self.plan.stages[state.stage].ranks) - arrived
+            key = (state.data_parallel_group[0], type(head))
+            arrived = {s.rank for s in self.arrivals.get(key, [])}
+            blockers |= set(state.data_parallel_group) - arrived
             where += f" (channel: {describe_op(head)})"
         blockers.discard(state.rank)
         return Wait(rank=state.rank, operation=where, waits_for=tuple(sorted(blockers)))

@@ -3,7 +3,10 @@
 One row per GPU, grouped by stage (stages separated by lines and labelled), named with its
 rank and type. The compute stream is the tall bar; under it, thinner, the data-parallel
 channel (gathers, reduce-scatters, collectives) and the transfers the GPU sends. Colour
-says the kind of operation; a legend names them. Readable at a glance up to 64 GPUs.
+says the kind of operation; a legend names them. A pass of a tensor-parallel stage ends in
+a segment of its own colour: the share of the pass its tensor group spends communicating
+(its all-reduces, which run between the pass's kernels, drawn together). Readable at a
+glance up to 64 GPUs.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from piebald.figure_files import save_figure
-from piebald.simulator.result import Lane, SimulationResult
+from piebald.simulator.result import TENSOR_COMM, Lane, SimulationResult
 from piebald.specs.plan import Plan
 
 __all__ = ["KIND_COLOURS", "plot_gantt"]
@@ -23,6 +26,7 @@ KIND_COLOURS = {
     "forward": "#4e79a7",
     "backward": "#59a14f",
     "optimizer": "#b07aa1",
+    TENSOR_COMM: "#76b7b2",
     "gather": "#f28e2b",
     "reduce-scatter": "#e15759",
     "all-reduce": "#9c755f",
@@ -34,6 +38,7 @@ _LEGEND = {
     "forward": "forward pass",
     "backward": "backward pass",
     "optimizer": "optimizer step",
+    TENSOR_COMM: "tensor-parallel all-reduces and input broadcast (share of the pass)",
     "gather": "ZeRO-3 parameter gather",
     "reduce-scatter": "gradient reduce-scatter",
     "all-reduce": "gradient all-reduce",
@@ -89,7 +94,11 @@ def plot_gantt(
     if len(ranks) <= 16:  # name the micro-batches where the bars are wide enough
         for interval in result.intervals:
             width = (interval.end_s - interval.start_s) * scale
-            if interval.lane is Lane.COMPUTE and width > 0.009 * span:
+            if (
+                interval.lane is Lane.COMPUTE
+                and interval.kind != TENSOR_COMM
+                and (width > 0.009 * span)
+            ):
                 axes.text(
                     (interval.start_s * scale) + width / 2,
                     row_of[interval.rank] + 0.64,
@@ -109,7 +118,8 @@ def plot_gantt(
             1.005,
             (top + bottom) / 2,
             f"stage {index}\nlayers {stage.layer_start}-{stage.layer_end - 1}\n"
-            f"ZeRO {stage.zero.value}",
+            f"ZeRO {stage.zero.value}"
+            + (f", tp {stage.tensor_parallel_degree}" if stage.tensor_parallel_degree > 1 else ""),
             transform=axes.get_yaxis_transform(),
             va="center",
             ha="left",

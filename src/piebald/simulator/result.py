@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Deadlock", "Interval", "Lane", "RankStats", "SimulationResult", "Wait"]
+__all__ = ["TENSOR_COMM", "Deadlock", "Interval", "Lane", "RankStats", "SimulationResult", "Wait"]
+
+# The kind of a pass's tensor-parallel share on the compute lane: its tensor group's
+# all-reduces and input broadcast, drawn at the pass's end.
+TENSOR_COMM = "tensor comm"
 
 
 class Lane(StrEnum):
@@ -21,7 +25,7 @@ class Lane(StrEnum):
 class Interval:
     rank: int
     lane: Lane
-    kind: str  # forward, backward, send activation, gather, all-reduce, optimizer, ...
+    kind: str  # forward, backward, tensor comm, send activation, gather, all-reduce, ...
     label: str  # F3, B3, act 3 -> 5, ...
     start_s: float
     end_s: float

@@ -1,7 +1,9 @@
 """A simulated step as a Chrome / Perfetto trace (the JSON "Trace Event Format").
 
 One process per GPU, named ``rank 3 · A100-80GB · stage 1`` and sorted by stage, with three
-threads: the compute stream, the data-parallel channel, and the transfers it sends. Open
+threads: the compute stream, the data-parallel channel, and the transfers it sends. A pass
+of a tensor-parallel stage (``tp 2, leader 4`` in the process name) is followed on the
+compute thread by its tensor-parallel share ("tensor comm", ``tp F3``). Open
 the file at https://ui.perfetto.dev or chrome://tracing. Times are in microseconds.
 """
 
@@ -25,7 +27,9 @@ def chrome_trace(plan: Plan, result: SimulationResult) -> dict[str, Any]:
     for order, rank in enumerate(plan.used_ranks):  # stage by stage
         stage = plan.stage_of_rank[rank]
         device = plan.cluster.device_of(rank).name
-        name = f"rank {rank} · {device} · stage {stage}"
+        t = plan.stages[stage].tensor_parallel_degree
+        group = f" · tp {t}, leader {plan.stages[stage].leader_of(rank)}" if t > 1 else ""
+        name = f"rank {rank} · {device} · stage {stage}{group}"
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": name}})
         events.append(
             {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": order}}

@@ -126,6 +126,27 @@ def test_two_nodes_hierarchical_wins_with_fast_intra_links() -> None:
     assert time_s == pytest.approx(min(flat_s, hierarchical_s), rel=1e-12)
 
 
+@pytest.mark.parametrize("ranks", [[0, 2], [0, 1, 2, 3]])
+@pytest.mark.parametrize("kind", list(Collective))
+def test_rings_sharing_a_nic_see_a_nic_of_its_bandwidth_over_their_number(
+    ranks: list[int], kind: Collective
+) -> None:
+    # Two rings at once over nodes of 200 Gb/s NICs run as one ring over 100 Gb/s NICs
+    # (inside a node every GPU keeps its own port): the flat ring and the hierarchical one.
+    shared = ring_profile(_two_by_two_ib("100GB/s"), ranks, rings_per_nic=2)
+    nic = {"kind": "infiniband", "bandwidth": "100Gb/s", "latency": "10us"}
+    halved = _cluster(
+        [_group("ib", count=2, gpus=2, intra_link="100GB/s", intra_latency="5us", nic=nic)]
+    )
+    alone = ring_profile(halved, ranks)
+    assert shared.time_s(kind, num_bytes=1e9) == pytest.approx(
+        alone.time_s(kind, num_bytes=1e9), rel=1e-12
+    )
+    assert shared.time_s(kind, num_bytes=1e9) > ring_profile(
+        _two_by_two_ib("100GB/s"), ranks
+    ).time_s(kind, num_bytes=1e9)
+
+
 def test_two_nodes_reduce_scatter_hierarchical_has_one_intra_phase() -> None:
     cluster = _two_by_two_ib("100GB/s")
     size = 1e9

@@ -1,0 +1,139 @@
+"""One micro-batch's forward and backward through a stage on one of its ranks: the rank's
+compute of its tensor slice, its tensor group's collectives inside the pass, and the
+broadcast of the input its leader received.
+
+Compute is ``cost.pass_times`` of a shape of the stage's degree (one rank's slice of every
+block, ``ModelSpec.layers_at``), the block all-reduces ``cost.tensor_comm``'s. Only a
+group's leader talks to the neighbouring stages (routes name leaders): it receives the
+micro-batch's activation and, after the next stage's backward, the gradient of its output,
+and passes each on to its members before they can start (every member needs the whole
+input; the members of the sending group hold identical copies after their block's last
+all-reduce, so only one of them sends). The broadcast runs on the node's link: a pipelined
+broadcast moves every byte over each of the group's t - 1 hops once, with chunks in flight
+on all of them, so alpha per hop plus one message's S / B (:func:`group_broadcast_s`). The
+first stage reads its rows from the data on every member, and the last stage's loss is
+whole on every member (the head is not split): neither broadcasts.
+
+At degree 1 a pass is its compute alone. The plan estimate, the simulator's prices and
+(at given layer bounds) the planner price a rank's pass with :func:`rank_pass`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from piebald.cost.comm import RingProfile, p2p_time_s, ring_profile
+from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.pass_shape import PassShape
+from piebald.cost.pass_times import PassTimes, pass_times
+from piebald.cost.precision import activation_message_bytes
+from piebald.cost.tensor_comm import TensorComm, tensor_comm
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+
+__all__ = ["RankPass", "group_broadcast_s", "plan_rank_pass", "rank_pass"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankPass:
+    """One micro-batch's passes through a stage on one rank, by part."""
+
+    compute_forward_s: float
+    compute_backward_s: float  # a recomputed forward's included
+    tensor: TensorComm  # the block all-reduces
+    broadcast_forward_s: float  # the received activation, leader to members
+    broadcast_backward_s: float  # the received output gradient, leader to members
+
+    @property
+    def tensor_forward_s(self) -> float:
+        """The forward's tensor-parallel communication: all-reduces and broadcast."""
+        return self.tensor.forward_s + self.broadcast_forward_s
+
+    @property
+    def tensor_backward_s(self) -> float:
+        """The backward's tensor-parallel communication: all-reduces and broadcast."""
+        return self.tensor.backward_s + self.broadcast_backward_s
+
+    @property
+    def forward_s(self) -> float:
+        return self.compute_forward_s + self.tensor_forward_s
+
+    @property
+    def backward_s(self) -> float:
+        return self.compute_backward_s + self.tensor_backward_s
+
+    @property
+    def pass_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def group_broadcast_s(cluster: ClusterSpec, group: Sequence[int], *, num_bytes: float) -> float:
+    """A message of ``num_bytes`` from a tensor group's leader to its other members (none
+    for a group of one): alpha per hop plus S / B on the node's link."""
+    if len(group) <= 1:
+        return 0.0
+    link = cluster.link_between(group[0], group[1])
+    return p2p_time_s(num_bytes=num_bytes, link=link) + (len(group) - 2) * link.latency_s
+
+
+def rank_pass(
+    model: ModelSpec,
+    *,
+    start: int,
+    end: int,
+    shape: PassShape,
+    times: PassTimes,
+    ring: RingProfile,
+    broadcast_s: float,
+    receives_activation: bool,
+    receives_gradient: bool,
+) -> RankPass:
+    """The passes through layers [start, end) of a rank of shape ``shape`` (its degree
+    included), ``times`` its ``pass_times``, on a tensor group whose ring is ``ring`` and
+    whose leader broadcasts a received input in ``broadcast_s`` (``group_broadcast_s``),
+    an activation where the stage has one before it, a gradient where it has one after."""
+    return RankPass(
+        compute_forward_s=times.forward_s(start, end),
+        compute_backward_s=times.backward_s(start, end),
+        tensor=tensor_comm(model, start=start, end=end, shape=shape, ring=ring),
+        broadcast_forward_s=broadcast_s if receives_activation else 0.0,
+        broadcast_backward_s=broadcast_s if receives_gradient else 0.0,
+    )
+
+
+def plan_rank_pass(
+    plan: Plan, *, stage_index: int, position: int, curve: EfficiencyCurve = DEFAULT_CURVE
+) -> RankPass:
+    """:func:`rank_pass` of the rank at ``position`` of stage ``stage_index`` of ``plan``."""
+    stage = plan.stages[stage_index]
+    rank = stage.ranks[position]
+    device = plan.cluster.device_of(rank)
+    size = stage.micro_batch_size[position]
+    shape = PassShape.for_job(
+        plan.job,
+        device=device,
+        micro_batch_size=size,
+        recompute=stage.recompute,
+        tensor_parallel_degree=stage.tensor_parallel_degree,
+    )
+    group = stage.tensor_groups[position // stage.tensor_parallel_degree]
+    num_bytes = activation_message_bytes(
+        device,
+        precision=plan.job.precision,
+        micro_batch_size=size,
+        seq_len=plan.job.seq_len,
+        hidden_size=plan.model.arch.hidden_size,
+    )
+    return rank_pass(
+        plan.model,
+        start=stage.layer_start,
+        end=stage.layer_end,
+        shape=shape,
+        times=pass_times(plan.model, shape=shape, curve=curve),
+        ring=ring_profile(plan.cluster, group),
+        broadcast_s=group_broadcast_s(plan.cluster, group, num_bytes=num_bytes),
+        receives_activation=stage_index > 0,
+        receives_gradient=stage_index < plan.num_stages - 1,
+    )
