@@ -30,10 +30,11 @@ from piebald.cost.pass_times import PassTimes, pass_times
 from piebald.cost.precision import activation_message_bytes
 from piebald.cost.tensor_comm import TensorComm, tensor_comm
 from piebald.specs.cluster import ClusterSpec
+from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 
-__all__ = ["RankPass", "group_broadcast_s", "plan_rank_pass", "rank_pass"]
+__all__ = ["RankPass", "group_broadcast_s", "input_broadcast_s", "plan_rank_pass", "rank_pass"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +79,26 @@ def group_broadcast_s(cluster: ClusterSpec, group: Sequence[int], *, num_bytes: 
     return p2p_time_s(num_bytes=num_bytes, link=link) + (len(group) - 2) * link.latency_s
 
 
+def input_broadcast_s(
+    cluster: ClusterSpec,
+    group: Sequence[int],
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    micro_batch_size: int,
+) -> float:
+    """:func:`group_broadcast_s` of one micro-batch's stage input (or its gradient, the
+    same size) as ``group``'s leader passes it on."""
+    num_bytes = activation_message_bytes(
+        cluster.device_of(group[0]),
+        precision=job.precision,
+        micro_batch_size=micro_batch_size,
+        seq_len=job.seq_len,
+        hidden_size=model.arch.hidden_size,
+    )
+    return group_broadcast_s(cluster, group, num_bytes=num_bytes)
+
+
 def rank_pass(
     model: ModelSpec,
     *,
@@ -119,13 +140,6 @@ def plan_rank_pass(
         tensor_parallel_degree=stage.tensor_parallel_degree,
     )
     group = stage.tensor_groups[position // stage.tensor_parallel_degree]
-    num_bytes = activation_message_bytes(
-        device,
-        precision=plan.job.precision,
-        micro_batch_size=size,
-        seq_len=plan.job.seq_len,
-        hidden_size=plan.model.arch.hidden_size,
-    )
     return rank_pass(
         plan.model,
         start=stage.layer_start,
@@ -133,7 +147,9 @@ def plan_rank_pass(
         shape=shape,
         times=pass_times(plan.model, shape=shape, curve=curve),
         ring=ring_profile(plan.cluster, group),
-        broadcast_s=group_broadcast_s(plan.cluster, group, num_bytes=num_bytes),
+        broadcast_s=input_broadcast_s(
+            plan.cluster, group, model=plan.model, job=plan.job, micro_batch_size=size
+        ),
         receives_activation=stage_index > 0,
         receives_gradient=stage_index < plan.num_stages - 1,
     )

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from piebald.cost.comm import RingProfile, ring_profile
+from piebald.cost.comm import ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_time_s
 from piebald.cost.in_flight import (
     in_flight_for_rounds,
@@ -35,7 +35,7 @@ from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
-from piebald.cost.tensor_comm import NO_TENSOR_COMM, tensor_comm
+from piebald.cost.rank_pass import input_broadcast_s, rank_pass
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
@@ -225,13 +225,12 @@ def _build_at_degree(
     wire_bytes = params * wire_dtype.num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
     even = tuple(1.0 / len(leaders) for _ in leaders)
-    profile = ring_profile(cluster, leaders)  # one data-parallel group; all run at once
-    tensor_ring: dict[DeviceType, RingProfile] = {}
-    for index, device in enumerate(devices if degree > 1 else ()):
-        if device not in tensor_ring:
-            tensor_ring[device] = ring_profile(
-                cluster, ranks[index * degree : (index + 1) * degree]
-            )
+    # One data-parallel group; the stage's t of them run at once, sharing the NICs.
+    profile = ring_profile(cluster, leaders, rings_per_nic=degree)
+    # A tensor group of each GPU type (all of a type sit in alike nodes of its group).
+    tensor_group: dict[DeviceType, tuple[int, ...]] = {}
+    for index, device in enumerate(devices):
+        tensor_group.setdefault(device, ranks[index * degree : (index + 1) * degree])
     best: StageChoice | None = None
     for recompute in rules.recompute:
         # Groups of one device type and micro-batch size pass alike: one shape and one
@@ -248,25 +247,21 @@ def _build_at_degree(
                     recompute=recompute,
                     tensor_parallel_degree=degree,
                 )
-                times = pass_times(model, shape=shape, curve=curve)
-                comm = (
-                    tensor_comm(
-                        model,
-                        start=layer_start,
-                        end=layer_end,
-                        shape=shape,
-                        ring=tensor_ring[device],
-                    )
-                    if degree > 1
-                    else NO_TENSOR_COMM
-                )
-                of_kind[key] = (
-                    shape,
-                    (
-                        times.forward_s(layer_start, layer_end) + comm.forward_s,
-                        times.backward_s(layer_start, layer_end) + comm.backward_s,
+                group = tensor_group[device]
+                passes = rank_pass(
+                    model,
+                    start=layer_start,
+                    end=layer_end,
+                    shape=shape,
+                    times=pass_times(model, shape=shape, curve=curve),
+                    ring=ring_profile(cluster, group),
+                    broadcast_s=input_broadcast_s(
+                        cluster, group, model=model, job=job, micro_batch_size=size
                     ),
+                    receives_activation=stage_index > 0,
+                    receives_gradient=stage_index < num_stages - 1,
                 )
+                of_kind[key] = (shape, (passes.forward_s, passes.backward_s))
             shape, compute = of_kind[key]
             shapes.append(shape)
             compute_s.append(compute)

@@ -35,6 +35,7 @@ from piebald.cost.memory import prefix_sums, stage_memory_bytes, stage_params_ma
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
+from piebald.cost.rank_pass import input_broadcast_s
 from piebald.cost.tensor_comm import block_tensor_comm
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.range_memory import RangeMemory, RankKind
@@ -210,13 +211,12 @@ def _settings(
     params = _params(model, degree)
     on_wire = params * wire
     has_params = params > 0
-    profile = ring_profile(cluster, leaders)  # one data-parallel group; all run at once
-    # A tensor group's ring per GPU type (its node's link), and the blocks in each range.
-    tensor_ring: dict[DeviceType, RingProfile] = {}
+    # One data-parallel group; the stage's t of them run at once, sharing the NICs.
+    profile = ring_profile(cluster, leaders, rings_per_nic=degree)
+    # A tensor group per GPU type (its node's link), and the blocks in each range.
+    tensor_group: dict[DeviceType, tuple[int, ...]] = {}
     for i, leader in enumerate(leaders if degree > 1 else ()):
-        if cluster.device_of(leader) not in tensor_ring:
-            group = ranks[i * degree : (i + 1) * degree]
-            tensor_ring[cluster.device_of(leader)] = ring_profile(cluster, group)
+        tensor_group.setdefault(cluster.device_of(leader), ranks[i * degree : (i + 1) * degree])
     blocks = _blocks(model)
     # The optimizer step is memory-bound and linear in the parameters a rank owns.
     optimizer_per_param_s = max(
@@ -239,10 +239,20 @@ def _settings(
         backward: dict[DeviceType, Ranges] = {}
         for device, shape in shapes.items():
             forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
-            if degree > 1:
-                comm = block_tensor_comm(model, shape=shape, ring=tensor_ring[device])
-                forward[device] = forward[device] + blocks * comm.forward_s
-                backward[device] = backward[device] + blocks * comm.backward_s
+            if degree > 1:  # as ``cost.rank_pass`` prices a member's pass
+                group = tensor_group[device]
+                comm = block_tensor_comm(model, shape=shape, ring=ring_profile(cluster, group))
+                broadcast_s = input_broadcast_s(
+                    cluster, group, model=model, job=job, micro_batch_size=micro_batch_size
+                )
+                forward[device] = (
+                    forward[device] + blocks * comm.forward_s + broadcast_s * (stage_index > 0)
+                )
+                backward[device] = (
+                    backward[device]
+                    + blocks * comm.backward_s
+                    + broadcast_s * (stage_index < num_stages - 1)
+                )
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
         passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
