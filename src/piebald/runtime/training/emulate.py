@@ -49,6 +49,7 @@ from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.rank_worker import run_rank
 from piebald.runtime.training.reduced import reduced_width_model
 from piebald.runtime.training.resume import resolve_resume
+from piebald.runtime.training.supported import check_runtime_supports
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 
@@ -212,6 +213,7 @@ def emulate(
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
     Models above ``max_params`` parameters run at reduced width (``reduced_width_model``).
     """
+    check_runtime_supports(plan)
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
         raise SpecError(
