@@ -287,6 +287,24 @@ def _activation_bytes(
     return shape.micro_batch_size * shape.seq_len * per_token, False
 
 
+def _slice_activation_bytes(
+    layer: LayerSpec, unsplit: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve
+) -> tuple[float, bool]:
+    """:func:`_activation_bytes` of ``layer``, one rank's slice of ``unsplit`` at the
+    shape's tensor-parallel degree: a profile measures whole layers, so a measured whole
+    layer's bytes scale by the formula's slice over its whole (a tensor-parallel rank must
+    not escape a measurement its layer's formula underestimates)."""
+    if shape.tensor_parallel_degree == 1:
+        return _activation_bytes(layer, shape=shape, curve=curve)
+    whole_shape = replace(shape, tensor_parallel_degree=1)
+    measured, was_measured = _activation_bytes(unsplit, shape=whole_shape, curve=curve)
+    if not was_measured:
+        return _activation_bytes(layer, shape=shape, curve=curve)
+    formula_whole = _activation_bytes(unsplit, shape=whole_shape, curve=DEFAULT_CURVE)[0]
+    formula_slice = _activation_bytes(layer, shape=shape, curve=DEFAULT_CURVE)[0]
+    return measured * (formula_slice / formula_whole if formula_whole > 0 else 1.0), True
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _MeasuredActivations:
     """One micro-batch's activations where ``curve`` measured some of the model's layers."""
@@ -306,7 +324,7 @@ def _measured_activations(
     kept: list[float] = []
     any_measured = False
     layers = model.layers_at(shape.tensor_parallel_degree)
-    for layer in layers:
+    for layer, unsplit in zip(layers, model.layers, strict=True):
         key = (
             layer.kind,
             layer.num_params,
@@ -314,16 +332,18 @@ def _measured_activations(
             layer.activation_values_per_token,
         )
         if key not in per_layer:
-            per_layer[key] = _activation_bytes(layer, shape=shape, curve=curve)
+            per_layer[key] = _slice_activation_bytes(layer, unsplit, shape=shape, curve=curve)
         value, measured_here = per_layer[key]
         kept.append(value)
         any_measured |= measured_here
-    block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
+    block_index = next((i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK), None)
     block_bytes = 0.0
-    if block is not None:
+    if block_index is not None:
         # Its full activations (held while it is recomputed): those without recompute.
         whole = replace(shape, recompute=False) if shape.recompute else shape
-        block_bytes, measured_block = _activation_bytes(block, shape=whole, curve=curve)
+        block_bytes, measured_block = _slice_activation_bytes(
+            layers[block_index], model.layers[block_index], shape=whole, curve=curve
+        )
         any_measured |= measured_block
     if not any_measured:
         return None

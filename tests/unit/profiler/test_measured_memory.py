@@ -362,7 +362,9 @@ def _simulate(*args: str) -> dict[str, object]:
     return data
 
 
-def _plan_file(tmp_path: Path, db: Path, *, memory: str = "8GiB") -> tuple[int, str, Path]:
+def _plan_file(
+    tmp_path: Path, db: Path, *, memory: str = "8GiB", extra: tuple[str, ...] = ()
+) -> tuple[int, str, Path]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(
         "name: cpu-lab\n"
@@ -375,6 +377,7 @@ def _plan_file(tmp_path: Path, db: Path, *, memory: str = "8GiB") -> tuple[int, 
     code, output = run_cli(
         "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
         "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db), "--out", str(plan),
+        *extra,
     )  # fmt: skip
     return code, output, plan
 
@@ -495,11 +498,17 @@ def test_measured_activations_rule_out_a_plan_the_formula_fits(tmp_path: Path) -
 
 def test_plan_exits_3_when_the_measured_activations_fit_no_gpu(tmp_path: Path) -> None:
     """One sequence through one block keeps 1 GiB, more than a 2 GiB GPU has left after its
-    reserve: no split, recompute, ZeRO mode or in-flight budget can hold a block."""
+    reserve: no split, recompute, ZeRO mode or in-flight budget can hold a block whole.
+    Split over a tensor group of 2 it keeps about half (the measurement scaled as the
+    formula splits the block), which fits: tensor parallelism is what makes it feasible."""
     db = _write_db(tmp_path / "db", block_bytes_per_sequence=1.0 * GIB)
-    code, output, _ = _plan_file(tmp_path, db, memory="2GiB")
+    code, output, _ = _plan_file(tmp_path, db, memory="2GiB", extra=("--tensor-parallel", "1"))
     assert code == 3, output
     assert "no feasible plan" in output.lower() and "Traceback" not in output
+    (tmp_path / "tp").mkdir()
+    code, output, plan_file = _plan_file(tmp_path / "tp", db, memory="2GiB")
+    assert code == 0, output
+    assert {stage.tensor_parallel_degree for stage in load_plan(plan_file).stages} == {2}
     # The formula alone fits that cluster easily.
     (tmp_path / "formula").mkdir()
     code, output, _ = _plan_file(tmp_path / "formula", _write_db(tmp_path / "db2"), memory="2GiB")
