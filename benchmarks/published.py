@@ -88,11 +88,14 @@ def predict(point: PublishedPoint) -> Outcome:
     plan, run_notes = as_run(plan, point)
     stage = plan.stages[0]
     predicted = piebald.estimate(plan)
-    summary = (
-        f"{choice.strategy}"
+    how = (
+        f"one stage, TP {degree}, zero {stage.zero.value}"
+        if degree > 1
+        else f"{choice.strategy}"
         + (f" --zero {choice.zero.value}" if choice.zero is not None else "")
-        + (f" TP {stage.tensor_parallel_degree}" if stage.tensor_parallel_degree > 1 else "")
-        + f": {len(plan.stages)} stage(s), micro-batch {sorted(set(stage.micro_batch_size))} x "
+    )
+    summary = (
+        how + f": {len(plan.stages)} stage(s), micro-batch {sorted(set(stage.micro_batch_size))} x "
         f"{sorted(set(stage.num_micro_batches))}, recompute {stage.recompute}"
     )
     return Outcome(

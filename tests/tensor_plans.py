@@ -4,6 +4,7 @@ round-robin routes over each stage's leaders."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from cluster_builders import cluster, group
@@ -57,7 +58,7 @@ def tp_plan(
     every stage (so every stage's groups must split the micro-batches evenly)."""
     spec = load_model(model) if isinstance(model, str) else model
     first = stages[0]
-    num_routes = sum(first.num_micro_batches[:: first.tensor_parallel_degree])
+    num_routes = sum(first.group_micro_batches)
     routes = tuple(
         tuple(stage.leaders[j % len(stage.leaders)] for stage in stages) for j in range(num_routes)
     )
@@ -121,3 +122,21 @@ def tp4_dp2_plan(
             )
         ],
     )
+
+
+def collapsed(plan: Plan) -> Plan:
+    """``plan`` with every tensor group replaced by its leader at degree 1 (holding the
+    group's share of the state)."""
+
+    def collapse(stage: Stage) -> Stage:
+        t = stage.tensor_parallel_degree
+        return dataclasses.replace(
+            stage,
+            ranks=stage.leaders,
+            micro_batch_size=stage.micro_batch_size[::t],
+            num_micro_batches=stage.group_micro_batches,
+            shard_fraction=tuple(f * t for f in stage.shard_fraction[::t]),
+            tensor_parallel_degree=1,
+        )
+
+    return dataclasses.replace(plan, stages=tuple(collapse(s) for s in plan.stages))

@@ -148,7 +148,7 @@ def stage_in_flight(plan: Plan, stage_index: int) -> tuple[int, ...]:
         return stage.max_in_flight
     # A tensor group runs as one rank of the pipeline (its members share its micro-batches):
     # widths, ranks to the end and the stage's micro-batches count groups, by their leaders.
-    counts = [s.num_micro_batches[:: s.tensor_parallel_degree] for s in plan.stages]
+    counts = [s.group_micro_batches for s in plan.stages]
     downstream = ranks_to_end(counts, stage_index)
     total = sum(counts[stage_index])
     widths = [sum(1 for n in c if n) for c in counts[stage_index:]]

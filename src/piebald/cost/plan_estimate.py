@@ -124,9 +124,7 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
         busy_s=max(compute.values()),
         pass_s=pass_s,
         # A tensor group is one rank of the pipeline: count groups, by their leaders.
-        num_working_ranks=sum(
-            1 for count in stage.num_micro_batches[:: stage.tensor_parallel_degree] if count
-        ),
+        num_working_ranks=sum(1 for count in stage.group_micro_batches if count),
         round_trips=tuple(trips),
         sync_s=comm.sync_s,
         optimizer_s=optimizer_s,

@@ -46,11 +46,10 @@ from piebald.specs.plan import (
     Schedule,
     Stage,
     ZeroMode,
-    tensor_groups_inside_nodes,
-    tensor_split_problem,
+    tensor_degree_fits,
 )
 
-__all__ = ["StageChoice", "StageRules", "build_stage", "water_fill"]
+__all__ = ["StageChoice", "StageRules", "build_stage", "tensor_group_of_each_type", "water_fill"]
 
 _T = TypeVar("_T")
 
@@ -161,14 +160,9 @@ def build_stage(
     degrees = [
         degree
         for degree in rules.tensor_parallel_degrees
-        if degree == 1
-        or (
-            tensor_split_problem(model.arch, degree) is None
-            and tensor_groups_inside_nodes(cluster, ranks, degree)
-            and all(
-                len(set(micro_batch_sizes[i : i + degree])) == 1
-                for i in range(0, len(ranks), degree)
-            )
+        if tensor_degree_fits(cluster, model.arch, ranks, degree)
+        and all(
+            len(set(micro_batch_sizes[i : i + degree])) == 1 for i in range(0, len(ranks), degree)
         )
     ]
     best: StageChoice | None = None
@@ -227,10 +221,7 @@ def _build_at_degree(
     even = tuple(1.0 / len(leaders) for _ in leaders)
     # One data-parallel group; the stage's t of them run at once, sharing the NICs.
     profile = ring_profile(cluster, leaders, rings_per_nic=degree)
-    # A tensor group of each GPU type (all of a type sit in alike nodes of its group).
-    tensor_group: dict[DeviceType, tuple[int, ...]] = {}
-    for index, device in enumerate(devices):
-        tensor_group.setdefault(device, ranks[index * degree : (index + 1) * degree])
+    tensor_group = tensor_group_of_each_type(cluster, ranks, degree)
     best: StageChoice | None = None
     for recompute in rules.recompute:
         # Groups of one device type and micro-batch size pass alike: one shape and one
@@ -305,21 +296,17 @@ def _build_at_degree(
                 continue
             fractions, max_in_flight, round_trip_factor = fitted
 
-            def members(values: Sequence[_T]) -> tuple[_T, ...]:
-                """A value per tensor group, repeated for each of its members."""
-                return tuple(value for value in values for _ in range(degree))
-
             stage = Stage(
                 layer_start=layer_start,
                 layer_end=layer_end,
                 ranks=ranks,
                 micro_batch_size=micro_batch_sizes,
-                num_micro_batches=members(counts),
+                num_micro_batches=_per_member(counts, degree),
                 # A member holds 1/t of its group's share (``specs.plan``).
-                shard_fraction=members([fraction / degree for fraction in fractions]),
+                shard_fraction=_per_member([fraction / degree for fraction in fractions], degree),
                 zero=zero,
                 recompute=recompute,
-                max_in_flight=None if max_in_flight is None else members(max_in_flight),
+                max_in_flight=None if max_in_flight is None else _per_member(max_in_flight, degree),
                 tensor_parallel_degree=degree,
             )
             sync = stage_comm(
@@ -347,6 +334,22 @@ def _build_at_degree(
             if best is None or choice.total_s < best.total_s:
                 best = choice
     return best
+
+
+def tensor_group_of_each_type(
+    cluster: ClusterSpec, ranks: Sequence[int], degree: int
+) -> dict[DeviceType, tuple[int, ...]]:
+    """One tensor group of ``degree`` of each GPU type among ``ranks`` (the groups of a
+    type sit in alike nodes, so one prices them all)."""
+    groups: dict[DeviceType, tuple[int, ...]] = {}
+    for start in range(0, len(ranks), degree):
+        groups.setdefault(cluster.device_of(ranks[start]), tuple(ranks[start : start + degree]))
+    return groups
+
+
+def _per_member(values: Sequence[_T], degree: int) -> tuple[_T, ...]:
+    """A value per tensor group, repeated for each of its ``degree`` members."""
+    return tuple(value for value in values for _ in range(degree))
 
 
 def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:

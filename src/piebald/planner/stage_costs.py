@@ -39,12 +39,12 @@ from piebald.cost.rank_pass import input_broadcast_s
 from piebald.cost.tensor_comm import block_tensor_comm
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.range_memory import RangeMemory, RankKind
-from piebald.planner.stage_builder import StageRules
+from piebald.planner.stage_builder import StageRules, tensor_group_of_each_type
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import LayerKind, ModelSpec
-from piebald.specs.plan import ZeroMode, tensor_groups_inside_nodes, tensor_split_problem
+from piebald.specs.plan import ZeroMode, tensor_degree_fits
 
 __all__ = ["StageCost", "memory_matrices", "stage_cost"]
 
@@ -110,10 +110,7 @@ def stage_cost(
     valid = _valid_ranges(model.num_layers + 1)
     settings: list[_Setting] = []
     for degree in rules.tensor_parallel_degrees:
-        if degree == 1 or (
-            tensor_split_problem(model.arch, degree) is None
-            and tensor_groups_inside_nodes(cluster, ranks, degree)
-        ):
+        if tensor_degree_fits(cluster, model.arch, ranks, degree):
             settings += _settings(
                 cluster,
                 model=model,
@@ -214,9 +211,7 @@ def _settings(
     # One data-parallel group; the stage's t of them run at once, sharing the NICs.
     profile = ring_profile(cluster, leaders, rings_per_nic=degree)
     # A tensor group per GPU type (its node's link), and the blocks in each range.
-    tensor_group: dict[DeviceType, tuple[int, ...]] = {}
-    for i, leader in enumerate(leaders if degree > 1 else ()):
-        tensor_group.setdefault(cluster.device_of(leader), ranks[i * degree : (i + 1) * degree])
+    tensor_group = tensor_group_of_each_type(cluster, ranks, degree) if degree > 1 else {}
     blocks = _blocks(model)
     # The optimizer step is memory-bound and linear in the parameters a rank owns.
     optimizer_per_param_s = max(

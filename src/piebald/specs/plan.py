@@ -49,6 +49,7 @@ __all__ = [
     "Stage",
     "ZeroMode",
     "round_robin_routes",
+    "tensor_degree_fits",
     "tensor_groups_inside_nodes",
     "tensor_split_problem",
     "weighted_round_robin",
@@ -195,13 +196,16 @@ class Stage:
         return self.ranks[self.ranks.index(rank) % t :: t]
 
     @property
+    def group_micro_batches(self) -> tuple[int, ...]:
+        """Micro-batches per step of every tensor group (its leader's count; every rank's
+        at degree 1): a group runs as one rank of the pipeline."""
+        return self.num_micro_batches[:: self.tensor_parallel_degree]
+
+    @property
     def num_sequences(self) -> int:
         """Sequences the stage trains per step (a tensor group's members share theirs)."""
-        t = self.tensor_parallel_degree
-        return sum(
-            m * b
-            for m, b in zip(self.num_micro_batches[::t], self.micro_batch_size[::t], strict=True)
-        )
+        sizes = self.micro_batch_size[:: self.tensor_parallel_degree]
+        return sum(m * b for m, b in zip(self.group_micro_batches, sizes, strict=True))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -370,10 +374,7 @@ def round_robin_routes(stages: Sequence[Stage]) -> tuple[tuple[int, ...], ...]:
     micro-batch counts, interleaved by :func:`weighted_round_robin`; the stages must agree
     on the number of micro-batches."""
     orders = [
-        [
-            stage.leaders[i]
-            for i in weighted_round_robin(stage.num_micro_batches[:: stage.tensor_parallel_degree])
-        ]
+        [stage.leaders[i] for i in weighted_round_robin(stage.group_micro_batches)]
         for stage in stages
     ]
     return tuple(zip(*orders, strict=True))
@@ -470,9 +471,20 @@ def tensor_groups_inside_nodes(cluster: ClusterSpec, ranks: Sequence[int], degre
     if len(ranks) % degree:
         return False
     return all(
-        cluster.gpus[ranks[start]].node_index == cluster.gpus[ranks[start + degree - 1]].node_index
-        and ranks[start + degree - 1] - ranks[start] == degree - 1
+        len({cluster.gpus[rank].node_index for rank in ranks[start : start + degree]}) == 1
         for start in range(0, len(ranks), degree)
+    )
+
+
+def tensor_degree_fits(
+    cluster: ClusterSpec, arch: ModelArch, ranks: Sequence[int], degree: int
+) -> bool:
+    """Whether a stage of ``ranks`` can run ``arch``'s blocks at tensor-parallel
+    ``degree``: the model splits that many ways and the ranks form whole tensor groups
+    inside nodes (always at degree 1)."""
+    return degree == 1 or (
+        tensor_split_problem(arch, degree) is None
+        and tensor_groups_inside_nodes(cluster, ranks, degree)
     )
 
 
@@ -483,8 +495,6 @@ def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
     t = stage.tensor_parallel_degree
     if t == 1:
         return
-    if t not in TENSOR_PARALLEL_DEGREES:
-        raise _fail(f"{where}.tensor_parallel_degree", t, f"one of {list(TENSOR_PARALLEL_DEGREES)}")
     problem = tensor_split_problem(plan.model.arch, t)
     if problem is not None:
         raise _fail(f"{where}.tensor_parallel_degree", t, problem)
@@ -502,7 +512,7 @@ def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
     }
     for start in range(0, len(stage.ranks), t):
         group = stage.ranks[start : start + t]
-        if len({plan.cluster.node_of(rank).index for rank in group}) > 1:
+        if not tensor_groups_inside_nodes(plan.cluster, group, t):
             raise _fail(
                 f"{where}.ranks",
                 list(group),
@@ -571,7 +581,7 @@ def _validate_in_flight(plan: Plan, where: str, stage: Stage) -> None:
 
 def _validate_routes(plan: Plan) -> None:
     first = plan.stages[0]
-    num_routes = sum(first.num_micro_batches[:: first.tensor_parallel_degree])
+    num_routes = sum(first.group_micro_batches)
     if len(plan.routes) != num_routes:
         raise _fail(
             "routes", f"{len(plan.routes)} routes", f"one route per micro-batch ({num_routes})"
@@ -587,7 +597,7 @@ def _validate_routes(plan: Plan) -> None:
                     + (" (tensor-group leaders)" if stage.tensor_parallel_degree > 1 else ""),
                 )
             visits[route[index]] += 1
-        counts = stage.num_micro_batches[:: stage.tensor_parallel_degree]
+        counts = stage.group_micro_batches
         if tuple(visits.values()) != counts:
             raise _fail(
                 f"stages[{index}].num_micro_batches",

@@ -22,9 +22,9 @@ from piebald.cost.compute import optimizer_step_time_s
 from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import estimate_plan
-from piebald.specs.plan import Plan, Stage, ZeroMode
+from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import load_model
-from tensor_plans import TWO_H100_NODES, tp_plan, tp_stage, two_node_plan
+from tensor_plans import TWO_H100_NODES, collapsed, tp_plan, tp_stage, two_node_plan
 
 E = BUS_EFFICIENCY
 
@@ -69,34 +69,17 @@ def test_data_parallel_groups_across_nodes_share_each_nic_t_ways() -> None:
     assert estimate_plan(plan).stages[0].sync_s == pytest.approx(all_reduce_s, rel=1e-12)
 
 
-def _collapsed(plan: Plan) -> Plan:
-    """``plan`` with every tensor group replaced by its leader at degree 1."""
-
-    def collapse(stage: Stage) -> Stage:
-        t = stage.tensor_parallel_degree
-        return dataclasses.replace(
-            stage,
-            ranks=stage.leaders,
-            micro_batch_size=stage.micro_batch_size[::t],
-            num_micro_batches=stage.num_micro_batches[::t],
-            shard_fraction=tuple(f * t for f in stage.shard_fraction[::t]),
-            tensor_parallel_degree=1,
-        )
-
-    return dataclasses.replace(plan, stages=tuple(collapse(s) for s in plan.stages))
-
-
 def test_in_flight_budgets_and_round_trips_count_tensor_groups() -> None:
     plan = two_node_plan("gpt2", cut=7, num_micro_batches=16)
-    collapsed = _collapsed(plan)
+    one_per_group = collapsed(plan)
     for index, stage in enumerate(plan.stages):
         budgets = stage_in_flight(plan, index)
         t = stage.tensor_parallel_degree
-        assert budgets[::t] == stage_in_flight(collapsed, index)
+        assert budgets[::t] == stage_in_flight(one_per_group, index)
         assert all(budgets[i] == budgets[i - i % t] for i in range(len(budgets)))
     rounds = [[trip.rounds for trip in s.round_trips] for s in estimate_plan(plan).stages]
     assert rounds == [
-        [trip.rounds for trip in s.round_trips] for s in estimate_plan(collapsed).stages
+        [trip.rounds for trip in s.round_trips] for s in estimate_plan(one_per_group).stages
     ]
 
 

@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from piebald.cost.data_parallel import plan_stage_comm
@@ -24,31 +22,16 @@ from piebald.cost.rank_pass import plan_rank_pass
 from piebald.schedule.build import build_schedule
 from piebald.schedule.ops import P2P_OPS, AllReduceGrads, Backward, Forward, ReduceScatterGrads
 from piebald.schedule.prices import Prices
-from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode
-from tensor_plans import tp4_dp2_plan, tp_plan, tp_stage, two_node_plan
-
-
-def _collapsed(plan: Plan) -> Plan:
-    def collapse(stage: Stage) -> Stage:
-        t = stage.tensor_parallel_degree
-        return dataclasses.replace(
-            stage,
-            ranks=stage.leaders,
-            micro_batch_size=stage.micro_batch_size[::t],
-            num_micro_batches=stage.num_micro_batches[::t],
-            shard_fraction=tuple(f * t for f in stage.shard_fraction[::t]),
-            tensor_parallel_degree=1,
-        )
-
-    return dataclasses.replace(plan, stages=tuple(collapse(s) for s in plan.stages))
+from piebald.specs.plan import Schedule, ZeroMode
+from tensor_plans import collapsed, tp4_dp2_plan, tp_plan, tp_stage, two_node_plan
 
 
 def test_under_gpipe_leaders_run_the_collapsed_plans_lists() -> None:
     plan = two_node_plan("gpt2", cut=7, schedule=Schedule.GPIPE, num_micro_batches=16)
     ops = build_schedule(plan).rank_ops
-    collapsed = build_schedule(_collapsed(plan)).rank_ops
+    one_per_group = build_schedule(collapsed(plan)).rank_ops
     leaders = plan.stages[0].leaders
-    assert {rank: ops[rank] for rank in leaders} == {rank: collapsed[rank] for rank in leaders}
+    assert {rank: ops[rank] for rank in leaders} == {rank: one_per_group[rank] for rank in leaders}
 
 
 @pytest.mark.parametrize("schedule", list(Schedule))
