@@ -46,6 +46,7 @@ from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import eval_windows
 from piebald.runtime.training.metrics import RunSummary
+from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
 from piebald.runtime.training.reduced import reduced_width_model
 from piebald.runtime.training.resume import resolve_resume
@@ -221,6 +222,7 @@ def emulate(
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
     config = replace(config, device="cpu")
+    check_runtime_supports(plan, config)
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
     if config.eval_data_path is not None:
