@@ -192,8 +192,9 @@ def build_group_layout(plan: Plan) -> GroupLayout:
         tied=_tied_placement(plan),
         tensor=tuple(
             tuple(tuple(sorted(group)) for group in stage.tensor_groups)
-            for stage in plan.stages
             if stage.tensor_parallel_degree > 1
+            else ()
+            for stage in plan.stages
         ),
         data_parallel=tuple(_data_parallel_placements(stage) for stage in plan.stages),
     )

@@ -160,25 +160,29 @@ def split_stage_part(
     )
 
 
-def _gather(local: torch.Tensor, how: SplitParameter, split: TensorSplit) -> torch.Tensor:
-    """The whole parameter from every member's slice (collective over the group)."""
-    gathered = [torch.empty_like(local) for _ in split.positions]
-    dist.all_gather(gathered, local.contiguous(), group=split.group)
+def _gather(
+    local: torch.Tensor, how: SplitParameter, split: TensorSplit, device: torch.device
+) -> torch.Tensor:
+    """The whole parameter from every member's slice (collective over the group, on
+    ``device``: NCCL gathers GPU tensors only), where ``local`` is."""
+    piece = local.to(device).contiguous()
+    gathered = [torch.empty_like(piece) for _ in split.positions]
+    dist.all_gather(gathered, piece, group=split.group)
     by_position = [gathered[split.positions.index(p)] for p in range(split.degree)]
-    runs = [piece.chunk(how.chunks, dim=how.dim) for piece in by_position]
+    runs = [whole.chunk(how.chunks, dim=how.dim) for whole in by_position]
     return torch.cat(
         [torch.cat([run[c] for run in runs], dim=how.dim) for c in range(how.chunks)],
         dim=how.dim,
-    )
+    ).to(local.device)
 
 
 def whole_weights(
-    weights: Mapping[str, torch.Tensor], split: TensorSplit
+    weights: Mapping[str, torch.Tensor], split: TensorSplit, *, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """``weights`` (by name in the part) with every split parameter gathered whole:
-    collective over the tensor group when anything is split, every member passing the
-    same names in the same order."""
+    collective over the tensor group (on ``device``, the group's) when anything is split,
+    every member passing the same names in the same order."""
     return {
-        name: _gather(value, split.params[name], split) if name in split.params else value
+        name: (_gather(value, split.params[name], split, device) if name in split.params else value)
         for name, value in weights.items()
     }

@@ -101,7 +101,7 @@ def export_part_weights(
     optimizer.gather_params()  # ZeRO-3 stages hold shards at rest
     weights = part_weights(part)
     if split is not None and split.params:  # every member takes part in the gathers
-        weights = whole_weights(weights, split)
+        weights = whole_weights(weights, split, device=next(iter(part.parameters())).device)
     if rank == groups.stage.ranks[0]:
         pieces.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(expected[groups.stage_index]))

@@ -82,7 +82,7 @@ def test_tensor_parallel_stage_groups_and_ownership() -> None:
         tied=True,
     )
     layout = build_group_layout(plan)
-    assert layout.tensor == (((0, 1), (2, 3)),)
+    assert layout.tensor == (((0, 1), (2, 3)), ())
     assert layout.tensor_group_of(0) == (0, 1) and layout.tensor_group_of(4) is None
     # Weights every member holds whole: the leaders (1 and 3) own their groups' 0.7 / 0.3,
     # the other members are replicas that own and add nothing.
