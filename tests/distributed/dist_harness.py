@@ -90,6 +90,7 @@ class StageSpec:
     zero: ZeroMode = ZeroMode.OPTIMIZER
     micro_batch_sizes: tuple[int, ...] | None = None  # None: 1 per rank
     recompute: bool = False
+    tensor_parallel_degree: int = 1  # consecutive runs of this many ranks: tensor groups
 
 
 def make_plan(
@@ -105,7 +106,8 @@ def make_plan(
     """A plan for ``model`` (default: the 6-layer ``tiny`` model, embedding, 4 blocks, head,
     tied or not), micro-batch size 1 unless a stage says otherwise, routes by weighted round
     robin in every stage; rank r is a ``gpu_types[r]`` (default: all A100-80GB), consecutive
-    equal types forming a node."""
+    equal types forming a node. Under tensor parallelism a stage lists every member's
+    values (a tensor group's equal) and routes name the groups' leaders."""
     if model is None:
         arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
         model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
@@ -128,10 +130,12 @@ def make_plan(
         },
         source="test",
     )
-    num_mb = sum(stages[0].num_micro_batches)
-    first_sizes = stages[0].micro_batch_sizes or (1,) * len(stages[0].ranks)
+    first = stages[0]
+    t = first.tensor_parallel_degree
+    num_mb = sum(first.num_micro_batches[::t])
+    first_sizes = first.micro_batch_sizes or (1,) * len(first.ranks)
     global_batch = sum(
-        n * size for n, size in zip(stages[0].num_micro_batches, first_sizes, strict=True)
+        n * size for n, size in zip(first.num_micro_batches[::t], first_sizes[::t], strict=True)
     )
     start = 0
     built = []
@@ -146,13 +150,15 @@ def make_plan(
                 shard_fraction=spec.fractions,
                 zero=spec.zero,
                 recompute=spec.recompute,
+                tensor_parallel_degree=spec.tensor_parallel_degree,
             )
         )
         start = spec.layer_end
     columns = []
     for spec in stages:
-        order = weighted_round_robin(list(spec.num_micro_batches))
-        columns.append([spec.ranks[i] for i in order])
+        t = spec.tensor_parallel_degree
+        order = weighted_round_robin(list(spec.num_micro_batches[::t]))
+        columns.append([spec.ranks[::t][i] for i in order])
     routes = tuple(tuple(column[j] for column in columns) for j in range(num_mb))
     return Plan(
         cluster=cluster,

@@ -1,5 +1,5 @@
 """Mixed precision across GPU generations, run for real on CPU (``--compute-dtype native``):
-a data-parallel group mixing bf16 and fp16 ranks, and a tied embedding/head shared by a bf16
+a data-parallel group mixing bf16 and fp16 ranks (also as tensor groups), and a tied embedding/head shared by a bf16
 stage and an fp16 stage, train ``tiny`` for 20 steps to within 5% of the fp32 reference.
 
 On GPUs these plans stopped at start-up (a group's buckets refused ranks of different
@@ -86,9 +86,30 @@ def _tied_across_dtypes(_: Path) -> Plan:
     )
 
 
+def _tensor_groups_across_dtypes(_: Path) -> Plan:
+    """Two tensor groups of 2, one of A100s (bf16) and one of V100s (fp16), data-parallel
+    over each other under ZeRO-1: each group's sums run in its own dtype, the shared
+    gradients cross dtypes."""
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=6,
+                ranks=(0, 1, 2, 3),
+                num_micro_batches=(2, 2, 1, 1),
+                fractions=(0.3, 0.3, 0.2, 0.2),
+                tensor_parallel_degree=2,
+            )
+        ],
+        num_gpus=4,
+        tied=True,
+        gpu_types=("A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB"),
+    )
+
+
 PLANS = {
     "one stage of bf16 + fp16 ranks (cephalo)": _cephalo_plan,
     "tied embedding/head on a bf16 and an fp16 stage": _tied_across_dtypes,
+    "tensor groups of bf16 and of fp16 ranks": _tensor_groups_across_dtypes,
 }
 
 

@@ -19,27 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from dist_harness import StageSpec, make_plan
-from safetensors.torch import load_file
+from equivalence import CONFIG, STEPS, assert_trains_like_one_process
 
-from piebald.runtime.data.token_file import write_token_file
 from piebald.runtime.distributed.optimizer import OptimizerConfig
-from piebald.runtime.training.config import TrainConfig
-from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
-from piebald.runtime.training.reference import train_reference
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 
 pytestmark = pytest.mark.distributed
 
-STEPS = 5
-CONFIG = TrainConfig(steps=STEPS, seed=3, optimizer=OptimizerConfig(lr=3e-3, max_grad_norm=1.0))
 SCHEDULED = dataclasses.replace(
     CONFIG,
     optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.5, max_grad_norm=1.0),
@@ -160,7 +151,7 @@ def _lrs(path: Path) -> list[float]:
 @pytest.mark.parametrize("one_tag", [False, True], ids=["tagged", "one tag (NCCL matching)"])
 @pytest.mark.parametrize("name", list(PLANS))
 def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path: Path) -> None:
-    _assert_trains_like_one_process(PLANS[name](), CONFIG, one_tag=one_tag, tmp_path=tmp_path)
+    assert_trains_like_one_process(PLANS[name](), CONFIG, one_tag=one_tag, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -171,58 +162,7 @@ def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path
     ],
 )
 def test_weight_decay_and_lr_schedule_train_like_one_process(name: str, tmp_path: Path) -> None:
-    _assert_trains_like_one_process(PLANS[name](), SCHEDULED, one_tag=False, tmp_path=tmp_path)
+    assert_trains_like_one_process(PLANS[name](), SCHEDULED, one_tag=False, tmp_path=tmp_path)
     lrs = _lrs(tmp_path / "plan.jsonl")
     assert lrs == _lrs(tmp_path / "reference.jsonl")  # the same floats, step for step
     assert len(set(lrs)) == STEPS - 1  # warmup, peak, half way, the floor (held)
-
-
-def _assert_trains_like_one_process(
-    plan: Plan, config: TrainConfig, *, one_tag: bool, tmp_path: Path
-) -> None:
-    assert len({plan.cluster.device_of(r).name for r in plan.used_ranks}) >= 2
-    window = plan.job.seq_len + 1
-    num_windows = plan.job.global_batch_size + 3  # two chunks, the second one padded
-    eval_ids = np.random.default_rng(11).integers(0, 256, size=num_windows * window + 5)
-    config = dataclasses.replace(
-        config,
-        eval_data_path=write_token_file(tmp_path / "eval.bin", eval_ids).path,
-        eval_every=2,
-    )
-    reference = train_reference(
-        plan.model,
-        plan.job,
-        dataclasses.replace(
-            config,
-            save_model_path=tmp_path / "reference",
-            metrics_path=tmp_path / "reference.jsonl",
-        ),
-        print_line=lambda _: None,
-    )
-    run = emulate(
-        plan,
-        dataclasses.replace(
-            config,
-            save_model_path=tmp_path / "plan",
-            metrics_path=tmp_path / "plan.jsonl",
-            one_tag=one_tag,
-        ),
-        max_params=10**9,
-        lines_to_stderr=True,
-    )
-    assert run.eval_steps == reference.eval_steps == (2, 4, 5)
-    for step, mine, theirs in zip(
-        run.eval_steps, run.eval_losses, reference.eval_losses, strict=True
-    ):
-        assert mine == pytest.approx(theirs, rel=1e-5), f"evaluation after step {step}"
-    assert run.steps == STEPS and len(run.losses) == STEPS
-    assert all(math.isfinite(loss) for loss in run.losses)
-    # The model learns: the check below compares two moving sequences, not two constants.
-    assert reference.losses[-1] < reference.losses[0] - 0.05
-    for step, (mine, theirs) in enumerate(zip(run.losses, reference.losses, strict=True)):
-        assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-4), f"step {step + 1}"
-    mine = load_file(str(tmp_path / "plan" / "model.safetensors"))
-    theirs = load_file(str(tmp_path / "reference" / "model.safetensors"))
-    assert sorted(mine) == sorted(theirs)
-    for param_name, value in theirs.items():
-        torch.testing.assert_close(mine[param_name], value, rtol=1e-4, atol=1e-5, msg=param_name)

@@ -12,11 +12,16 @@ same name in every plan, e.g. ``layers.7.attention.wq.weight``) and, on the firs
 stage of a tied model, the global name under which the tied weight appears in that list
 (on the last stage, the head's weight listed under the embedding's global name). Buckets
 come back in the order the optimizer must visit them: stage first, then tied.
+
+Under tensor parallelism the block weights a member holds a slice of (``split_names``) get
+a bucket of their own, ``stage{s}.split``, sharded over the member's data-parallel group
+(the members at its position of every tensor group); the stage bucket keeps what every
+member holds whole, owned by the tensor groups' leaders (``group_layout``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from torch import nn
 
@@ -32,6 +37,9 @@ from piebald.specs.devices import Dtype
 __all__ = ["TIED_BUCKET", "build_buckets", "layer_of", "stage_bucket_name"]
 
 TIED_BUCKET = "tied"
+
+
+SPLIT_SUFFIX = ".split"
 
 
 def stage_bucket_name(stage_index: int, layer_index: int | None = None) -> str:
@@ -66,6 +74,7 @@ def build_buckets(
     *,
     named_params: Sequence[tuple[str, nn.Parameter]],
     tied_name: str | None = None,
+    split_names: Collection[str] = (),
     dtypes: Mapping[int, Dtype] | None = None,
     stream_layers: bool = True,
     reduce_scatter_method: CollectiveMethod = CollectiveMethod.AUTO,
@@ -77,7 +86,8 @@ def build_buckets(
     rank's compute dtype and each bucket's wire dtype (``cost.precision``).
     ``stream_layers=False`` keeps a ZeRO-2/3 stage in one bucket, gathered and reduced once
     per step by whoever drives it (tests of the optimizer on parameters that are not
-    model layers); the runtime streams."""
+    model layers); the runtime streams. ``split_names``: the parameters this rank holds a
+    tensor-parallel slice of (``models.tensor_parallel.split_stage_part``)."""
     stage_index = groups.stage_index
     if stage_index is None or groups.stage is None:
         return ()
@@ -121,8 +131,15 @@ def build_buckets(
             chunk_numel=chunk_numel,
         )
 
+    split = [(n, p) for n, p in rest if n in split_names]
+    rest = [(n, p) for n, p in rest if n not in split_names]
     buckets: list[FlatBucket] = []
     placement = groups.layout.stages[stage_index]
+    if split and ((stream_layers and placement.zero.per_pass) or groups.data_parallel is None):
+        raise ValueError(
+            f"rank {groups.rank}: tensor-parallel slices need a data-parallel group and "
+            f"zero 'none' or 'optimizer' (stage {stage_index} has {placement.zero.value!r})"
+        )
     # Every rank of the stage holds the same parameters, so all agree on these buckets.
     if rest and stream_layers and placement.zero.per_pass:
         by_layer: dict[int, list[tuple[str, nn.Parameter]]] = {}
@@ -134,6 +151,13 @@ def build_buckets(
     elif rest:
         name = stage_bucket_name(stage_index)
         buckets.append(make(name, rest, placement, groups.stage, chunk_numel=_step_chunk(rest)))
+    if split:
+        sliced = groups.layout.data_parallel_of(groups.rank)
+        assert sliced is not None and groups.data_parallel is not None
+        name = stage_bucket_name(stage_index) + SPLIT_SUFFIX
+        buckets.append(
+            make(name, split, sliced, groups.data_parallel, chunk_numel=_step_chunk(split))
+        )
     if tied_params:
         assert groups.layout.tied is not None and groups.tied is not None
         # The embedding's initial values win: a first-stage rank broadcasts them.

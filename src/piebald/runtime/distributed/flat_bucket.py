@@ -47,7 +47,9 @@ all-gathers the result back into ``params_flat``.
 
 Every rank of the group must build the bucket with the same names, shapes and wire dtype
 (checked, since gloo aborts the process on a message longer than its receive buffer); the
-initial values are broadcast from ``init_src_rank`` so the replicas start identical.
+initial values are broadcast from ``init_src_rank`` so the replicas start identical. A
+rank the placement names a replica (a tensor-group member holding a copy of a weight its
+leader holds too, ``group_layout``) adds zeros to every gradient sum.
 """
 
 from __future__ import annotations
@@ -302,6 +304,8 @@ class FlatBucket:
         if self.main_grad is None:
             return
         self._adopt_grads()
+        if self.rank in self.placement.replicas:  # a tensor-group leader's copy: add nothing
+            self.main_grad.zero_()
         if self.replicated:
             self._all_reduce_gradients()
             return
@@ -404,6 +408,8 @@ class FlatBucket:
                 else:
                     target.copy_(param.grad.reshape(-1))
                     param.grad = None
+            if self.rank in self.placement.replicas:  # a tensor-group leader's copy
+                flat.zero_()
             reduced = reduce_scatter_uneven(
                 flat,
                 self.ranges,

@@ -8,6 +8,14 @@ Groups, each one explicit rank tuple (stages may have any size; nothing assumes 
   all-reduces; it equals the whole world unless the plan leaves GPUs idle).
 * **stage i** — the data-parallel group of stage i: it reduce-scatters the stage's flat
   gradient and all-gathers its parameters.
+* **tensor** — at tensor-parallel degree t > 1, each tensor group of a stage (t ranks of
+  one node, ``Stage.tensor_groups``): the sums inside every split block
+  (``models.tensor_ops``) and the leader handing received activations and gradients to
+  its members.
+* **data-parallel** — at degree t > 1, the ranks at position p of every tensor group of a
+  stage (``Stage.data_parallel_group``): they hold the same slice of the split block
+  weights, so that slice's flat buffer is sharded over them, each owning t times its plan
+  fraction (the group's fraction, so the shares sum to 1 over the group).
 * **tied** — when the model ties its LM head to its embedding and the plan has more than
   one stage: every rank of the first stage (each holds the embedding) and of the last
   stage (each holds the head, a replica of the same weight).
@@ -25,6 +33,14 @@ same updated values to every replica. Its parameters are never released between 
 the two stages run their passes at different times, so a per-pass gather over the tied
 group would couple them (and could deadlock a pipeline).
 
+Weights a tensor group replicates (norms, embedding, head; ``models.tensor_parallel``). Its
+members compute the same gradient for them, so summing every member's copy would count it
+t times. Their bucket (the stage's, or the tied one) is therefore sharded over the tensor
+groups' leaders only, each owning its group's fraction; the other members are
+``replicas``: they add nothing to the sum, own nothing (so the global gradient norm counts
+each element once, as single-process training does) and receive the updated values from
+the owners like everyone else, so the copies stay bit for bit equal.
+
 Creation order: every rank calls ``new_group`` for every distinct rank tuple of size > 1
 (a group of one rank communicates with nobody), in one global sorted order, so the calls
 cannot interleave differently on different ranks and hang.
@@ -34,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.plan import Plan, Stage, ZeroMode
 
 __all__ = ["BucketPlacement", "GroupLayout", "build_group_layout"]
 
@@ -50,6 +66,9 @@ class BucketPlacement:
     ranks: tuple[int, ...]
     fractions: tuple[float, ...]
     zero: ZeroMode
+    # Ranks whose gradient is a copy of a tensor-group leader's: they add nothing to the sum
+    # and own nothing (module docstring).
+    replicas: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if list(self.ranks) != sorted(set(self.ranks)):
@@ -58,6 +77,8 @@ class BucketPlacement:
             raise ValueError(
                 f"BucketPlacement: {len(self.fractions)} fractions for {len(self.ranks)} ranks"
             )
+        if any(self.fraction_of(rank) for rank in self.replicas if rank in self.ranks):
+            raise ValueError(f"BucketPlacement: replicas {sorted(self.replicas)} own nothing")
 
     def fraction_of(self, rank: int) -> float:
         return self.fractions[self.ranks.index(rank)]
@@ -69,13 +90,37 @@ class GroupLayout:
     used_ranks: tuple[int, ...]  # sorted
     stages: tuple[BucketPlacement, ...]  # one per stage, in stage order
     tied: BucketPlacement | None  # the tied embedding/head weight, when it spans stages
+    # Per stage, its tensor groups (sorted ranks) and, by position, the placement of the
+    # split block weights over each data-parallel group; both empty at degree 1.
+    tensor: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    data_parallel: tuple[tuple[BucketPlacement, ...], ...] = ()
 
     def rank_tuples(self) -> tuple[tuple[int, ...], ...]:
         """Every distinct group of more than one rank, in the one global creation order."""
         tuples = {self.used_ranks, *(stage.ranks for stage in self.stages)}
+        for groups in self.tensor:
+            tuples.update(groups)
+        for placements in self.data_parallel:
+            tuples.update(placement.ranks for placement in placements)
         if self.tied is not None:
             tuples.add(self.tied.ranks)
         return tuple(sorted(t for t in tuples if len(t) > 1))
+
+    def tensor_group_of(self, rank: int) -> tuple[int, ...] | None:
+        """The sorted ranks of ``rank``'s tensor group (None at degree 1 or when idle)."""
+        for groups in self.tensor:
+            for group in groups:
+                if rank in group:
+                    return group
+        return None
+
+    def data_parallel_of(self, rank: int) -> BucketPlacement | None:
+        """Where ``rank``'s slice of the split block weights is sharded (None at degree 1)."""
+        for placements in self.data_parallel:
+            for placement in placements:
+                if rank in placement.ranks:
+                    return placement
+        return None
 
     def stage_index_of(self, rank: int) -> int | None:
         for index, stage in enumerate(self.stages):
@@ -84,13 +129,49 @@ class GroupLayout:
         return None
 
 
+def _owned_shares(stage: Stage, scale: float = 1.0) -> dict[int, float]:
+    """Each rank's share of a weight every rank of the stage holds whole: its fraction, or
+    under tensor parallelism its group's (t x its own) on the leader and 0 on the members
+    (module docstring)."""
+    t = stage.tensor_parallel_degree
+    leaders = set(stage.leaders)
+    return {
+        rank: scale * t * f if rank in leaders else 0.0
+        for rank, f in zip(stage.ranks, stage.shard_fraction, strict=True)
+    }
+
+
+def _replicas(stage: Stage) -> frozenset[int]:
+    return frozenset(stage.ranks) - set(stage.leaders)
+
+
+def _placement(
+    shares: dict[int, float], zero: ZeroMode, replicas: frozenset[int]
+) -> BucketPlacement:
+    ranks = tuple(sorted(shares))
+    return BucketPlacement(
+        ranks=ranks, fractions=tuple(shares[r] for r in ranks), zero=zero, replicas=replicas
+    )
+
+
 def _stage_placement(plan: Plan, index: int) -> BucketPlacement:
     stage = plan.stages[index]
-    pairs = sorted(zip(stage.ranks, stage.shard_fraction, strict=True))
-    return BucketPlacement(
-        ranks=tuple(rank for rank, _ in pairs),
-        fractions=tuple(fraction for _, fraction in pairs),
-        zero=stage.zero,
+    return _placement(_owned_shares(stage), stage.zero, _replicas(stage))
+
+
+def _data_parallel_placements(stage: Stage) -> tuple[BucketPlacement, ...]:
+    """By position: the split block weights over that position's data-parallel group."""
+    t = stage.tensor_parallel_degree
+    if t == 1:
+        return ()
+    fraction = dict(zip(stage.ranks, stage.shard_fraction, strict=True))
+    return tuple(
+        _placement(
+            {rank: t * fraction[rank] for rank in stage.data_parallel_group(stage.ranks[p])},
+            stage.zero,
+            frozenset(),
+        )
+        for p in range(t)
     )
 
 
@@ -98,13 +179,9 @@ def _tied_placement(plan: Plan) -> BucketPlacement | None:
     if not plan.model.arch.tie_embeddings or plan.num_stages == 1:
         return None
     first, last = plan.stages[0], plan.stages[-1]
-    share = {rank: 0.5 * f for rank, f in zip(first.ranks, first.shard_fraction, strict=True)}
-    share.update({rank: 0.5 * f for rank, f in zip(last.ranks, last.shard_fraction, strict=True)})
-    ranks = tuple(sorted(share))
+    share = _owned_shares(first, 0.5) | _owned_shares(last, 0.5)
     # Optimizer state sharded, parameters resident on every holder (module docstring).
-    return BucketPlacement(
-        ranks=ranks, fractions=tuple(share[r] for r in ranks), zero=ZeroMode.OPTIMIZER
-    )
+    return _placement(share, ZeroMode.OPTIMIZER, _replicas(first) | _replicas(last))
 
 
 def build_group_layout(plan: Plan) -> GroupLayout:
@@ -113,4 +190,11 @@ def build_group_layout(plan: Plan) -> GroupLayout:
         used_ranks=tuple(sorted(plan.used_ranks)),
         stages=tuple(_stage_placement(plan, i) for i in range(plan.num_stages)),
         tied=_tied_placement(plan),
+        tensor=tuple(
+            tuple(tuple(sorted(group)) for group in stage.tensor_groups)
+            if stage.tensor_parallel_degree > 1
+            else ()
+            for stage in plan.stages
+        ),
+        data_parallel=tuple(_data_parallel_placements(stage) for stage in plan.stages),
     )

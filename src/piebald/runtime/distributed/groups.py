@@ -57,7 +57,8 @@ def single_rank_group(rank: int) -> CommGroup:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessGroups:
     """This rank's groups under a plan; ``stage`` is None on a rank the plan leaves idle,
-    ``tied`` is None unless this rank holds a replica of a weight tied across stages."""
+    ``tied`` is None unless this rank holds a replica of a weight tied across stages,
+    ``tensor`` and ``data_parallel`` are None unless its stage is tensor-parallel."""
 
     layout: GroupLayout
     rank: int
@@ -65,6 +66,8 @@ class ProcessGroups:
     stage: CommGroup | None
     tied: CommGroup | None
     by_ranks: Mapping[tuple[int, ...], CommGroup]  # this rank's groups of several ranks
+    tensor: CommGroup | None = None
+    data_parallel: CommGroup | None = None
 
     @property
     def stage_index(self) -> int | None:
@@ -114,6 +117,14 @@ def build_process_groups(plan: Plan, *, timeout_s: float | None = None) -> Proce
     stage = None if stage_index is None else member_group(layout.stages[stage_index].ranks)
     used = member_group(layout.used_ranks) or single_rank_group(rank)
     tied = member_group(layout.tied.ranks if layout.tied is not None else None)
+    data_parallel = layout.data_parallel_of(rank)
     return ProcessGroups(
-        layout=layout, rank=rank, used=used, stage=stage, tied=tied, by_ranks=by_ranks
+        layout=layout,
+        rank=rank,
+        used=used,
+        stage=stage,
+        tied=tied,
+        by_ranks=by_ranks,
+        tensor=member_group(layout.tensor_group_of(rank)),
+        data_parallel=member_group(data_parallel.ranks if data_parallel is not None else None),
     )

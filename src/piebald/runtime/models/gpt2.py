@@ -3,15 +3,19 @@ with biases, GELU (tanh approximation) MLP. nanoGPT's layout and names, which ar
 Hugging Face's ``GPT2LMHeadModel`` (whose Conv1D weights are the transposes of ours).
 
 Shapes: b batch, s sequence, h hidden, n heads, d = h / n head dim, f MLP width (4h).
+Under tensor parallelism (models/tensor_parallel.py) n and f are a member's share of the
+heads and of the width, and ``tensor_group`` is set.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
 from piebald.runtime.models.llama import Rope
+from piebald.runtime.models.tensor_ops import copy_to_tensor_group, row_parallel_linear
 from piebald.specs.model import ModelArch
 
 __all__ = ["GPT2Block"]
@@ -21,32 +25,37 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         h = arch.hidden_size
+        self.tensor_group: dist.ProcessGroup | None = None  # the heads split: tensor_parallel
         self.num_heads = arch.num_heads
+        self.head_dim = h // arch.num_heads
         self.c_attn = nn.Linear(h, 3 * h)  # h -> [q | k | v]
         self.c_proj = nn.Linear(h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
-        b, s, h = x.shape
-        n = self.num_heads
+        b, s, _ = x.shape
+        n, d = self.num_heads, self.head_dim
+        x = copy_to_tensor_group(x, self.tensor_group)
         q, k, v = (
-            t.view(b, s, n, h // n).transpose(1, 2)  # [b, n, s, d]
-            for t in self.c_attn(x).split(h, dim=2)
+            t.view(b, s, n, d).transpose(1, 2)  # [b, n, s, d]
+            for t in self.c_attn(x).split(n * d, dim=2)
         )
         out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, n, s, d]
-        projected: torch.Tensor = self.c_proj(out.transpose(1, 2).reshape(b, s, h))
-        return projected
+        return row_parallel_linear(
+            out.transpose(1, 2).reshape(b, s, n * d), self.c_proj, self.tensor_group
+        )
 
 
 class MLP(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
+        self.tensor_group: dist.ProcessGroup | None = None  # the width split: tensor_parallel
         self.c_fc = nn.Linear(arch.hidden_size, arch.ffn_hidden_size)  # h -> f
         self.c_proj = nn.Linear(arch.ffn_hidden_size, arch.hidden_size)  # f -> h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_group(x, self.tensor_group)
         hidden = functional.gelu(self.c_fc(x), approximate="tanh")  # [b, s, f]
-        out: torch.Tensor = self.c_proj(hidden)
-        return out
+        return row_parallel_linear(hidden, self.c_proj, self.tensor_group)
 
 
 class GPT2Block(nn.Module):

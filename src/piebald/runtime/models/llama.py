@@ -5,16 +5,20 @@ architecture has them (Qwen2 on Q, K, V; Llama's attention_bias and mlp_bias).
 Shapes: b batch, s sequence, h hidden, n query heads, k key/value heads, d head dim,
 f MLP width. The numerics follow Hugging Face's ``LlamaForCausalLM`` (rotate-half RoPE,
 fp32 norm statistics, the same RoPE frequencies), so its safetensors load as they are.
+Under tensor parallelism (models/tensor_parallel.py) n, k and f are a member's share of
+the heads and of the width, and ``tensor_group`` is set.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
 from piebald.runtime.models.norms import RMSNorm
 from piebald.runtime.models.rope import Rope, apply_rope, rope_tables
+from piebald.runtime.models.tensor_ops import copy_to_tensor_group, row_parallel_linear
 from piebald.specs.model import ModelArch
 
 __all__ = ["Attention", "FeedForward", "LlamaBlock", "Rope", "apply_rope", "rope_tables"]
@@ -26,6 +30,8 @@ class Attention(nn.Module):
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
+        # Set when the heads are split over a tensor group (models/tensor_parallel.py).
+        self.tensor_group: dist.ProcessGroup | None = None
         self.num_heads = arch.num_heads
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.resolved_head_dim
@@ -39,6 +45,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
         b, s, _ = x.shape
         n, k, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = copy_to_tensor_group(x, self.tensor_group)
         q = self.wq(x).view(b, s, n, d).transpose(1, 2)  # [b, n, s, d]
         keys = self.wk(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
         values = self.wv(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
@@ -47,8 +54,9 @@ class Attention(nn.Module):
         out = functional.scaled_dot_product_attention(
             q, keys, values, is_causal=True, enable_gqa=n != k
         )  # [b, n, s, d]
-        projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, s, n * d))
-        return projected
+        return row_parallel_linear(
+            out.transpose(1, 2).reshape(b, s, n * d), self.wo, self.tensor_group
+        )
 
 
 class FeedForward(nn.Module):
@@ -57,15 +65,16 @@ class FeedForward(nn.Module):
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
+        self.tensor_group: dist.ProcessGroup | None = None  # the width split: tensor_parallel
         h, f = arch.hidden_size, arch.ffn_hidden_size
         self.w1 = nn.Linear(h, f, bias=arch.mlp_bias)  # gate
         self.w2 = nn.Linear(f, h, bias=arch.mlp_bias)  # down
         self.w3 = nn.Linear(h, f, bias=arch.mlp_bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
+        x = copy_to_tensor_group(x, self.tensor_group)
         gated = functional.silu(self.w1(x)) * self.w3(x)  # [b, s, f]
-        out: torch.Tensor = self.w2(gated)
-        return out
+        return row_parallel_linear(gated, self.w2, self.tensor_group)
 
 
 class LlamaBlock(nn.Module):

@@ -25,6 +25,15 @@ How each operation maps onto torch:
 
 Under emulation a ``Pacer`` stretches each pass, hop and the step's end to the emulated GPU's
 times.
+
+Tensor parallelism (a stage of degree t > 1): only a tensor group's leader appears in the
+routes, so every member runs its leader's operation list. The leader alone posts the
+receives and sends; what it receives (an activation, or the gradient of its output) it
+broadcasts over the tensor group before the pass that needs it, each member waiting in
+that broadcast. The gradient of a pass's input is the same on every member (the blocks'
+``f`` sums it over the group, ``models.tensor_ops``), so the leader's is the one sent back.
+Every member of a first stage reads the same rows, and every member of a last stage
+computes the same loss, which only the leader reports.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from piebald.runtime.distributed.groups import CommGroup
 from piebald.runtime.distributed.optimizer import ShardedOptimizer, StepResult
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.stage_part import StagePart
@@ -94,6 +105,7 @@ class PipelineExecutor:
         wire_dtypes: dict[int, torch.dtype],
         pacer: Pacer | None = None,
         one_tag: bool = False,
+        tensor_group: CommGroup | None = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -105,6 +117,11 @@ class PipelineExecutor:
         self.pacer = pacer
         self.one_tag = one_tag  # every message on one tag: NCCL's in-order matching
         self.stage_index = plan.stage_of_rank[rank]
+        stage = plan.stages[self.stage_index]
+        self.leader = stage.leader_of(rank)  # the rank that talks to other stages
+        self.is_leader = rank == self.leader
+        # Several ranks split the stage: the leader shares what it receives with them.
+        self.tensor = tensor_group if tensor_group is not None and tensor_group.size > 1 else None
         self.is_last = self.stage_index == plan.num_stages - 1
         self.rows = micro_batch_rows(plan)
         self.tokens_in_batch = plan.job.global_batch_size * plan.job.seq_len
@@ -144,6 +161,8 @@ class PipelineExecutor:
                         if isinstance(op, RecvActivation)
                         else MessageKind.GRADIENT
                     )
+                    if not self.is_leader:
+                        continue  # the leader receives and shares it
                     mailbox.post_receive(
                         kind,
                         micro_batch=j,
@@ -153,10 +172,11 @@ class PipelineExecutor:
                     )
                 case Forward(micro_batch=j):
                     saved[j] = self._forward(j, inputs, labels, mailbox)
-                    if self.is_last:
+                    if self.is_last and self.is_leader:  # counted once per tensor group
                         loss_sum += saved[j].output.detach()
                 case SendActivation(micro_batch=j, peer=peer):
-                    self._send(mailbox, MessageKind.ACTIVATION, j, peer, saved[j].output)
+                    if self.is_leader:
+                        self._send(mailbox, MessageKind.ACTIVATION, j, peer, saved[j].output)
                 case Backward(micro_batch=j):
                     self._backward(j, saved[j], mailbox)
                     if self.stage_index == 0:
@@ -166,7 +186,8 @@ class PipelineExecutor:
                 case SendGradient(micro_batch=j, peer=peer):
                     leaf = saved.pop(j).inputs
                     assert leaf is not None and leaf.grad is not None
-                    self._send(mailbox, MessageKind.GRADIENT, j, peer, leaf.grad)
+                    if self.is_leader:
+                        self._send(mailbox, MessageKind.GRADIENT, j, peer, leaf.grad)
                 case OptimizerStep():
                     self.optimizer.release_params(streamed=False)  # without micro-batches too
                     mailbox.finish()  # every send completes before the step's collectives
@@ -197,7 +218,7 @@ class PipelineExecutor:
         with torch.no_grad():
             for op in self.ops:
                 match op:
-                    case RecvActivation(micro_batch=j, peer=peer):
+                    case RecvActivation(micro_batch=j, peer=peer) if self.is_leader:
                         mailbox.post_receive(
                             MessageKind.ACTIVATION,
                             micro_batch=j,
@@ -210,23 +231,25 @@ class PipelineExecutor:
                         if self.stage_index == 0:
                             x = inputs[rows.start : rows.stop].to(self.device)
                         else:
-                            x = self._take(mailbox, MessageKind.ACTIVATION, j)
+                            x = self._receive(mailbox, MessageKind.ACTIVATION, j)
                         if self.stream is not None:
                             output = self.stream.forward(x)[-1].output
                         else:
                             output = self.part(x)
-                        if self.is_last:
+                        if self.is_last and self.is_leader:
                             targets = labels[rows.start : rows.stop].to(self.device)
                             total += token_loss_sum(output, targets).double()
-                        else:
+                        elif not self.is_last:
                             outputs[j] = output
-                    case SendActivation(micro_batch=j, peer=peer):
+                    case SendActivation(micro_batch=j, peer=peer) if self.is_leader:
                         mailbox.send(
                             MessageKind.ACTIVATION,
                             micro_batch=j,
                             peer=peer,
                             tensor=outputs.pop(j),
                         )
+                    case SendActivation(micro_batch=j):
+                        del outputs[j]  # a tensor-group member: its leader sends
                     case _:
                         pass  # gradients, their messages and the optimizer: training only
             mailbox.finish()
@@ -234,6 +257,20 @@ class PipelineExecutor:
         return float(total.item())
 
     # --- passes ---------------------------------------------------------------------------
+
+    def _receive(self, mailbox: Mailbox, kind: MessageKind, j: int) -> torch.Tensor:
+        """What micro-batch ``j``'s pass receives, in this rank's compute dtype: taken from
+        the mailbox, and under tensor parallelism broadcast by the leader to its group (in
+        the leader's compute dtype)."""
+        if self.tensor is None:
+            return self._take(mailbox, kind, j)
+        if self.is_leader:
+            tensor = self._take(mailbox, kind, j).contiguous()
+        else:
+            shape = self._message_shape(j)
+            tensor = torch.empty(shape, dtype=self.wire_dtypes[self.leader], device=self.device)
+        dist.broadcast(tensor, src=self.leader, group=self.tensor.process_group)
+        return tensor.to(self.compute_dtype)
 
     def _take(self, mailbox: Mailbox, kind: MessageKind, j: int) -> torch.Tensor:
         tensor, arrival = mailbox.take(kind, micro_batch=j)
@@ -256,7 +293,7 @@ class PipelineExecutor:
             # a micro-batch holds is its own, as the memory model prices it.
             x = inputs[rows.start : rows.stop].to(self.device, copy=True)
         else:
-            leaf = self._take(mailbox, MessageKind.ACTIVATION, j).requires_grad_()
+            leaf = self._receive(mailbox, MessageKind.ACTIVATION, j).requires_grad_()
             x = leaf
         started = self.pacer.now() if self.pacer is not None else 0.0
         loss: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -280,7 +317,7 @@ class PipelineExecutor:
         return token_loss_sum(logits, targets) / self.tokens_in_batch
 
     def _backward(self, j: int, saved: _Saved, mailbox: Mailbox) -> None:
-        gradient = None if self.is_last else self._take(mailbox, MessageKind.GRADIENT, j)
+        gradient = None if self.is_last else self._receive(mailbox, MessageKind.GRADIENT, j)
         started = self.pacer.now() if self.pacer is not None else 0.0
         if saved.islands is not None:
             assert self.stream is not None

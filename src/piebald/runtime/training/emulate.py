@@ -46,10 +46,10 @@ from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
 from piebald.runtime.training.evaluation import eval_windows
 from piebald.runtime.training.metrics import RunSummary
+from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
 from piebald.runtime.training.reduced import reduced_width_model
 from piebald.runtime.training.resume import resolve_resume
-from piebald.runtime.training.supported import check_runtime_supports
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 
@@ -213,7 +213,6 @@ def emulate(
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
     Models above ``max_params`` parameters run at reduced width (``reduced_width_model``).
     """
-    check_runtime_supports(plan)
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
         raise SpecError(
@@ -223,6 +222,7 @@ def emulate(
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
     config = replace(config, device="cpu")
+    check_runtime_supports(plan, config)
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
     if config.eval_data_path is not None:

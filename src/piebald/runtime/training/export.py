@@ -4,13 +4,14 @@ every tensor under its Hugging Face name, so ``AutoModelForCausalLM.from_pretrai
 (and vLLM) load it with no missing or unexpected key.
 
 Under a plan, the first rank of each stage writes its part's parameters (a ZeRO-3 stage
-gathers them first) to a piece in a directory beside the destination named for this run
-only, and the leader merges exactly the pieces of this run's stages, then removes them;
-a tied head's replica is left out (the embedding's table is the tensor). Parameters are
-written in the dtype they trained in; a model whose stages trained in different 16-bit
-types (bf16 beside fp16) is written in fp32, which holds both exactly. The directory is
-built under a temporary name and renamed into place (``hf_export``). A model fine-tuned
-from a Hugging Face directory keeps that directory's tokenizer files and token ids.
+gathers them first, a tensor group its members' slices) to a piece in a directory beside
+the destination named for this run only, and the leader merges exactly the pieces of
+this run's stages, then removes them; a tied head's replica is left out (the embedding's
+table is the tensor). Parameters are written in the dtype they trained in; a model whose
+stages trained in different 16-bit types (bf16 beside fp16) is written in fp32, which
+holds both exactly. The directory is built under a temporary name and renamed into place
+(``hf_export``). A model fine-tuned from a Hugging Face directory keeps that directory's
+tokenizer files and token ids.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.models.hf_export import carried_over, write_hf_model
 from piebald.runtime.models.hf_names import hf_tensors
 from piebald.runtime.models.stage_part import StagePart
+from piebald.runtime.models.tensor_parallel import TensorSplit, whole_weights
 from piebald.specs.hf_config_write import hf_config_from_arch
 from piebald.specs.model import ModelSpec
 
@@ -85,9 +87,10 @@ def export_part_weights(
     groups: ProcessGroups,
     rank: int,
     source: Path | None = None,
+    split: TensorSplit | None = None,
 ) -> None:
     """Collective over the used ranks: merge every stage's weights into ``directory``
-    (``save_hf_model``)."""
+    (``save_hf_model``). ``split``: this rank's tensor-parallel slices, gathered whole."""
     assert groups.stage is not None and groups.stage_index is not None
     # The pieces go in a directory named for this run only (a token the leader draws and
     # every rank learns): a piece left by an earlier, killed run is never merged, and
@@ -96,9 +99,12 @@ def export_part_weights(
     pieces = directory.with_name(f".{directory.name}.parts-{token:016x}")
     expected = [pieces / f"stage-{index}.safetensors" for index in range(len(groups.layout.stages))]
     optimizer.gather_params()  # ZeRO-3 stages hold shards at rest
+    weights = part_weights(part)
+    if split is not None and split.params:  # every member takes part in the gathers
+        weights = whole_weights(weights, split, device=next(iter(part.parameters())).device)
     if rank == groups.stage.ranks[0]:
         pieces.mkdir(parents=True, exist_ok=True)
-        save_file(part_weights(part), str(expected[groups.stage_index]))
+        save_file(weights, str(expected[groups.stage_index]))
     optimizer.release_params()
     barrier(groups.used)
     if rank == groups.used.ranks[0]:

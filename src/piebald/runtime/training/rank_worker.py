@@ -32,12 +32,13 @@ from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.distributed.buckets import build_buckets
 from piebald.runtime.distributed.checkpoint import load_checkpoint, save_checkpoint
 from piebald.runtime.distributed.collectives import all_reduce, barrier, received_share
-from piebald.runtime.distributed.groups import CommGroup, build_process_groups
+from piebald.runtime.distributed.groups import CommGroup, ProcessGroups, build_process_groups
 from piebald.runtime.distributed.loss_scaler import DynamicLossScaler
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.dtypes import torch_dtype
 from piebald.runtime.models.hf_weights import load_hf_weights
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
+from piebald.runtime.models.tensor_parallel import TensorSplit, split_stage_part
 from piebald.runtime.pipeline.executor import PipelineExecutor
 from piebald.runtime.pipeline.pacing import Pacer
 from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
@@ -55,6 +56,7 @@ from piebald.runtime.training.metrics import (
     format_step,
     summarise,
 )
+from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
 from piebald.runtime.training.resume import checkpoint_extra, resolve_resume
 from piebald.schedule.build import build_schedule
@@ -62,7 +64,7 @@ from piebald.schedule.ops import most_in_flight
 from piebald.schedule.prices import Prices
 from piebald.specs.devices import Dtype
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan
+from piebald.specs.plan import Plan, Stage
 
 __all__ = [
     "RankRun",
@@ -148,6 +150,7 @@ def run_rank(
     """Train under ``plan`` on this rank. ``runtime_model`` is the model the processes
     build (``plan.model`` unless emulating at reduced width); the plan's own model prices
     the emulated times and the MFU."""
+    check_runtime_supports(plan, config)  # every rank alike, before any collective
     rank = dist.get_rank()
     print_line = print_line or (lambda line: print(line, flush=True))
     model = runtime_model or plan.model
@@ -174,8 +177,16 @@ def run_rank(
         if config.init_from is not None:  # before the buckets copy the parameters
             load_hf_weights(part, config.init_from)
         part.recompute = stage.recompute
+        # Whole first (the reference's weights), then this member's slices.
+        split = _split(part, stage=stage, rank=rank, groups=groups)
         named, tied_name = global_named_parameters(part)
-        buckets = build_buckets(groups, named_params=named, tied_name=tied_name, dtypes=dtypes)
+        buckets = build_buckets(
+            groups,
+            named_params=named,
+            tied_name=tied_name,
+            split_names=frozenset(split.params),
+            dtypes=dtypes,
+        )
         scaler = DynamicLossScaler() if needs_loss_scaler(dtypes) else None
         optimizer = ShardedOptimizer(
             buckets, config=config.optimizer, used_group=groups.used, loss_scaler=scaler
@@ -187,7 +198,8 @@ def run_rank(
             if config.time_scale is not None
             else None
         )
-        ops = build_schedule(plan, prices=prices).rank_ops[rank]
+        # A tensor group's members run their leader's operations (pipeline.executor).
+        ops = build_schedule(plan, prices=prices).rank_ops[stage.leader_of(rank)]
         executor = PipelineExecutor(
             plan=runtime_plan,
             rank=rank,
@@ -198,6 +210,7 @@ def run_rank(
             wire_dtypes={r: torch_dtype(d) for r, d in dtypes.items()},
             pacer=pacer,
             one_tag=config.one_tag,
+            tensor_group=groups.tensor,
         )
         tokens = load_tokens(config.data_path, vocab_size=model.arch.vocab_size)
         windows = _eval_windows(config, model=model, seq_len=plan.job.seq_len)
@@ -296,6 +309,7 @@ def run_rank(
                 groups=groups,
                 rank=rank,
                 source=config.init_from,
+                split=split,
             )
         report = pacer.report() if pacer is not None else None
         counts = torch.tensor(
@@ -331,6 +345,20 @@ def run_rank(
         if not history:
             summary = replace(summary, first_step=first_step)
         return RankRun(rank=rank, summary=summary)
+
+
+def _split(part: StagePart, *, stage: Stage, rank: int, groups: ProcessGroups) -> TensorSplit:
+    """Keep this rank's tensor-parallel slices of ``part`` (nothing at degree 1)."""
+    degree = stage.tensor_parallel_degree
+    tensor = groups.tensor
+    ranks = tensor.ranks if tensor is not None else (rank,)
+    return split_stage_part(
+        part,
+        degree=degree,
+        position=stage.ranks.index(rank) % degree,
+        positions=tuple(stage.ranks.index(r) % degree for r in ranks),
+        group=tensor.process_group if tensor is not None else None,
+    )
 
 
 def _eval_windows(config: TrainConfig, *, model: ModelSpec, seq_len: int) -> EvalWindows | None:
