@@ -42,6 +42,9 @@ class Strategy:
     domain_stages: bool = False  # a stage never spans two NIC classes or sites (Holmes)
     grid_drop: bool = False  # may drop the slowest GPUs to form a p x d grid (Megatron)
     allow_idle_groups: bool = False  # may leave whole node groups idle (piebald)
+    # One tensor-parallel degree for every stage (Megatron's --tensor-model-parallel-size),
+    # searched over the degrees its stage rules allow.
+    uniform_tensor_parallel: bool = False
     per_rank_micro_batch: bool = False  # own micro-batch size per GPU, one-stage plans
     # Run the baseline searches first and let their plans compete (clusters up to this many
     # GPUs; beyond, planning time matters more than the guarantee).
@@ -90,10 +93,11 @@ BASELINES: tuple[Strategy, ...] = (
     Strategy(
         name="megatron",
         description="uniform layers, equal DP degree per stage, equal micro-batches, "
-        "tensor parallelism, slowest GPUs dropped to form a grid (Megatron-LM)",
+        "one tensor-parallel degree, slowest GPUs dropped to form a grid (Megatron-LM)",
         uniform_layers=True,
         equal_stage_sizes=True,
         grid_drop=True,
+        uniform_tensor_parallel=True,
         stage_rules=StageRules(
             zero_modes=_DISTRIBUTED_OPTIMIZER,
             even_shards=True,

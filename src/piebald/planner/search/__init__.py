@@ -85,6 +85,11 @@ def search(
     started = time.perf_counter()
     check_job_fits_model(job, model)
     strategy = _restricted(strategy, zero, tensor_parallel)
+    degrees = strategy.stage_rules.tensor_parallel_degrees
+    if strategy.uniform_tensor_parallel and len(degrees) > 1:
+        return _best_uniform_degree(
+            cluster, model=model, job=job, strategy=strategy, curve=curve, progress=progress
+        )
     settings = SearchSettings.for_cluster(cluster.num_gpus)
     if seeds is None:
         seeds = seed_with_baselines(
@@ -113,6 +118,48 @@ def search(
     if not scored:
         raise Infeasible(why_infeasible(state))
     return finish(state, scored, started_s=started)
+
+
+def _best_uniform_degree(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec,
+    job: JobSpec,
+    strategy: Strategy,
+    curve: EfficiencyCurve,
+    progress: Progress | None,
+) -> SearchResult:
+    """The best of one search per tensor-parallel degree, every stage at that degree
+    (``Strategy.uniform_tensor_parallel``)."""
+    degrees = strategy.stage_rules.tensor_parallel_degrees
+    started = time.perf_counter()
+    results: list[SearchResult] = []
+    failures: list[Infeasible] = []
+    for index, degree in enumerate(degrees):
+        fixed = with_tensor_parallel(strategy, degree)
+        assert fixed is not None  # one of its own degrees
+        share = None if progress is None else _scaled(progress, index, len(degrees))
+        try:
+            results.append(
+                search(cluster, model=model, job=job, strategy=fixed, curve=curve, progress=share)
+            )
+        except Infeasible as failure:
+            failures.append(failure)
+    if not results:
+        raise failures[0]  # degree 1's: what does not fit, and the smallest fix
+    best = max(results, key=lambda result: result.best.estimate.tokens_per_s)
+    return SearchResult(
+        best=best.best,
+        runners_up=best.runners_up,
+        upper_bound_tokens_per_s=best.upper_bound_tokens_per_s,
+        num_structures=sum(result.num_structures for result in results),
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _scaled(progress: Progress, index: int, count: int) -> Progress:
+    """``progress`` for the ``index``-th of ``count`` searches run one after another."""
+    return lambda fraction, text: progress((index + fraction) / count, text)
 
 
 def _restricted(strategy: Strategy, zero: ZeroMode | None, tensor_parallel: int | None) -> Strategy:
