@@ -1,6 +1,7 @@
 """Mixed precision across GPU generations, run for real on CPU (``--compute-dtype native``):
-a data-parallel group mixing bf16 and fp16 ranks (also as tensor groups), and a tied embedding/head shared by a bf16
-stage and an fp16 stage, train ``tiny`` for 20 steps to within 5% of the fp32 reference.
+a data-parallel group mixing bf16 and fp16 ranks (also as tensor groups), and a tied
+embedding/head shared by a bf16 stage and an fp16 stage, train ``tiny`` for 20 steps to
+within 5% of the fp32 reference.
 
 On GPUs these plans stopped at start-up (a group's buckets refused ranks of different
 dtypes); emulation computed in fp32 everywhere, so no test could see it.
