@@ -8,7 +8,8 @@ parallelism 2 over uneven fractions, ZeRO-1, each group listed leader-last-rank-
 positions differ from rank order); a two-stage pipeline whose first stage is split and
 whose second is not, with the embedding tied to the head across stages; and GPT-2's
 fused QKV with biases under recompute. Plus: the pipeline keeps working paced, and what
-the runtime cannot run yet with tensor parallelism is refused in one line.
+the runtime cannot run yet with tensor parallelism is refused in one line. Checkpoints
+of tensor-parallel plans: test_tensor_parallel_checkpoint.py.
 """
 
 from __future__ import annotations
@@ -168,25 +169,6 @@ def test_tensor_parallel_pipeline_runs_paced(tmp_path: Path) -> None:
     config = dataclasses.replace(CONFIG, steps=2, time_scale=1000.0, one_tag=True)
     run = emulate(_two_stages_split_then_whole(), config, max_params=10**9)
     assert run.steps == 2 and run.paced_operations > 0
-
-
-@pytest.mark.parametrize(
-    ("change", "flag"),
-    [
-        ({"checkpoint_dir": "ckpt"}, "--checkpoint-dir"),
-        ({"resume_from": "ckpt/step-00000001"}, "--checkpoint-dir"),
-    ],
-)
-def test_tensor_parallel_checkpoints_are_refused_up_front(
-    change: dict[str, str], flag: str, tmp_path: Path
-) -> None:
-    config = dataclasses.replace(CONFIG, **{k: tmp_path / v for k, v in change.items()})
-    with pytest.raises(SpecError) as error:
-        emulate(_one_stage_two_ways(), config, max_params=10**9)
-    message = str(error.value)
-    assert flag in message and "tensor-parallel checkpoints are not supported" in message
-    assert "\n" not in message
-    assert not (tmp_path / "ckpt").exists()  # nothing started, nothing written
 
 
 def test_tensor_parallel_zero3_is_refused_up_front() -> None:

@@ -9,12 +9,29 @@ Layout of a checkpoint directory ``DIR/step-00000042/``:
   the loss-scaler state, caller extras, and per rank its file's size and SHA-256 and the
   **pieces** it holds: ``[global name, offset in the flattened parameter, offset in the
   shard, element count]`` (:mod:`piebald.runtime.distributed.flat_layout`), with every
-  parameter's shape; and ``checksum``, the SHA-256 of all of that (``_content_sha256``),
-  so an edited or damaged manifest is refused instead of resuming at the wrong step.
+  parameter's whole shape and, for the parameters it holds a tensor-parallel slice of,
+  that slice: ``slices: {name: [dim, chunks, degree, position]}``; and ``checksum``, the
+  SHA-256 of all of that (``_content_sha256``), so an edited or damaged manifest is
+  refused instead of resuming at the wrong step.
 
 A checkpoint is therefore just slices of named flat tensors: :func:`load_checkpoint`
 assembles each rank's new shard from whichever saved pieces overlap it, so the same plan
 reloads bit for bit and a plan that cuts stages and shards differently reloads too.
+
+Tensor-parallel slices keep that promise in whole-tensor coordinates. A piece of a sliced
+parameter is a range of the member's slice, flattened; its ``[dim, chunks, degree,
+position]`` (:class:`piebald.runtime.distributed.tensor_slice.TensorSlice`) is a compact
+index map of where every element of the slice lies in the whole. A loading rank holding
+the same slice (or the whole, from a whole) intersects ranges as before; otherwise it
+maps both its own range and each saved piece to whole-tensor indices and matches them
+(``_Matcher``). So a checkpoint of a TP 2 plan resumes at TP 1, TP 4 or other stages,
+and the reverse. Why not gather each split parameter whole before writing: the slices of
+one parameter are owned by ranks of different data-parallel groups, so gathering would
+need a collective per parameter and, on some rank, the whole parameter's master and
+moments at once. Writing each owner's piece as it is costs nothing more at save time, the
+same plan still reloads by ranges, and only a load under another slicing pays for the
+index maps: host int64 indices of the order of one whole parameter (8 bytes an element),
+one parameter at a time.
 
 Atomicity: every rank writes into ``DIR/.tmp-step-00000042/``; after all files are on disk
 (fsync, then a barrier) one rank writes the manifest and renames the directory into
@@ -42,7 +59,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -54,6 +71,7 @@ from piebald.errors import SpecError, error_fields
 from piebald.runtime.distributed.collectives import barrier
 from piebald.runtime.distributed.groups import CommGroup
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
+from piebald.runtime.distributed.tensor_slice import TensorSlice
 from piebald.specs.job import Optimizer
 
 __all__ = [
@@ -72,7 +90,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 2  # 2: the manifest carries the checksum of its content
+# 2: the manifest carries the checksum of its content; 3: and tensor-parallel slices, and
+# whole shapes for them. A format 2 checkpoint is a format 3 one without slices.
+CHECKPOINT_FORMAT = 3
+_READABLE_FORMATS = (2, 3)
 MANIFEST = "manifest.json"
 _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-"
@@ -149,9 +170,12 @@ def _all_gather_objects(obj: object, group: CommGroup) -> list[Any]:
 # --- save -------------------------------------------------------------------------------------
 
 
-def _rank_entry(optimizer: ShardedOptimizer, *, rank: int) -> dict[str, Any]:
+def _rank_entry(
+    optimizer: ShardedOptimizer, *, rank: int, slices: Mapping[str, TensorSlice]
+) -> dict[str, Any]:
     buckets: dict[str, Any] = {}
     params: dict[str, list[int]] = {}
+    held: dict[str, list[int]] = {}
     for bucket in optimizer.buckets:
         buckets[bucket.name] = {
             "start": bucket.shard.start,
@@ -161,8 +185,18 @@ def _rank_entry(optimizer: ShardedOptimizer, *, rank: int) -> dict[str, Any]:
                 for p in bucket.pieces
             ],
         }
-        params.update({slot.name: list(slot.shape) for slot in bucket.layout.slots})
-    return {"rank": rank, "file": _rank_file(rank), "buckets": buckets, "params": params}
+        for slot in bucket.layout.slots:
+            part = slices.get(slot.name)
+            params[slot.name] = list(part.whole_shape(slot.shape) if part else slot.shape)
+            if part is not None:
+                held[slot.name] = [part.dim, part.chunks, part.degree, part.position]
+    return {
+        "rank": rank,
+        "file": _rank_file(rank),
+        "buckets": buckets,
+        "params": params,
+        "slices": held,
+    }
 
 
 def save_checkpoint(
@@ -174,10 +208,13 @@ def save_checkpoint(
     rank: int,
     extra: Mapping[str, Any] | None = None,
     keep_last: int | None = None,
+    slices: Mapping[str, TensorSlice] | None = None,
 ) -> Path:
     """Write ``directory/step-NNNNNNNN`` atomically; collective over ``group`` (every rank
     the plan uses). ``extra`` must be JSON-serialisable (data position, plan digest, ...).
-    Returns the checkpoint's path on every rank."""
+    ``slices``: the tensor-parallel slice this rank holds of each split parameter, by
+    global name (``TensorSplit.slices``; none: every parameter is held whole). Returns the
+    checkpoint's path on every rank."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last = {keep_last}; expected >= 1 or None")
     if step < 0:
@@ -191,7 +228,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     barrier(group)
 
-    entry = _rank_entry(optimizer, rank=rank)
+    entry = _rank_entry(optimizer, rank=rank, slices=slices or {})
     state = {
         "format": CHECKPOINT_FORMAT,
         "rank": rank,
@@ -356,12 +393,13 @@ def _read_manifest(path: Path) -> tuple[Path, dict[str, Any]]:
         raise _fail(
             manifest_path, "", "nesting too deep", "a manifest written by piebald"
         ) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in _READABLE_FORMATS:
         raise _fail(
             manifest_path,
             "format",
             manifest.get("format") if isinstance(manifest, dict) else manifest,
-            f"checkpoint format {CHECKPOINT_FORMAT} (written by this version of piebald)",
+            f"checkpoint format {' or '.join(map(str, _READABLE_FORMATS))} (written by "
+            "this version of piebald or an earlier one it reads)",
         )
     _check_content(manifest_path, manifest)
     return path, manifest
@@ -454,18 +492,41 @@ def _verify_file(path: Path, entry: Mapping[str, Any], *, digest: bool = True) -
         raise _fail(path, "sha256", "a different digest", "the manifest's digest (corrupt?)")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _SavedPiece:
+    """Elements ``[param_start, param_end)`` of a parameter as the saving rank held it
+    (``part``: its tensor-parallel slice; None: the whole), flattened, stored from
+    ``shard_offset`` of that rank's shard of ``bucket``."""
+
     param_start: int
     param_end: int
     rank: int
     bucket: str
     shard_offset: int
+    part: TensorSlice | None
 
 
-def _index_pieces(manifest: Mapping[str, Any]) -> dict[str, list[_SavedPiece]]:
+def _saved_slices(path: Path, entry: Mapping[str, Any]) -> dict[str, TensorSlice]:
+    """The slices a rank's manifest entry says it held (none in format 2)."""
+    found: dict[str, TensorSlice] = {}
+    for name, fields in entry.get("slices", {}).items():
+        try:
+            dim, chunks, degree, position = fields
+            found[name] = TensorSlice(dim=dim, chunks=chunks, degree=degree, position=position)
+        except (TypeError, ValueError):
+            raise _fail(
+                path / MANIFEST,
+                f"ranks[{entry['rank']}].slices.{name}",
+                fields,
+                "[dim, chunks, degree, position] of a tensor-parallel slice",
+            ) from None
+    return found
+
+
+def _index_pieces(path: Path, manifest: Mapping[str, Any]) -> dict[str, list[_SavedPiece]]:
     index: dict[str, list[_SavedPiece]] = {}
     for entry in manifest["ranks"]:
+        held = _saved_slices(path, entry)
         for bucket_name, bucket in entry["buckets"].items():
             for name, param_offset, shard_offset, numel in bucket["pieces"]:
                 index.setdefault(name, []).append(
@@ -475,20 +536,81 @@ def _index_pieces(manifest: Mapping[str, Any]) -> dict[str, list[_SavedPiece]]:
                         rank=entry["rank"],
                         bucket=bucket_name,
                         shard_offset=shard_offset,
+                        part=held.get(name),
                     )
                 )
     return index
 
 
+# Where a match's elements are: a range, or (tensor-parallel slices in other coordinates)
+# the index of each element.
+_Where = slice | torch.Tensor
+
+
+class _Matcher:
+    """Which elements of one loading piece (elements ``[lo, hi)`` of a parameter as
+    ``mine`` holds it, flattened) each saved piece of that parameter holds: as ``(where
+    in the saved shard, where in the loading piece, how many)`` (module docstring). The
+    whole-tensor indices of every slice it meets are made once, for this piece only."""
+
+    def __init__(
+        self, *, lo: int, hi: int, mine: TensorSlice | None, whole_shape: Sequence[int]
+    ) -> None:
+        self._lo, self._hi, self._mine, self._whole_shape = lo, hi, mine, whole_shape
+        self._indices: dict[TensorSlice, torch.Tensor] = {}
+        self._wanted: torch.Tensor | None = None
+
+    def _whole_indices(self, part: TensorSlice | None, start: int, end: int) -> torch.Tensor:
+        """Elements ``[start, end)`` of ``part`` (flattened), as indices of the whole."""
+        if part is None:
+            return torch.arange(start, end, dtype=torch.int64)
+        if part not in self._indices:
+            self._indices[part] = part.flat_indices(self._whole_shape)
+        return self._indices[part][start:end]
+
+    def match(self, saved: _SavedPiece) -> tuple[_Where, _Where, int] | None:
+        lo, hi = self._lo, self._hi
+        if saved.part == self._mine:  # one coordinate system: ranges intersect
+            start, end = max(lo, saved.param_start), min(hi, saved.param_end)
+            if start >= end:
+                return None
+            src = saved.shard_offset + start - saved.param_start
+            return slice(src, src + end - start), slice(start - lo, end - lo), end - start
+        if (
+            self._mine is not None
+            and saved.part is not None
+            and self._mine.disjoint_from(saved.part)
+        ):
+            return None
+        if self._wanted is None:
+            self._wanted = self._whole_indices(self._mine, lo, hi)
+        wanted = self._wanted
+        held = self._whole_indices(saved.part, saved.param_start, saved.param_end)
+        if wanted[-1] < held[0] or held[-1] < wanted[0]:
+            return None
+        # Both increasing (``tensor_slice``): a binary search finds each wanted element.
+        at = torch.searchsorted(held, wanted).clamp_(max=held.numel() - 1)
+        hit = held[at] == wanted
+        count = int(hit.sum().item())
+        if count == 0:
+            return None
+        return saved.shard_offset + at[hit], hit.nonzero().squeeze(1), count
+
+
 def _assemble(
-    path: Path, manifest: Mapping[str, Any], optimizer: ShardedOptimizer, *, rank: int
+    path: Path,
+    manifest: Mapping[str, Any],
+    optimizer: ShardedOptimizer,
+    *,
+    rank: int,
+    slices: Mapping[str, TensorSlice],
 ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor | None]:
     """This rank's new shards from the saved pieces that overlap them, and its RNG state."""
     entries = {entry["rank"]: entry for entry in manifest["ranks"]}
     saved_shapes: dict[str, list[int]] = {}
     for entry in entries.values():
         saved_shapes.update(entry["params"])
-    index = _index_pieces(manifest)
+    index = _index_pieces(path, manifest)
     adam = optimizer.config.kind is Optimizer.ADAMW
     keys = ("master", "exp_avg", "exp_avg_sq") if adam else ("master",)
 
@@ -510,7 +632,9 @@ def _assemble(
         out = {key: torch.zeros_like(shard_master) for key in keys}
         covered = 0
         for piece in bucket.pieces:
-            shape = list(bucket.layout.slot(piece.name).shape)
+            mine = slices.get(piece.name)
+            local_shape = bucket.layout.slot(piece.name).shape
+            shape = list(mine.whole_shape(local_shape) if mine is not None else local_shape)
             if saved_shapes.get(piece.name) != shape:
                 raise _fail(
                     path,
@@ -519,13 +643,14 @@ def _assemble(
                     f"shape {shape} as the model has it (a checkpoint of another model?)",
                 )
             lo, hi = piece.param_offset, piece.param_offset + piece.numel
+            matcher = _Matcher(lo=lo, hi=hi, mine=mine, whole_shape=shape)
+            base = piece.buffer_offset - bucket.shard.start
             for saved in index.get(piece.name, []):
-                start, end = max(lo, saved.param_start), min(hi, saved.param_end)
-                if start >= end:
+                found = matcher.match(saved)
+                if found is None:
                     continue
+                src, dst, count = found
                 source = rank_state(saved.rank)["buckets"][saved.bucket]
-                src = saved.shard_offset + (start - saved.param_start)
-                dst = piece.buffer_offset - bucket.shard.start + (start - lo)
                 for key in keys:
                     if key not in source:
                         raise _fail(
@@ -534,8 +659,8 @@ def _assemble(
                             None,
                             "Adam moments (the checkpoint was saved with another optimizer)",
                         )
-                    out[key][dst : dst + end - start].copy_(source[key][src : src + end - start])
-                covered += end - start
+                    out[key][base : base + piece.numel][dst] = source[key][src]
+                covered += count
         if covered != shard_master.numel():
             raise _fail(
                 path,
@@ -549,18 +674,25 @@ def _assemble(
 
 
 def load_checkpoint(
-    path: Path, *, optimizer: ShardedOptimizer, group: CommGroup, rank: int
+    path: Path,
+    *,
+    optimizer: ShardedOptimizer,
+    group: CommGroup,
+    rank: int,
+    slices: Mapping[str, TensorSlice] | None = None,
 ) -> CheckpointInfo:
     """Load ``path`` (a checkpoint, or a directory of them: the latest complete one) into
-    ``optimizer``'s shards and all-gather the parameters. Collective over ``group``. Any
-    rank's problem is raised as a :class:`SpecError` on every rank."""
+    ``optimizer``'s shards and all-gather the parameters. Collective over ``group``.
+    ``slices``: as for :func:`save_checkpoint`, what this rank holds now (the checkpoint
+    may have been written under other slices or none). Any rank's problem is raised as a
+    :class:`SpecError` on every rank."""
     error: SpecError | None = None
     info: CheckpointInfo | None = None
     states: dict[str, dict[str, torch.Tensor]] = {}
     rng: torch.Tensor | None = None
     try:
         path, manifest = _read_manifest(path)
-        states, rng = _assemble(path, manifest, optimizer, rank=rank)
+        states, rng = _assemble(path, manifest, optimizer, rank=rank, slices=slices or {})
         info = _info(path, manifest)
         scaler = manifest.get("loss_scaler")
         if (scaler is None) != (optimizer.loss_scaler is None):

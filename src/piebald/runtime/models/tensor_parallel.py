@@ -8,7 +8,9 @@ MLP down projection are row-parallel, each member keeping its columns of the wei
 the whole bias, added once after the sum (``tensor_ops.row_parallel_linear``). Norms are
 replicated. So are the embedding and the LM head: every member of the group holds them
 whole and computes them on the same micro-batches (simple; a vocabulary-parallel
-embedding and head would save their memory and time and are not done).
+embedding and head would save their memory and time and are not done). Which elements a
+member keeps is one rule, ``distributed.tensor_slice``, which export (joining slices
+whole) and checkpoints (finding them in the whole tensor) follow too.
 
 Every member builds the whole part from the same seeded initialisation as single-process
 training (``models.init``, and any ``--init-from`` weights) and then keeps its slices, so
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from piebald.runtime.distributed.tensor_slice import TensorSlice, join_slices
 from piebald.runtime.models.gpt2 import MLP, CausalSelfAttention
 from piebald.runtime.models.llama import Attention, FeedForward
 from piebald.runtime.models.stage_part import StagePart
@@ -51,6 +54,10 @@ class SplitParameter:
     dim: int
     chunks: int = 1
 
+    def member(self, *, degree: int, position: int) -> TensorSlice:
+        """What member ``position`` of ``degree`` holds (``distributed.tensor_slice``)."""
+        return TensorSlice(dim=self.dim, chunks=self.chunks, degree=degree, position=position)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TensorSplit:
@@ -63,23 +70,30 @@ class TensorSplit:
     group: dist.ProcessGroup | None = field(compare=False)
     params: Mapping[str, SplitParameter]  # the split parameters, by name in the part
 
+    @property
+    def slices(self) -> dict[str, TensorSlice]:
+        """This member's slice of every split parameter, by name in the part (the global
+        name: split parameters are block weights, never a tied replica)."""
+        return {
+            name: how.member(degree=self.degree, position=self.position)
+            for name, how in self.params.items()
+        }
+
 
 def _keep(
     linear: nn.Linear, *, dim: int, chunks: int, degree: int, position: int, bias: bool
 ) -> dict[str, SplitParameter]:
     """Replace ``linear``'s weight (and bias, when ``bias``) by the member's slice."""
     split = SplitParameter(dim=dim, chunks=chunks)
-
-    def slice_of(tensor: torch.Tensor, along: int) -> torch.Tensor:
-        runs = tensor.chunk(chunks, dim=along)
-        return torch.cat([run.chunk(degree, dim=along)[position] for run in runs], dim=along)
-
+    bias_split = SplitParameter(dim=0, chunks=chunks)
     with torch.no_grad():
-        linear.weight = nn.Parameter(slice_of(linear.weight, dim).clone())
+        weight = split.member(degree=degree, position=position).of(linear.weight)
+        linear.weight = nn.Parameter(weight.clone())
         kept = {"weight": split}
         if bias and linear.bias is not None:
-            linear.bias = nn.Parameter(slice_of(linear.bias, 0).clone())
-            kept["bias"] = SplitParameter(dim=0, chunks=chunks)
+            kept_bias = bias_split.member(degree=degree, position=position).of(linear.bias)
+            linear.bias = nn.Parameter(kept_bias.clone())
+            kept["bias"] = bias_split
     linear.out_features, linear.in_features = linear.weight.shape
     return kept
 
@@ -169,11 +183,7 @@ def _gather(
     gathered = [torch.empty_like(piece) for _ in split.positions]
     dist.all_gather(gathered, piece, group=split.group)
     by_position = [gathered[split.positions.index(p)] for p in range(split.degree)]
-    runs = [whole.chunk(how.chunks, dim=how.dim) for whole in by_position]
-    return torch.cat(
-        [torch.cat([run[c] for run in runs], dim=how.dim) for c in range(how.chunks)],
-        dim=how.dim,
-    ).to(local.device)
+    return join_slices(by_position, dim=how.dim, chunks=how.chunks).to(local.device)
 
 
 def whole_weights(

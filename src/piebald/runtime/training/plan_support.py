@@ -5,9 +5,7 @@ configuration), instead of a failure half way into a run.
 Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under ZeRO none and
 ZeRO-1 only: ZeRO-2/3 streams every layer's gathers and reduce-scatters over the
 data-parallel group inside each pass, beside the tensor group's sums, which is not built
-yet. Nor are checkpoints of such stages: a checkpoint stores each owner's shard under the
-parameter's global name, and the members of a tensor group hold different slices under
-one name (the saved model, ``--save-model``, is gathered whole and works).
+yet.
 """
 
 from __future__ import annotations
@@ -34,13 +32,4 @@ def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
                 value=stage.zero.value,
                 expected=f"'none' or 'optimizer' at tensor_parallel_degree {degree}: ZeRO-2/3 "
                 "of tensor-parallel stages is not supported by the runtime yet",
-            )
-        if config.checkpoint_dir is not None or config.resume or config.resume_from is not None:
-            raise SpecError(
-                source="piebald train",
-                field="--checkpoint-dir",
-                value=str(config.checkpoint_dir or config.resume_from),
-                expected=f"no checkpoints for a plan with tensor-parallel stages ({where} has "
-                f"tensor_parallel_degree {degree}): tensor-parallel checkpoints are not "
-                "supported yet",
             )

@@ -217,7 +217,13 @@ def run_rank(
 
         first_step = 0
         if resume_from is not None:
-            info = load_checkpoint(resume_from, optimizer=optimizer, group=groups.used, rank=rank)
+            info = load_checkpoint(
+                resume_from,
+                optimizer=optimizer,
+                group=groups.used,
+                rank=rank,
+                slices=split.slices,
+            )
             first_step = info.step
         leader = rank == groups.used.ranks[0]
         writer = MetricsWriter(
@@ -298,6 +304,7 @@ def run_rank(
                     group=groups.used,
                     rank=rank,
                     extra=checkpoint_extra(config, plan=plan),
+                    slices=split.slices,
                 )
                 started = time.perf_counter()  # the save is not part of the next step's time
         writer.close()

@@ -4,6 +4,7 @@ atomic checkpoints with clear errors."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from piebald.runtime.distributed.optimizer import (
     ShardedOptimizer,
     build_reference_optimizer,
 )
+from piebald.runtime.distributed.tensor_slice import TensorSlice
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.specs.job import Optimizer
 from piebald.specs.plan import ZeroMode
@@ -323,6 +325,65 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match=r"parameter a\.weight.*shape \[3, 4\]"):
         load_checkpoint(path, optimizer=optimizer, group=GROUP, rank=0)
+
+
+def test_a_format_2_checkpoint_still_loads(tmp_path: Path) -> None:
+    """Written before tensor-parallel slices were recorded: no ``slices``, format 2."""
+    params, optimizer = _fresh()
+    _train(params, optimizer, range(2))
+    path = save_checkpoint(tmp_path, step=2, optimizer=optimizer, group=GROUP, rank=0)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["format"] = 2
+    for entry in manifest["ranks"]:
+        del entry["slices"]
+    manifest["checksum"] = checkpoint_module._content_sha256(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    uninterrupted = _train(params, optimizer, range(2, 4))
+    resumed, resumed_optimizer = _fresh()
+    assert load_checkpoint(path, optimizer=resumed_optimizer, group=GROUP, rank=0).step == 2
+    assert _train(resumed, resumed_optimizer, range(2, 4)) == uninterrupted
+
+
+def test_a_tensor_parallel_slice_loads_from_a_whole_checkpoint(tmp_path: Path) -> None:
+    """A rank holding member 1 of 2's slices (a row-parallel weight, a column-parallel
+    bias) takes exactly those elements of a checkpoint saved whole, moments included."""
+    params, optimizer = _fresh()
+    _train(params, optimizer, range(2))
+    path = save_checkpoint(tmp_path, step=2, optimizer=optimizer, group=GROUP, rank=0)
+    saved = {key: value.clone() for key, value in optimizer.shard_states()["stage0"].items()}
+    layout = optimizer.buckets[0].layout
+    slices = {
+        "a.weight": TensorSlice(dim=1, chunks=1, degree=2, position=1),
+        "a.bias": TensorSlice(dim=0, chunks=1, degree=2, position=1),
+    }
+
+    def held(flat: torch.Tensor) -> torch.Tensor:
+        """What the sliced rank holds of a whole flat buffer, in its own layout order."""
+        parts = []
+        for slot in layout.slots:
+            whole = flat[slot.offset : slot.end].view(slot.shape)
+            part = slices[slot.name].of(whole) if slot.name in slices else whole
+            parts.append(part.reshape(-1))
+        return torch.cat(parts)
+
+    fresh = build_params(NAMES, seed=2)
+    sliced = [
+        (name, torch.nn.Parameter(slices[name].of(p.detach()) if name in slices else p.detach()))
+        for name, p in fresh.items()
+    ]
+    bucket = FlatBucket(
+        "stage0",
+        named_params=sliced,
+        placement=BucketPlacement(ranks=(0,), fractions=(1.0,), zero=ZeroMode.OPTIMIZER),
+        group=GROUP,
+        rank=0,
+    )
+    reloaded = ShardedOptimizer(
+        [bucket], config=optimizer.config, used_group=GROUP, loss_scaler=DynamicLossScaler()
+    )
+    load_checkpoint(path, optimizer=reloaded, group=GROUP, rank=0, slices=slices)
+    for key, value in reloaded.shard_states()["stage0"].items():
+        assert torch.equal(value, held(saved[key])), key
 
 
 def test_16_bit_gradients_accumulate_in_fp32() -> None:
