@@ -4,7 +4,8 @@ For each point of benchmarks/published.yaml (torchtitan, llm-foundry, Megatron-L
 llm.c runs on 8 to 128 identical H100s or A100s) this plans the same model, batch and
 sequence length on the same cluster with the strategy closest to what was run
 (``published_points.plan_choice``: zero-even with full sharding for FSDP, with ZeRO-1 for
-llm.c; runs with tensor parallelism as one stage of their TP degree) and prints the cost
+llm.c; runs with tensor parallelism as one stage of their TP degree, in the tensor layout
+they ran: ``piebald.specs.tensor_layout``) and prints the cost
 model's tokens/s per GPU beside the measured figure. Then the median and worst
 |predicted / measured - 1| over the expressible points, and the H100 / A100 ratio for
 llama-3-8b under FSDP (torchtitan) beside the measured one.
@@ -38,6 +39,7 @@ from published_points import (
     load_points,
     plan_choice,
     recompute_as_run,
+    tensor_layout_as_run,
     tensor_parallel_degree,
 )
 
@@ -89,7 +91,7 @@ def predict(point: PublishedPoint) -> Outcome:
     stage = plan.stages[0]
     predicted = piebald.estimate(plan)
     how = (
-        f"one stage, TP {degree}, zero {stage.zero.value}"
+        f"one stage, TP {degree} ({stage.tensor_layout.value}), zero {stage.zero.value}"
         if degree > 1
         else f"{choice.strategy}"
         + (f" --zero {choice.zero.value}" if choice.zero is not None else "")
@@ -129,9 +131,9 @@ def _one_tensor_parallel_stage(
 
 def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
     """``plan`` (one data-parallel stage) held to the micro-batch size and recomputation the
-    run used, where the source states them: the benchmark tests the cost model, not the
-    planner's choices. A run that piebald's memory model says does not fit is still priced,
-    with a note."""
+    run used, where the source states them, and to the tensor layout it ran (the planner
+    makes piebald's own): the benchmark tests the cost model, not the planner's choices. A
+    run that piebald's memory model says does not fit is still priced, with a note."""
     notes: list[str] = []
     if len(plan.stages) != 1:
         return plan, ("planned with more than one stage: priced as planned",)
@@ -141,6 +143,11 @@ def as_run(plan: Plan, point: PublishedPoint) -> tuple[Plan, tuple[str, ...]]:
         notes.append(note)
     if recompute is not None:
         stage = replace(stage, recompute=recompute)
+    if stage.tensor_parallel_degree > 1:
+        layout, note = tensor_layout_as_run(point)
+        if note is not None:
+            notes.append(note)
+        stage = replace(stage, tensor_layout=layout)
     n = len(stage.ranks)
     if point.micro_batch is not None:
         # Per tensor group (all of its members run the same sequences).

@@ -9,7 +9,9 @@ point still builds (the file and the catalog drift apart silently otherwise).
 
 The file's free-text fields (``nic``, ``parallelism``) are read with a few patterns; what
 they do not state is filled with a documented assumption, returned as a note so the report
-says it.
+says it. A tensor-parallel point's ``tensor_layout`` (what its tensor groups split besides
+the blocks, ``piebald.specs.tensor_layout``) is a field of its own, with its source in the
+point's notes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
     "PUBLISHED_YAML",
@@ -40,6 +43,7 @@ __all__ = [
     "nic_gbit_per_node",
     "plan_choice",
     "recompute_as_run",
+    "tensor_layout_as_run",
     "tensor_parallel_degree",
 ]
 
@@ -83,6 +87,7 @@ class PublishedPoint:
     global_batch: int
     parallelism: str  # free text: "FSDP2 64, selective op AC, eager", "FSDP 8 x TP 8", ...
     micro_batch: int | None  # sequences per GPU per micro-batch, when the source states it
+    tensor_layout: TensorLayout | None  # what its tensor groups split, where it has them
     measured_tokens_per_s_per_gpu: float
 
 
@@ -103,28 +108,35 @@ def load_points(path: Path = PUBLISHED_YAML) -> tuple[PublishedPoint, ...]:
         if len(gpus) != 1:
             raise entry.error("gpus", entry.raw("gpus"), "one GPU type (identical GPUs)")
         gpu = gpus[0]
-        points.append(
-            PublishedPoint(
-                point_id=entry.string("id"),
-                gpu_name=gpu.string("type"),
-                num_gpus=gpu.integer("count", minimum=1),
-                gpus_per_node=gpu.integer("gpus_per_node", minimum=1),
-                nic=entry.string("nic", default="not stated"),
-                model=entry.string("model"),
-                model_arch=dict(entry.sub("model_arch").data) if entry.has("model_arch") else None,
-                seq_len=entry.integer("seq_len", minimum=1),
-                global_batch=entry.integer("global_batch", minimum=1),
-                parallelism=entry.string("parallelism"),
-                micro_batch=(
-                    entry.integer("micro_batch", minimum=1)
-                    if entry.raw("micro_batch", default=None) is not None
-                    else None
-                ),
-                measured_tokens_per_s_per_gpu=entry.number(
-                    "tokens_per_s_per_gpu", strictly_positive=True
-                ),
-            )
+        layout = (
+            TensorLayout(entry.choice("tensor_layout", [value.value for value in TensorLayout]))
+            if entry.has("tensor_layout")
+            else None
         )
+        point = PublishedPoint(
+            point_id=entry.string("id"),
+            gpu_name=gpu.string("type"),
+            num_gpus=gpu.integer("count", minimum=1),
+            gpus_per_node=gpu.integer("gpus_per_node", minimum=1),
+            nic=entry.string("nic", default="not stated"),
+            model=entry.string("model"),
+            model_arch=dict(entry.sub("model_arch").data) if entry.has("model_arch") else None,
+            seq_len=entry.integer("seq_len", minimum=1),
+            global_batch=entry.integer("global_batch", minimum=1),
+            parallelism=entry.string("parallelism"),
+            micro_batch=(
+                entry.integer("micro_batch", minimum=1)
+                if entry.raw("micro_batch", default=None) is not None
+                else None
+            ),
+            tensor_layout=layout,
+            measured_tokens_per_s_per_gpu=entry.number(
+                "tokens_per_s_per_gpu", strictly_positive=True
+            ),
+        )
+        if layout is not None and tensor_parallel_degree(point) == 1:
+            raise entry.error("tensor_layout", layout.value, "a point whose parallelism has TP")
+        points.append(point)
     ids = [point.point_id for point in points]
     for point_id in ids:
         if ids.count(point_id) > 1:
@@ -247,6 +259,14 @@ def tensor_parallel_degree(point: PublishedPoint) -> int:
     ("no TP/PP" names no degree)."""
     match = re.search(r"\bTP\s*(\d+)", point.parallelism)
     return int(match.group(1)) if match else 1
+
+
+def tensor_layout_as_run(point: PublishedPoint) -> tuple[TensorLayout, str | None]:
+    """(the layout a tensor-parallel point's groups ran, a note when the file does not
+    say it and piebald's own, ``blocks``, is assumed)."""
+    if point.tensor_layout is not None:
+        return point.tensor_layout, None
+    return TensorLayout.BLOCKS, "tensor layout not stated: priced as piebald's (blocks only)"
 
 
 def recompute_as_run(point: PublishedPoint) -> tuple[bool | None, str | None]:

@@ -33,13 +33,15 @@ __all__ = [
 
 def stage_slice_params(plan: Plan, stage_index: int) -> float:
     """Parameters one rank of the stage holds whole before any sharding: its tensor slice
-    of the stage's layers (all of them at degree 1), tied replica included."""
+    of the stage's layers in the stage's layout (all of them at degree 1), tied replica
+    included."""
     stage = plan.stages[stage_index]
     return float(
         plan.model.stage_params(
             stage.layer_start,
             stage.layer_end,
             tensor_parallel_degree=stage.tensor_parallel_degree,
+            layout=stage.tensor_layout,
         )
     )
 

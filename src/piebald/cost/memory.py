@@ -45,6 +45,7 @@ from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec, kept_bytes
 from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
     "RECEIVES_POSTED",
@@ -205,10 +206,14 @@ def prefix_sums(values: list[float]) -> npt.NDArray[np.float64]:
 
 
 @functools.lru_cache(maxsize=64)
-def _ranges(model: ModelSpec, tensor_parallel_degree: int = 1) -> _LayerRanges:
+def _ranges(
+    model: ModelSpec,
+    tensor_parallel_degree: int = 1,
+    layout: TensorLayout = TensorLayout.BLOCKS,
+) -> _LayerRanges:
     """Sums over every range of ``model``'s layers as one rank of a tensor group of
-    ``tensor_parallel_degree`` holds them (``ModelSpec.layers_at``)."""
-    layers = model.layers_at(tensor_parallel_degree)
+    ``tensor_parallel_degree`` and ``layout`` holds them (``ModelSpec.layers_at``)."""
+    layers = model.layers_at(tensor_parallel_degree, layout)
     size = len(layers) + 1
     start, end = np.arange(size)[:, None], np.arange(size)[None, :]
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
@@ -261,7 +266,9 @@ def _ranges(model: ModelSpec, tensor_parallel_degree: int = 1) -> _LayerRanges:
             2 * 4.0 * model.arch.resolved_head_dim if model.arch.family is Family.LLAMA else 0.0
         ),
         ffn_size=model.arch.ffn_hidden_size // tensor_parallel_degree,
-        vocab_size=model.arch.vocab_size,
+        vocab_size=layout.vocabulary_rows(  # a rank's logits
+            vocab_size=model.arch.vocab_size, degree=tensor_parallel_degree
+        ),
     )
 
 
@@ -296,7 +303,7 @@ def _slice_activation_bytes(
     not escape a measurement its layer's formula underestimates)."""
     if shape.tensor_parallel_degree == 1:
         return _activation_bytes(layer, shape=shape, curve=curve)
-    whole_shape = replace(shape, tensor_parallel_degree=1)
+    whole_shape = replace(shape, tensor_parallel_degree=1, tensor_layout=TensorLayout.BLOCKS)
     measured, was_measured = _activation_bytes(unsplit, shape=whole_shape, curve=curve)
     if not was_measured:
         return _activation_bytes(layer, shape=shape, curve=curve)
@@ -323,7 +330,7 @@ def _measured_activations(
     per_layer: dict[tuple[object, ...], tuple[float, bool]] = {}
     kept: list[float] = []
     any_measured = False
-    layers = model.layers_at(shape.tensor_parallel_degree)
+    layers = shape.layers(model)
     for layer, unsplit in zip(layers, model.layers, strict=True):
         key = (
             layer.kind,
@@ -552,7 +559,7 @@ def stage_memory_bytes(
     ``shape``: the rank's passes; ``wire_dtype``: the stage group's (``cost.precision``;
     default the shape's dtype). ``curve``: the measured activations, if any (see the module
     docstring)."""
-    r = _ranges(model, shape.tensor_parallel_degree)
+    r = _ranges(model, shape.tensor_parallel_degree, shape.tensor_layout)
     dtype = shape.dtype
     index: Any = slice(None) if layers is None else layers
     tied = r.tied_params[index]
@@ -614,7 +621,7 @@ def rank_memory(
     At tensor-parallel degree t (``shape``) the rank holds its slice of the layers
     (``ModelSpec.layers_at``), and ``shard_fraction`` and ``group_shares`` are its and
     its data-parallel group's shares of that slice (summing to 1 over the group)."""
-    r = _ranges(model, shape.tensor_parallel_degree)
+    r = _ranges(model, shape.tensor_parallel_degree, shape.tensor_layout)
     dtype = shape.dtype
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])
@@ -675,6 +682,7 @@ def plan_rank_memory(
             micro_batch_size=stage.micro_batch_size[position],
             recompute=stage.recompute,
             tensor_parallel_degree=t,
+            tensor_layout=stage.tensor_layout,
         ),
         layer_start=stage.layer_start,
         layer_end=stage.layer_end,

@@ -1,7 +1,7 @@
 """What one micro-batch's pass through a model's layers is priced by, besides the layers
 and the pricing curve: the device, the dtype it computes in, the micro-batch's shape,
-whether blocks recompute their activations, and the tensor-parallel degree its blocks are
-split by (the pass is one rank's share, ``ModelSpec.layers_at``).
+whether blocks recompute their activations, and the tensor-parallel degree and layout its
+layers are split by (the pass is one rank's share, ``ModelSpec.layers_at``).
 
 Compute time (``cost.compute``, ``cost.pass_times``), activation memory
 (``cost.memory``) and the profile's measurements (``profiler.compute_model``) all take one
@@ -16,6 +16,8 @@ from typing import Any
 
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec
+from piebald.specs.model import LayerSpec, ModelSpec
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["PassShape"]
 
@@ -30,6 +32,8 @@ class PassShape:
     # (activation checkpointing); a forward pass costs the same either way.
     recompute: bool
     tensor_parallel_degree: int = 1
+    # What else than the blocks' heads and MLP width the group splits (at degree > 1).
+    tensor_layout: TensorLayout = TensorLayout.BLOCKS
     # Hashed once: the planner looks shapes up per rank, and a device type's hash walks
     # all its fields.
     _hash: int = field(init=False, repr=False, compare=False)
@@ -43,7 +47,7 @@ class PassShape:
             )
         object.__setattr__(self, "_hash", hash(self._fields()))
 
-    def _fields(self) -> tuple[DeviceType, Dtype, int, int, bool, int]:
+    def _fields(self) -> tuple[DeviceType, Dtype, int, int, bool, int, TensorLayout]:
         return (
             self.device,
             self.dtype,
@@ -51,6 +55,7 @@ class PassShape:
             self.seq_len,
             self.recompute,
             self.tensor_parallel_degree,
+            self.tensor_layout,
         )
 
     def __hash__(self) -> int:
@@ -70,6 +75,7 @@ class PassShape:
         micro_batch_size: int,
         recompute: bool,
         tensor_parallel_degree: int = 1,
+        tensor_layout: TensorLayout = TensorLayout.BLOCKS,
     ) -> PassShape:
         """A pass of ``job``'s sequences on ``device``, in the dtype it trains ``job`` in."""
         return cls(
@@ -79,7 +85,13 @@ class PassShape:
             seq_len=job.seq_len,
             recompute=recompute,
             tensor_parallel_degree=tensor_parallel_degree,
+            tensor_layout=tensor_layout,
         )
+
+    def layers(self, model: ModelSpec) -> tuple[LayerSpec, ...]:
+        """``model``'s layers as one rank of this shape's tensor group holds and runs them
+        (``ModelSpec.layers_at``)."""
+        return model.layers_at(self.tensor_parallel_degree, self.tensor_layout)
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +105,7 @@ def _rebuild(
     seq_len: int,
     recompute: bool,
     tensor_parallel_degree: int,
+    tensor_layout: TensorLayout,
 ) -> PassShape:
     return PassShape(
         device=device,
@@ -101,4 +114,5 @@ def _rebuild(
         seq_len=seq_len,
         recompute=recompute,
         tensor_parallel_degree=tensor_parallel_degree,
+        tensor_layout=tensor_layout,
     )

@@ -58,7 +58,7 @@ def pass_times(
     backward_of: dict[object, float] = {}
     forward = np.zeros(model.num_layers + 1)
     backward = np.zeros(model.num_layers + 1)
-    for layer in model.layers_at(shape.tensor_parallel_degree):
+    for layer in shape.layers(model):
         key = (layer.kind, layer.num_params, layer.matmul_flops_per_token)
         if key not in forward_of:
             forward_of[key] = layer_forward_time_s(layer, shape=shape, curve=curve)

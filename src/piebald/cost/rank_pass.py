@@ -138,6 +138,7 @@ def plan_rank_pass(
         micro_batch_size=size,
         recompute=stage.recompute,
         tensor_parallel_degree=stage.tensor_parallel_degree,
+        tensor_layout=stage.tensor_layout,
     )
     group = stage.tensor_groups[position // stage.tensor_parallel_degree]
     return rank_pass(

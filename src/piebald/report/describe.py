@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections import Counter
 
 from piebald.specs.plan import Plan
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["describe_plan"]
 
 
 def describe_plan(plan: Plan) -> str:
     """``"2 stages: layers 0-8 on 2x A100-80GB (zero optimizer) | layers 9-17 on ..."``; a
-    tensor-parallel stage says ``tp 2 x 4 groups``."""
+    tensor-parallel stage says ``tp 2 x 4 groups``, and its layout where it is not the
+    runtime's (``tp 8 x 8 groups sequence``)."""
     parts = []
     for stage in plan.stages:
         types = Counter(plan.cluster.device_of(rank).name for rank in stage.ranks)
@@ -20,7 +22,8 @@ def describe_plan(plan: Plan) -> str:
         extras = [f"zero {stage.zero.value}"]
         t = stage.tensor_parallel_degree
         if t > 1:
-            extras.insert(0, f"tp {t} x {len(stage.tensor_groups)} groups")
+            layout = "" if stage.tensor_layout is TensorLayout.BLOCKS else f" {stage.tensor_layout}"
+            extras.insert(0, f"tp {t} x {len(stage.tensor_groups)} groups{layout}")
         if stage.recompute:
             extras.append("recompute")
         extras.append("mbs " + "/".join(str(s) for s in sizes))

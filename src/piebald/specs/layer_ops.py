@@ -29,6 +29,11 @@ vocabulary and D the bytes of a training-dtype value, the forward moves
   gathered and read once per position for the whole batch: 4h values per token and 3
   kernels).
 
+Under sequence parallelism (``specs.tensor_layout``) each member of a tensor group runs the
+norms and residual adds on 1/t of the tokens: per token of the micro-batch, their traffic
+is scaled by ``sequence_share`` = 1/t (their kernels are as many). The split widths (q, kv,
+f, and V for a vocabulary-parallel head) are the caller's.
+
 A cast to or from fp32 reads D and writes 4 bytes per value (or the reverse); in fp32
 training it is no kernel at all, which is why casts are counted apart.
 
@@ -74,20 +79,28 @@ _LAYERNORM_FIXED, _LAYERNORM_VALUES, _LAYERNORM_KERNELS = 8, 2, 1
 
 
 def block_ops(
-    *, llama: bool, hidden: int, q_width: int, kv_width: int, ffn_hidden: int
+    *,
+    llama: bool,
+    hidden: int,
+    q_width: int,
+    kv_width: int,
+    ffn_hidden: int,
+    sequence_share: float = 1.0,
 ) -> LayerOps:
     """One transformer block: Llama (RMSNorm, RoPE, SwiGLU, separate Q/K/V projections)
-    or GPT-2 (LayerNorm, fused QKV projection, GELU)."""
+    or GPT-2 (LayerNorm, fused QKV projection, GELU); its norms and residual adds on
+    ``sequence_share`` of the tokens (module docstring)."""
     h, q, kv, f = hidden, q_width, kv_width, ffn_hidden
+    hs = h * sequence_share  # the hidden-width ops' values per token of the micro-batch
     attention_io = 2 * q + 2 * kv  # Q, K, V in; the output (q wide) out
     if llama:
         # wq, wk, wv read h each; wo reads q; gate and up read h each; down reads f.
         gemm_io = (3 * h + q + 2 * kv) + (q + h) + (2 * h + 2 * f) + (f + h)
         return LayerOps(
             gemm_io_values_per_token=gemm_io + attention_io,
-            stream_fixed_bytes_per_token=2 * _RMSNORM_FIXED * h,
-            stream_values_per_token=2 * _RMSNORM_VALUES * h + 10 * (q + kv) + 2 * 3 * h + 5 * f,
-            cast_values_per_token=2 * _RMSNORM_CASTS * h,
+            stream_fixed_bytes_per_token=2 * _RMSNORM_FIXED * hs,
+            stream_values_per_token=2 * _RMSNORM_VALUES * hs + 10 * (q + kv) + 2 * 3 * hs + 5 * f,
+            cast_values_per_token=2 * _RMSNORM_CASTS * hs,
             # norms, RoPE on Q and K, two adds, SwiGLU, 7 GEMMs, the attention kernel
             kernels=2 * _RMSNORM_KERNELS + 2 * 5 + 2 + 2 + 7 + 1,
             cast_kernels=2 * 2 + 2 * 2,  # each norm's two; the rotary tables', per call
@@ -95,8 +108,8 @@ def block_ops(
     gemm_io = (h + 3 * h) + (h + h) + (h + f) + (f + h)
     return LayerOps(
         gemm_io_values_per_token=gemm_io + attention_io,
-        stream_fixed_bytes_per_token=2 * _LAYERNORM_FIXED,
-        stream_values_per_token=2 * _LAYERNORM_VALUES * h + 2 * 3 * h + 2 * f,
+        stream_fixed_bytes_per_token=2 * _LAYERNORM_FIXED * sequence_share,
+        stream_values_per_token=2 * _LAYERNORM_VALUES * hs + 2 * 3 * hs + 2 * f,
         kernels=2 * _LAYERNORM_KERNELS + 2 + 1 + 4 + 1,  # norms, adds, GELU, GEMMs, attention
     )
 
@@ -118,13 +131,15 @@ def embedding_ops(*, learned_positions: bool, hidden: int) -> LayerOps:
     )
 
 
-def head_ops(*, llama: bool, hidden: int, vocab_size: int) -> LayerOps:
-    """The final norm, the LM head GEMM and the fp32 cross-entropy over the vocabulary."""
+def head_ops(*, llama: bool, hidden: int, vocab_size: int, sequence_share: float = 1.0) -> LayerOps:
+    """The final norm (on ``sequence_share`` of the tokens), the LM head GEMM and the fp32
+    cross-entropy over ``vocab_size`` logits (a vocabulary-parallel member's slice)."""
     h, v = hidden, vocab_size
+    hs = h * sequence_share
     fixed, values, casts, kernels, cast_kernels = (
-        (_RMSNORM_FIXED * h, _RMSNORM_VALUES * h, _RMSNORM_CASTS * h, _RMSNORM_KERNELS, 2)
+        (_RMSNORM_FIXED * hs, _RMSNORM_VALUES * hs, _RMSNORM_CASTS * hs, _RMSNORM_KERNELS, 2)
         if llama
-        else (_LAYERNORM_FIXED, _LAYERNORM_VALUES * h, 0, _LAYERNORM_KERNELS, 0)
+        else (_LAYERNORM_FIXED * sequence_share, _LAYERNORM_VALUES * hs, 0, _LAYERNORM_KERNELS, 0)
     )
     return LayerOps(
         gemm_io_values_per_token=h + v,

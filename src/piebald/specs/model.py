@@ -41,6 +41,16 @@ values, the log-sum-exp) and its per-token kernel traffic divided by t; the norm
 row-parallel biases and everything on the hidden width (norm inputs and outputs, residual
 adds) whole, on every rank (no sequence parallelism; Korthikanti's "10 + 24/t" split).
 The embedding and the head are not split: every rank of the group holds and runs them.
+That is the ``blocks`` layout, the one piebald's runtime runs; ``layers_at`` also gives the
+layers of the layouts other systems run (``specs.tensor_layout``):
+
+* ``vocabulary``: the embedding's and the head's weights split over the vocabulary (each
+  rank ceil(V / t) rows, the vocabulary padded as Megatron-LM pads it), the head's FLOPs,
+  logits, loss traffic and kept fp32 log-softmax (4V) with them; GPT-2's learned positions
+  stay whole.
+* ``sequence``: that, and every rank keeps and runs the hidden-width part of a block (its
+  norms' inputs, statistics and outputs, residual adds; with recompute, the block's input)
+  and the final norm on 1/t of the tokens: Korthikanti's "34/t" (section 4.2.2, table 2).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from piebald.specs.limits import (
     MAX_VOCAB_SIZE,
 )
 from piebald.specs.rope_scaling import RopeScaling
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
     "ARCH_LIMITS",
@@ -290,18 +301,30 @@ class ModelSpec:
         """Model FLOPs of forward plus backward (3 x forward); recompute never counts."""
         return 3.0 * self.forward_flops_per_token(seq_len=seq_len)
 
-    def layers_at(self, tensor_parallel_degree: int) -> tuple[LayerSpec, ...]:
-        """The layers as one rank of a tensor group of this degree holds and runs them
-        (module docstring); :attr:`layers` at degree 1."""
+    def layers_at(
+        self, tensor_parallel_degree: int, layout: TensorLayout = TensorLayout.BLOCKS
+    ) -> tuple[LayerSpec, ...]:
+        """The layers as one rank of a tensor group of this degree and ``layout`` holds
+        and runs them (module docstring); :attr:`layers` at degree 1, whatever the
+        layout."""
         if tensor_parallel_degree == 1:
             return self.layers
-        return _build_layers(self.arch, tensor_parallel_degree=tensor_parallel_degree)
+        return _build_layers(
+            self.arch, tensor_parallel_degree=tensor_parallel_degree, layout=layout
+        )
 
-    def stage_params(self, start: int, end: int, *, tensor_parallel_degree: int = 1) -> int:
+    def stage_params(
+        self,
+        start: int,
+        end: int,
+        *,
+        tensor_parallel_degree: int = 1,
+        layout: TensorLayout = TensorLayout.BLOCKS,
+    ) -> int:
         """Parameters a stage holding layers [start, end) stores, tied replicas included;
-        per rank of a tensor group of ``tensor_parallel_degree``."""
+        per rank of a tensor group of ``tensor_parallel_degree`` and ``layout``."""
         total = 0
-        for layer in self.layers_at(tensor_parallel_degree)[start:end]:
+        for layer in self.layers_at(tensor_parallel_degree, layout)[start:end]:
             total += layer.num_params
             if layer.num_tied_params and start > 0:  # the owner (embedding) is elsewhere
                 total += layer.num_tied_params
@@ -351,28 +374,40 @@ def _block_params(arch: ModelArch, widths: _BlockWidths) -> tuple[int, int]:
     return weights + biases + 2 * h, weights
 
 
-def _block_activations(arch: ModelArch, widths: _BlockWidths) -> tuple[float, float]:
+def _block_activations(
+    arch: ModelArch, widths: _BlockWidths, *, sequence_share: float
+) -> tuple[float, float]:
     """(fp32/int64 bytes, training-dtype values) a block keeps per token (module
-    docstring), per rank of its tensor group."""
+    docstring), per rank of its tensor group, its hidden-width part on ``sequence_share``
+    of the tokens."""
     h, heads, q, kv, f = widths.hidden, widths.heads, widths.q, widths.kv, widths.ffn
+    hs = h * sequence_share
     if arch.family is Family.GPT2:
         # Norm inputs and outputs and the residual path (4h) whole; QKV and the attention
         # output (4q, = 4h unsplit) and the MLP's two (2f) split.
-        return 4 * heads + 16, 4 * h + 4 * q + 2 * f
-    return 8 * h + 4 * heads + 8, 4 * h + 2 * q + 2 * kv + 4 * f
+        return 4 * heads + 16 * sequence_share, 4 * hs + 4 * q + 2 * f
+    return 8 * hs + 4 * heads + 8 * sequence_share, 4 * hs + 2 * q + 2 * kv + 4 * f
 
 
-def _head_activations(arch: ModelArch) -> tuple[float, float]:
-    """(fp32/int64 bytes, training-dtype values) the head and loss keep per token."""
-    h, vocab = arch.hidden_size, arch.vocab_size
-    norm_fixed = 8 if arch.family is Family.GPT2 else 4 * h + 4
-    return norm_fixed + 4 * vocab + 8, 2 * h
+def _head_activations(
+    arch: ModelArch, *, vocab_slice: int, sequence_share: float
+) -> tuple[float, float]:
+    """(fp32/int64 bytes, training-dtype values) the head and loss keep per token: the
+    final norm's on ``sequence_share`` of the tokens, the log-softmax over ``vocab_slice``
+    logits."""
+    hs = arch.hidden_size * sequence_share
+    norm_fixed = 8 * sequence_share if arch.family is Family.GPT2 else 4 * hs + 4 * sequence_share
+    return norm_fixed + 4 * vocab_slice + 8, 2 * hs
 
 
 @functools.lru_cache(maxsize=256)
-def _build_layers(arch: ModelArch, *, tensor_parallel_degree: int = 1) -> tuple[LayerSpec, ...]:
-    h, vocab = arch.hidden_size, arch.vocab_size
-    widths = _BlockWidths.of(arch, tensor_parallel_degree)
+def _build_layers(
+    arch: ModelArch, *, tensor_parallel_degree: int = 1, layout: TensorLayout = TensorLayout.BLOCKS
+) -> tuple[LayerSpec, ...]:
+    h, t = arch.hidden_size, tensor_parallel_degree
+    vocab = layout.vocabulary_rows(vocab_size=arch.vocab_size, degree=t)  # a rank's rows
+    sequence_share = 1.0 / t if layout.splits_sequence else 1.0
+    widths = _BlockWidths.of(arch, t)
     positions = arch.max_seq_len * h if arch.family is Family.GPT2 else 0
     embedding = LayerSpec(
         index=0,
@@ -390,11 +425,18 @@ def _build_layers(arch: ModelArch, *, tensor_parallel_degree: int = 1) -> tuple[
     )
     llama = arch.family is not Family.GPT2
     one_block_ops = block_ops(
-        llama=llama, hidden=h, q_width=widths.q, kv_width=widths.kv, ffn_hidden=widths.ffn
+        llama=llama,
+        hidden=h,
+        q_width=widths.q,
+        kv_width=widths.kv,
+        ffn_hidden=widths.ffn,
+        sequence_share=sequence_share,
     )
     block_params, block_weights = _block_params(arch, widths)
-    block_fixed, block_values = _block_activations(arch, widths)
-    head_fixed, head_values = _head_activations(arch)
+    block_fixed, block_values = _block_activations(arch, widths, sequence_share=sequence_share)
+    head_fixed, head_values = _head_activations(
+        arch, vocab_slice=vocab, sequence_share=sequence_share
+    )
     blocks = [
         LayerSpec(
             index=1 + i,
@@ -406,7 +448,7 @@ def _build_layers(arch: ModelArch, *, tensor_parallel_degree: int = 1) -> tuple[
             activation_fixed_bytes_per_token=block_fixed,
             activation_values_per_token=block_values,
             recompute_fixed_bytes_per_token=0.0,
-            recompute_values_per_token=float(h),  # the block's input
+            recompute_values_per_token=h * sequence_share,  # the block's input
             output_bytes_per_token=2.0 * h,
             ops=one_block_ops,
         )
@@ -426,6 +468,6 @@ def _build_layers(arch: ModelArch, *, tensor_parallel_degree: int = 1) -> tuple[
         recompute_fixed_bytes_per_token=head_fixed,  # the head is never recomputed
         recompute_values_per_token=head_values,
         output_bytes_per_token=0.0,  # the loss
-        ops=head_ops(llama=llama, hidden=h, vocab_size=vocab),
+        ops=head_ops(llama=llama, hidden=h, vocab_size=vocab, sequence_share=sequence_share),
     )
     return (embedding, *blocks, head)

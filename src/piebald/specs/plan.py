@@ -13,7 +13,9 @@ block's weights t ways and runs the same micro-batches together. The group's fir
 its *leader*, stands for it in ``routes``; every member carries the group's micro-batch
 size and count, and a 1/t share of the group's fraction of the training state (so the
 fractions of a stage still sum to 1). The stage's data-parallel groups run over tensor
-groups: the members at one position of every group.
+groups: the members at one position of every group. What a group splits besides its
+blocks' heads and MLP width is the stage's ``tensor_layout`` (``specs.tensor_layout``:
+piebald's runtime runs ``blocks``; the others price runs of other systems as they ran).
 
 Construction validates everything against the embedded cluster and model; errors name the
 field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
@@ -33,6 +35,7 @@ from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelArch, ModelSpec
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
     "PLAN_VERSION",
@@ -167,6 +170,8 @@ class Stage:
     # Ranks per tensor group (consecutive in ``ranks``, inside one node); 1: no tensor
     # parallelism.
     tensor_parallel_degree: int = 1
+    # What else its tensor groups split (``specs.tensor_layout``); ``blocks`` at degree 1.
+    tensor_layout: TensorLayout = TensorLayout.BLOCKS
 
     @property
     def num_layers(self) -> int:
@@ -494,6 +499,12 @@ def _validate_tensor_groups(plan: Plan, where: str, stage: Stage) -> None:
     equal micro-batch sizes, counts, shard fractions and in-flight budgets."""
     t = stage.tensor_parallel_degree
     if t == 1:
+        if stage.tensor_layout is not TensorLayout.BLOCKS:
+            raise _fail(
+                f"{where}.tensor_layout",
+                stage.tensor_layout.value,
+                f"'{TensorLayout.BLOCKS.value}' at tensor_parallel_degree 1 (nothing to split)",
+            )
         return
     problem = tensor_split_problem(plan.model.arch, t)
     if problem is not None:

@@ -33,6 +33,7 @@ from piebald.specs.plan import (
     ZeroMode,
 )
 from piebald.specs.presets import model_from_dict, model_to_dict
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
     "cost_inputs_to_dict",
@@ -93,6 +94,8 @@ def _stage_to_dict(plan: Plan, stage: Stage) -> dict[str, Any]:
         out["max_in_flight"] = list(stage.max_in_flight)
     if stage.tensor_parallel_degree > 1:  # absent: 1 (older plans too)
         out["tensor_parallel_degree"] = stage.tensor_parallel_degree
+    if stage.tensor_layout is not TensorLayout.BLOCKS:  # absent: blocks (older plans too)
+        out["tensor_layout"] = stage.tensor_layout.value
     return out
 
 
@@ -260,6 +263,13 @@ def _stage_from(fields: Fields) -> Stage:
         recompute=fields.boolean("recompute", default=False),
         max_in_flight=_int_list(fields, "max_in_flight") if fields.has("max_in_flight") else None,
         tensor_parallel_degree=fields.integer("tensor_parallel_degree", default=1, minimum=1),
+        tensor_layout=TensorLayout(
+            fields.choice(
+                "tensor_layout",
+                [layout.value for layout in TensorLayout],
+                TensorLayout.BLOCKS.value,
+            )
+        ),
     )
 
 
@@ -309,6 +319,7 @@ _STAGE_KEYS = (
     "recompute",
     "max_in_flight",
     "tensor_parallel_degree",
+    "tensor_layout",
 )
 _PREDICTION_KEYS = ("step_time_s", "tokens_per_s", "peak_memory_bytes")
 _RUNNER_UP_KEYS = ("description", "tokens_per_s", "step_time_s")

@@ -10,6 +10,10 @@
 - A block's compute at degree 2: exactly half of degree 1 on a device whose memory is free
   (GEMM and attention FLOPs split evenly), and within 12% of half on real GPUs, where the
   whole-width memory-bound kernels (norms, residual adds) and the kernel launches stay.
+- A vocabulary-parallel layout adds an all-reduce of the micro-batch's activation in the
+  forward of the stage holding the embedding and one in the backward of the stage holding
+  the head; a sequence-parallel one half of one, each way, at either end (a reduce-scatter
+  or an all-gather); ``blocks`` adds nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from piebald.cost.rank_pass import plan_rank_pass
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import LayerKind
 from piebald.specs.presets import load_model
+from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import TWO_H100_NODES, tp_plan, tp_stage
 
 SEQ_LEN = 1024
@@ -148,3 +153,50 @@ def test_a_block_at_degree_two_costs_about_half_per_rank(device: str) -> None:
         "llama-3-70b", device, 1, EfficiencyCurve()
     )
     assert 0.5 < ratio < 0.5 * 1.12
+
+
+@pytest.mark.parametrize(
+    ("layout", "first_ends", "last_ends"),
+    [
+        # (forward, backward) all-reduces at the ends, first stage and last stage
+        (TensorLayout.BLOCKS, (0.0, 0.0), (0.0, 0.0)),
+        (TensorLayout.VOCABULARY, (1.0, 0.0), (0.0, 1.0)),
+        (TensorLayout.SEQUENCE, (0.5, 0.5), (0.5, 0.5)),
+    ],
+)
+def test_the_embedding_and_head_meet_their_group_as_the_layout_splits_them(
+    layout: TensorLayout, first_ends: tuple[float, float], last_ends: tuple[float, float]
+) -> None:
+    model = load_model("gpt2")
+    degree, cut, size = 4, 7, 2
+    stages = [
+        dataclasses.replace(
+            tp_stage(
+                layers=layers,
+                ranks=ranks,
+                degree=degree,
+                num_micro_batches=2,
+                micro_batch_size=size,
+            ),
+            tensor_layout=layout,
+        )
+        for layers, ranks in (((0, cut), range(degree)), ((cut, model.num_layers), range(8, 12)))
+    ]
+    plan = tp_plan(model, stages, seq_len=SEQ_LEN)
+    link = TWO_H100_NODES.link_between(0, 1)
+    message = _activation_bytes(size, model.arch.hidden_size)
+    all_reduce_s = (
+        2
+        * (degree - 1)
+        * (link.latency_s + message / (degree * link.bandwidth_bytes_per_s * BUS_EFFICIENCY))
+    )
+    for index, (forward, backward) in enumerate((first_ends, last_ends)):
+        start, end = stages[index].layer_start, stages[index].layer_end
+        blocks_s = (
+            2
+            * all_reduce_s
+            * sum(1 for layer in model.layers[start:end] if layer.kind is LayerKind.BLOCK)
+        )
+        one = plan_rank_pass(plan, stage_index=index, position=1)
+        assert one.tensor.forward_s == pytest.approx(blocks_s + forward * all_reduce_s, rel=1e-12)
+        assert one.tensor.backward_s == pytest.approx(blocks_s + backward * all_reduce_s, rel=1e-12)

@@ -1,5 +1,6 @@
 """A stage's tensor groups: what a plan of tensor-parallel degree > 1 must hold, and that
-its files round-trip (older files, without the field, read as degree 1)."""
+its files round-trip (older files, without the fields, read as degree 1 and as the
+runtime's ``blocks`` layout)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, Stage, ZeroMode
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 from piebald.specs.presets import load_model
+from piebald.specs.tensor_layout import TensorLayout
 
 # Two nodes of four GPUs: ranks 0-3 and 4-7.
 CLUSTER = parse_cluster(
@@ -84,6 +86,32 @@ def test_a_tensor_parallel_plan_round_trips_and_older_files_read_as_degree_one()
     assert "tensor_parallel_degree" not in data["stages"][1]
     assert plan_from_dict(data, source="test") == plan
     assert plan_from_dict(data, source="test").stages[1].tensor_parallel_degree == 1
+
+
+def test_a_tensor_layout_round_trips_and_is_written_only_where_not_blocks() -> None:
+    plan = _plan(tensor_layout=TensorLayout.SEQUENCE)
+    data = plan_to_dict(plan)
+    assert data["stages"][0]["tensor_layout"] == "sequence"
+    assert plan_from_dict(data, source="test") == plan
+    blocks = plan_to_dict(_plan())
+    assert "tensor_layout" not in blocks["stages"][0]
+    assert plan_from_dict(blocks, source="test").stages[0].tensor_layout is TensorLayout.BLOCKS
+    data["stages"][0]["tensor_layout"] = "sequential"
+    with pytest.raises(SpecError) as caught:
+        plan_from_dict(data, source="test")
+    assert caught.value.field == "stages[0].tensor_layout"
+
+
+def test_a_layout_needs_a_tensor_group() -> None:
+    with pytest.raises(SpecError) as caught:
+        dataclasses.replace(
+            _plan(),
+            stages=(
+                _plan().stages[0],
+                dataclasses.replace(_plan().stages[1], tensor_layout=TensorLayout.VOCABULARY),
+            ),
+        )
+    assert caught.value.field == "stages[1].tensor_layout"
 
 
 @pytest.mark.parametrize(

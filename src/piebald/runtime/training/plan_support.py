@@ -2,10 +2,11 @@
 plan field or the flag, on every rank alike (the check reads only the plan and the
 configuration), instead of a failure half way into a run.
 
-Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under ZeRO none and
-ZeRO-1 only: ZeRO-2/3 streams every layer's gathers and reduce-scatters over the
-data-parallel group inside each pass, beside the tensor group's sums, which is not built
-yet.
+Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) split their blocks only
+(``TensorLayout.BLOCKS``: embedding, head and norms replicated; the other layouts are in
+the plan format to price other systems' runs) and run under ZeRO none and ZeRO-1 only:
+ZeRO-2/3 streams every layer's gathers and reduce-scatters over the data-parallel group
+inside each pass, beside the tensor group's sums, which is not built yet.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from piebald.errors import SpecError
 from piebald.runtime.training.config import TrainConfig
 from piebald.specs.plan import Plan
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["check_runtime_supports"]
 
@@ -25,6 +27,14 @@ def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
         if degree == 1:
             continue
         where = f"stages[{index}]"
+        if stage.tensor_layout is not TensorLayout.BLOCKS:
+            raise SpecError(
+                source="plan",
+                field=f"{where}.tensor_layout",
+                value=stage.tensor_layout.value,
+                expected=f"'{TensorLayout.BLOCKS.value}': the runtime splits blocks only (the "
+                "embedding, head and norms are replicated on every member of a tensor group)",
+            )
         if stage.zero.per_pass:
             raise SpecError(
                 source="plan",
