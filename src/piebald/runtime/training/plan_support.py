@@ -2,10 +2,8 @@
 plan field or the flag, on every rank alike (the check reads only the plan and the
 configuration), instead of a failure half way into a run.
 
-Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under ZeRO none and
-ZeRO-1 only: ZeRO-2/3 streams every layer's gathers and reduce-scatters over the
-data-parallel group inside each pass, beside the tensor group's sums, which is not built
-yet. Nor are checkpoints of such stages: a checkpoint stores each owner's shard under the
+Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under every ZeRO mode,
+but their checkpoints are not built yet: a checkpoint stores each owner's shard under the
 parameter's global name, and the members of a tensor group hold different slices under
 one name (the saved model, ``--save-model``, is gathered whole and works).
 """
@@ -27,14 +25,6 @@ def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
         if degree == 1:
             continue
         where = f"stages[{index}]"
-        if stage.zero.per_pass:
-            raise SpecError(
-                source="plan",
-                field=f"{where}.zero",
-                value=stage.zero.value,
-                expected=f"'none' or 'optimizer' at tensor_parallel_degree {degree}: ZeRO-2/3 "
-                "of tensor-parallel stages is not supported by the runtime yet",
-            )
         if config.checkpoint_dir is not None or config.resume or config.resume_from is not None:
             raise SpecError(
                 source="piebald train",
