@@ -1,7 +1,7 @@
 """Mixed precision across GPU generations, run for real on CPU (``--compute-dtype native``):
-a data-parallel group mixing bf16 and fp16 ranks (also as tensor groups), and a tied
-embedding/head shared by a bf16 stage and an fp16 stage, train ``tiny`` for 20 steps to
-within 5% of the fp32 reference.
+a data-parallel group mixing bf16 and fp16 ranks (also as tensor groups, under ZeRO-1 and
+ZeRO-3), and a tied embedding/head shared by a bf16 stage and an fp16 stage, train
+``tiny`` for 20 steps to within 5% of the fp32 reference.
 
 On GPUs these plans stopped at start-up (a group's buckets refused ranks of different
 dtypes); emulation computed in fp32 everywhere, so no test could see it.
@@ -10,7 +10,9 @@ dtypes); emulation computed in fp32 everywhere, so no test could see it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.precision import ComputeDtype, rank_dtypes
 from piebald.runtime.training.reference import train_reference
 from piebald.specs.devices import Dtype
-from piebald.specs.plan import Plan
+from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.plan_io import load_plan
 
 pytestmark = pytest.mark.distributed
@@ -87,17 +89,21 @@ def _tied_across_dtypes(_: Path) -> Plan:
     )
 
 
-def _tensor_groups_across_dtypes(_: Path) -> Plan:
+def _tensor_groups_across_dtypes(_: Path, zero: ZeroMode = ZeroMode.OPTIMIZER) -> Plan:
     """Two tensor groups of 2, one of A100s (bf16) and one of V100s (fp16), data-parallel
-    over each other under ZeRO-1: each group's sums run in its own dtype, the shared
-    gradients cross dtypes."""
+    over each other under ZeRO-1 (3:1 micro-batches) or ZeRO-3 (equal counts): each
+    group's sums run in its own dtype, the shared gradients cross dtypes (and under ZeRO-3
+    every gather, through an fp32 wire buffer, before a leader broadcasts the replicated
+    weights in its own dtype)."""
+    counts = (2, 2, 2, 2) if zero.per_pass else (2, 2, 1, 1)
     return make_plan(
         [
             StageSpec(
                 layer_end=6,
                 ranks=(0, 1, 2, 3),
-                num_micro_batches=(2, 2, 1, 1),
+                num_micro_batches=counts,
                 fractions=(0.3, 0.3, 0.2, 0.2),
+                zero=zero,
                 tensor_parallel_degree=2,
             )
         ],
@@ -107,10 +113,13 @@ def _tensor_groups_across_dtypes(_: Path) -> Plan:
     )
 
 
-PLANS = {
+PLANS: dict[str, Callable[[Path], Plan]] = {
     "one stage of bf16 + fp16 ranks (cephalo)": _cephalo_plan,
     "tied embedding/head on a bf16 and an fp16 stage": _tied_across_dtypes,
     "tensor groups of bf16 and of fp16 ranks": _tensor_groups_across_dtypes,
+    "tensor groups of bf16 and of fp16 ranks, ZeRO-3": functools.partial(
+        _tensor_groups_across_dtypes, zero=ZeroMode.FULL
+    ),
 }
 
 

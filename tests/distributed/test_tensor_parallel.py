@@ -4,18 +4,23 @@ weights counted once, split ones once per slice) and final parameters, gathered 
 ``--save-model``, to 1e-4 (the comparison of test_plan_equivalence, ``equivalence.py``).
 
 Plans: one stage split two ways on 2 ranks; two tensor groups of 2 on 4 ranks (data
-parallelism 2 over uneven fractions, ZeRO-1, each group listed leader-last-rank-first so
-positions differ from rank order); a two-stage pipeline whose first stage is split and
-whose second is not, with the embedding tied to the head across stages; and GPT-2's
-fused QKV with biases under recompute. Plus: the pipeline keeps working paced, and what
-the runtime cannot run yet with tensor parallelism is refused in one line. Checkpoints
-of tensor-parallel plans: test_tensor_parallel_checkpoint.py.
+parallelism 2 over uneven fractions, each group listed leader-last-rank-first so
+positions differ from rank order) under ZeRO-1, ZeRO-2 and ZeRO-3 (each layer's slices
+streamed over the data-parallel group, its whole weights among the leaders); a two-stage
+pipeline whose first stage is split and whose second is not, with the embedding tied to
+the head across stages, and one whose second stage is split under ZeRO-3; and GPT-2's
+fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. Plus:
+the pipeline keeps working paced. Checkpoints of tensor-parallel plans:
+test_tensor_parallel_checkpoint.py; what the runtime refuses (other tensor layouts):
+tests/unit/runtime/training/test_plan_support.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,9 +94,56 @@ def _two_stages_split_then_whole() -> Plan:
     )
 
 
-def _gpt2_two_ways() -> Plan:
-    """A small GPT-2 (fused QKV, biases everywhere, learned positions) split two ways,
-    replicated optimizer (ZeRO none), recompute."""
+def _two_groups_streamed(zero: ZeroMode, *, tied: bool) -> Plan:
+    """The tensor groups of :func:`_two_groups_uneven` under ZeRO-2 or ZeRO-3: each
+    position's slices streamed layer by layer over its data-parallel group, the
+    replicated weights (norms, embedding, head) among the two leaders (0.7 / 0.3), who
+    hand them on to their members. Equal micro-batch counts, as a stage that reduces in
+    every pass needs."""
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=6,
+                ranks=(1, 0, 3, 2),
+                num_micro_batches=(2, 2, 2, 2),
+                fractions=(0.35, 0.35, 0.15, 0.15),
+                zero=zero,
+                tensor_parallel_degree=2,
+            )
+        ],
+        num_gpus=4,
+        tied=tied,
+        gpu_types=("A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB"),
+    )
+
+
+def _two_stages_whole_then_split_zero3() -> Plan:
+    """Stage 0 (embedding and two blocks) on ranks 0 and 1, ZeRO-1 at 0.6 / 0.4; stage 1
+    (two blocks and the head) split over ranks 2 and 3 under ZeRO-3 under 1F1B (one
+    tensor group: a data-parallel group of one per position, so the slices' streamed
+    gathers and reduce-scatters are local, and the replicated weights reach the member by
+    its leader's broadcasts); the head tied to the embedding across the stages (its tied
+    bucket is not streamed)."""
+    return make_plan(
+        [
+            StageSpec(layer_end=3, ranks=(0, 1), num_micro_batches=(2, 2), fractions=(0.6, 0.4)),
+            StageSpec(
+                layer_end=6,
+                ranks=(2, 3),
+                num_micro_batches=(4, 4),
+                fractions=(0.5, 0.5),
+                zero=ZeroMode.FULL,
+                tensor_parallel_degree=2,
+            ),
+        ],
+        num_gpus=4,
+        tied=True,
+        gpu_types=("A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB"),
+    )
+
+
+def _gpt2_tiny() -> ModelSpec:
+    """A small GPT-2: fused QKV, biases everywhere, learned positions, tied head."""
     arch = ModelArch(
         family=Family.GPT2,
         num_blocks=2,
@@ -103,6 +155,11 @@ def _gpt2_two_ways() -> Plan:
         max_seq_len=64,
         tie_embeddings=True,
     )
+    return ModelSpec(name="gpt2-tiny", arch=arch)
+
+
+def _gpt2_two_ways() -> Plan:
+    """The small GPT-2 split two ways, replicated optimizer (ZeRO none), recompute."""
     return make_plan(
         [
             StageSpec(
@@ -116,15 +173,42 @@ def _gpt2_two_ways() -> Plan:
             )
         ],
         num_gpus=2,
-        model=ModelSpec(name="gpt2-tiny", arch=arch),
+        model=_gpt2_tiny(),
     )
 
 
-PLANS = {
+def _gpt2_four_ways_zero3() -> Plan:
+    """The small GPT-2 split four ways (one head per member, each member's thirds of the
+    fused QKV and their biases streamed on their own) under ZeRO-3."""
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=4,
+                ranks=(0, 1, 2, 3),
+                num_micro_batches=(3, 3, 3, 3),
+                fractions=(0.25, 0.25, 0.25, 0.25),
+                zero=ZeroMode.FULL,
+                tensor_parallel_degree=4,
+            )
+        ],
+        num_gpus=4,
+        model=_gpt2_tiny(),
+    )
+
+
+PLANS: dict[str, Callable[[], Plan]] = {
     "1 stage, TP 2 on 2 ranks": _one_stage_two_ways,
     "1 stage, TP 2 x DP 2 on 4 ranks, fractions 0.7 / 0.3, ZeRO-1": _two_groups_uneven,
     "2 stages, TP 2 then TP 1, tied head": _two_stages_split_then_whole,
+    "1 stage, TP 2 x DP 2 on 4 ranks, fractions 0.7 / 0.3, ZeRO-3, tied head": functools.partial(
+        _two_groups_streamed, ZeroMode.FULL, tied=True
+    ),
+    "1 stage, TP 2 x DP 2 on 4 ranks, fractions 0.7 / 0.3, ZeRO-2": functools.partial(
+        _two_groups_streamed, ZeroMode.GRADIENTS, tied=False
+    ),
+    "2 stages, TP 1 then TP 2 under ZeRO-3, tied head": _two_stages_whole_then_split_zero3,
     "1 stage, GPT-2, TP 2, ZeRO none, recompute": _gpt2_two_ways,
+    "1 stage, GPT-2, TP 4, ZeRO-3": _gpt2_four_ways_zero3,
 }
 
 
@@ -149,7 +233,7 @@ def _grad_norms(path: Path) -> list[float]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_tensor_parallel_plan_trains_like_one_process(name: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
-    assert any(stage.tensor_parallel_degree == 2 for stage in plan.stages)
+    assert any(stage.tensor_parallel_degree > 1 for stage in plan.stages)
     assert_trains_like_one_process(
         plan, CONFIG, one_tag=False, tmp_path=tmp_path, mixed_gpu_types=False, param_atol=PARAM_ATOL
     )
@@ -171,19 +255,3 @@ def test_tensor_parallel_pipeline_runs_paced(tmp_path: Path) -> None:
     assert run.steps == 2 and run.paced_operations > 0
 
 
-def test_tensor_parallel_zero3_is_refused_up_front() -> None:
-    plan = make_plan(
-        [
-            StageSpec(
-                layer_end=6,
-                ranks=(0, 1, 2, 3),
-                num_micro_batches=(2, 2, 2, 2),
-                fractions=(0.25, 0.25, 0.25, 0.25),
-                zero=ZeroMode.FULL,
-                tensor_parallel_degree=2,
-            )
-        ],
-        num_gpus=4,
-    )
-    with pytest.raises(SpecError, match=r"stages\[0\]\.zero: got 'full'"):
-        emulate(plan, CONFIG, max_params=10**9)

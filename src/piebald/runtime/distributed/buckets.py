@@ -16,7 +16,11 @@ come back in the order the optimizer must visit them: stage first, then tied.
 Under tensor parallelism the block weights a member holds a slice of (``split_names``) get
 a bucket of their own, ``stage{s}.split``, sharded over the member's data-parallel group
 (the members at its position of every tensor group); the stage bucket keeps what every
-member holds whole, owned by the tensor groups' leaders (``group_layout``).
+member holds whole, owned by the tensor groups' leaders (``group_layout``). Under ZeRO-2/3
+both are streamed per layer: ``stage{s}.layer{i}.split`` over the data-parallel group, and
+``stage{s}.layer{i}`` for the layer's whole weights (norms, row-parallel biases, embedding,
+head), routed (``flat_bucket``): its sums and gathers run among the leaders only, each of
+which hands the gathered layer on to its tensor group.
 """
 
 from __future__ import annotations
@@ -59,6 +63,28 @@ def _step_chunk(named_params: Sequence[tuple[str, nn.Parameter]]) -> int | None:
             return None
         per_layer[index] = per_layer.get(index, 0) + param.numel()
     return min(max(per_layer.values()), STEP_CHUNK_ELEMENTS) if per_layer else None
+
+
+def _by_layer(
+    named_params: Sequence[tuple[str, nn.Parameter]],
+) -> dict[int, list[tuple[str, nn.Parameter]]]:
+    by_layer: dict[int, list[tuple[str, nn.Parameter]]] = {}
+    for name, param in named_params:
+        by_layer.setdefault(layer_of(name), []).append((name, param))
+    return by_layer
+
+
+def _routing(
+    groups: ProcessGroups, placement: BucketPlacement
+) -> tuple[CommGroup | None, CommGroup | None]:
+    """(tensor group, owners' group) of a tensor-parallel stage's streamed buckets of
+    whole weights (``flat_bucket``'s routed buckets): the owners are the tensor groups'
+    leaders, who are position 0 of their groups, so their data-parallel group is the
+    leaders' (None on a member); (None, None) at degree 1."""
+    if groups.tensor is None or groups.tensor.size == 1:
+        return None, None
+    owners = None if groups.rank in placement.replicas else groups.data_parallel
+    return groups.tensor, owners
 
 
 def layer_of(global_name: str) -> int:
@@ -115,6 +141,8 @@ def build_buckets(
         init_src_rank: int | None = None,
         streamed: bool = False,
         chunk_numel: int | None = None,
+        owners: CommGroup | None = None,
+        mirror: CommGroup | None = None,
     ) -> FlatBucket:
         return FlatBucket(
             name,
@@ -129,35 +157,70 @@ def build_buckets(
             all_gather_method=all_gather_method,
             streamed=streamed,
             chunk_numel=chunk_numel,
+            owners=owners,
+            mirror=mirror,
         )
 
     split = [(n, p) for n, p in rest if n in split_names]
     rest = [(n, p) for n, p in rest if n not in split_names]
     buckets: list[FlatBucket] = []
     placement = groups.layout.stages[stage_index]
-    if split and ((stream_layers and placement.zero.per_pass) or groups.data_parallel is None):
+    sliced = groups.layout.data_parallel_of(groups.rank)
+    if split and (sliced is None or groups.data_parallel is None):
         raise ValueError(
-            f"rank {groups.rank}: tensor-parallel slices need a data-parallel group and "
-            f"zero 'none' or 'optimizer' (stage {stage_index} has {placement.zero.value!r})"
+            f"rank {groups.rank}: tensor-parallel slices need a data-parallel group "
+            f"(stage {stage_index} has none)"
         )
-    # Every rank of the stage holds the same parameters, so all agree on these buckets.
-    if rest and stream_layers and placement.zero.per_pass:
-        by_layer: dict[int, list[tuple[str, nn.Parameter]]] = {}
-        for name, param in rest:
-            by_layer.setdefault(layer_of(name), []).append((name, param))
-        for index in sorted(by_layer):
+    # Every rank of the stage holds the same parameters (and every member of a
+    # data-parallel group the same slices), so all agree on these buckets.
+    if stream_layers and placement.zero.per_pass:
+        whole = _by_layer(rest)
+        slices = _by_layer(split)
+        mirror, owners = _routing(groups, placement)
+        if mirror is not None and len({dtype_of(r) for r in mirror.ranks}) > 1:
+            # The leader broadcasts the layer in its compute dtype (a tensor group sits in
+            # one node, so its GPUs are of one type).
+            raise ValueError(
+                f"rank {groups.rank}: tensor group {list(mirror.ranks)} computes in "
+                f"{sorted({dtype_of(r).value for r in mirror.ranks})}; expected one dtype"
+            )
+        # Layer by layer, the whole weights' bucket before the slices', the order the
+        # passes visit them in (``pipeline.layer_stream``) on every rank alike.
+        for index in sorted(whole.keys() | slices.keys()):
             name = stage_bucket_name(stage_index, index)
-            buckets.append(make(name, by_layer[index], placement, groups.stage, streamed=True))
-    elif rest:
-        name = stage_bucket_name(stage_index)
-        buckets.append(make(name, rest, placement, groups.stage, chunk_numel=_step_chunk(rest)))
-    if split:
-        sliced = groups.layout.data_parallel_of(groups.rank)
-        assert sliced is not None and groups.data_parallel is not None
-        name = stage_bucket_name(stage_index) + SPLIT_SUFFIX
-        buckets.append(
-            make(name, split, sliced, groups.data_parallel, chunk_numel=_step_chunk(split))
-        )
+            if index in whole:
+                buckets.append(
+                    make(
+                        name,
+                        whole[index],
+                        placement,
+                        groups.stage,
+                        streamed=True,
+                        owners=owners,
+                        mirror=mirror,
+                    )
+                )
+            if index in slices:
+                assert sliced is not None and groups.data_parallel is not None
+                buckets.append(
+                    make(
+                        name + SPLIT_SUFFIX,
+                        slices[index],
+                        sliced,
+                        groups.data_parallel,
+                        streamed=True,
+                    )
+                )
+    else:
+        if rest:
+            name = stage_bucket_name(stage_index)
+            chunk = _step_chunk(rest)
+            buckets.append(make(name, rest, placement, groups.stage, chunk_numel=chunk))
+        if split:
+            assert sliced is not None and groups.data_parallel is not None
+            name = stage_bucket_name(stage_index) + SPLIT_SUFFIX
+            chunk = _step_chunk(split)
+            buckets.append(make(name, split, sliced, groups.data_parallel, chunk_numel=chunk))
     if tied_params:
         assert groups.layout.tied is not None and groups.tied is not None
         # The embedding's initial values win: a first-stage rank broadcasts them.

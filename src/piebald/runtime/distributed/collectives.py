@@ -49,6 +49,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_sum",
     "barrier",
+    "broadcast",
     "received_share",
     "reduce_scatter_uneven",
 ]
@@ -280,6 +281,13 @@ def all_reduce(
 def all_reduce_sum(tensor: torch.Tensor, *, group: CommGroup) -> None:
     """In-place SUM over the group (a group of one rank: nothing to do)."""
     all_reduce(tensor, group=group)
+
+
+def broadcast(tensor: torch.Tensor, *, src: int, group: CommGroup) -> None:
+    """In place: ``src``'s values into every rank's ``tensor`` (a group of one rank:
+    nothing to do)."""
+    if group.size > 1:
+        dist.broadcast(tensor, src=src, group=group.process_group)
 
 
 def barrier(group: CommGroup) -> None:

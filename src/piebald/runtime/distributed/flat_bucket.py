@@ -50,6 +50,16 @@ Every rank of the group must build the bucket with the same names, shapes and wi
 initial values are broadcast from ``init_src_rank`` so the replicas start identical. A
 rank the placement names a replica (a tensor-group member holding a copy of a weight its
 leader holds too, ``group_layout``) adds zeros to every gradient sum.
+
+**Routed** buckets (``owners`` and ``mirror`` given: a streamed layer of the weights a
+tensor-parallel stage replicates, ``buckets``) keep that ownership but skip the replicas
+in their collectives: the owners (the tensor groups' leaders) reduce-scatter and gather
+over their own group (the leaders' data-parallel group), and after every gather a leader
+broadcasts the whole layer over its tensor group, whose replicas drop their gradients
+instead of sending zeros. Why: over the stage group every owner would receive each
+rank's part (t x the layer at an even split, and NCCL pads every part to the largest, so
+a gather would hold t x the layer too), where ``cost.memory`` prices one data-parallel
+group's reduce-scatter and gather of the rank's slice; the leaders' group is that.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -66,6 +77,7 @@ from piebald.runtime.distributed.collectives import (
     CollectiveMethod,
     PendingGather,
     all_gather_uneven,
+    broadcast,
     reduce_scatter_uneven,
 )
 from piebald.runtime.distributed.flat_layout import (
@@ -97,6 +109,49 @@ def _unique_params(
     return unique
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Route:
+    """A streamed bucket of the weights a tensor group replicates, whose collectives skip
+    the replicas (module docstring): ``owners`` is the owners' group on an owner (None on
+    a replica), ``mirror`` this rank's tensor group and ``leader`` the owner in it."""
+
+    owners: CommGroup | None
+    mirror: CommGroup
+    leader: int
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        *,
+        placement: BucketPlacement,
+        rank: int,
+        owners: CommGroup | None,
+        mirror: CommGroup | None,
+        streamed: bool,
+    ) -> _Route | None:
+        if mirror is None:
+            if owners is not None:
+                raise ValueError(f"bucket {name!r}: owners without a tensor group to mirror to")
+            return None
+        leaders = [r for r in mirror.ranks if r not in placement.replicas]
+        expected = tuple(r for r in placement.ranks if r not in placement.replicas)
+        holds = (owners is not None) == (rank not in placement.replicas)
+        if (
+            not streamed
+            or len(leaders) != 1
+            or not holds
+            or (owners is not None and owners.ranks != expected)
+        ):
+            raise ValueError(
+                f"bucket {name!r}: routing needs a streamed bucket, one owner in the tensor "
+                f"group {list(mirror.ranks)} (got {leaders}) and, on an owner only, the "
+                f"owners' group {list(expected)} (got "
+                f"{None if owners is None else list(owners.ranks)})"
+            )
+        return cls(owners=owners, mirror=mirror, leader=leaders[0])
+
+
 class FlatBucket:
     """One flat buffer of parameters shared by a group; see the module docstring."""
 
@@ -115,6 +170,8 @@ class FlatBucket:
         all_gather_method: CollectiveMethod = CollectiveMethod.AUTO,
         streamed: bool = False,
         chunk_numel: int | None = None,
+        owners: CommGroup | None = None,
+        mirror: CommGroup | None = None,
     ) -> None:
         params = _unique_params(named_params)
         if not params:
@@ -142,6 +199,9 @@ class FlatBucket:
             raise ValueError(f"bucket {name!r}: chunk_numel = {chunk_numel}; expected >= 1")
         self.chunk_numel = chunk_numel
         self.params = [p for _, p in params]
+        self._route = _Route.of(
+            name, placement=placement, rank=rank, owners=owners, mirror=mirror, streamed=streamed
+        )
         self.layout: FlatLayout = build_flat_layout([(n, tuple(p.shape)) for n, p in params])
         self._check_same_layout_across_group()
 
@@ -157,6 +217,12 @@ class FlatBucket:
             dist.broadcast(initial, src=src, group=group.process_group)
         self.ranges: tuple[ShardRange, ...] = shard_ranges(placement.fractions, num_elements=numel)
         self.shard = self.ranges[group.index_of(rank)]
+        # Routed (``_Route``): the owners' ranges, which tile the buffer as ``ranges`` do.
+        self._owner_ranges = tuple(
+            r
+            for member, r in zip(group.ranks, self.ranges, strict=True)
+            if member not in placement.replicas
+        )
         self.pieces: tuple[Piece, ...] = pieces_in_range(self.layout, self.shard)
         # ZeRO none: every rank steps the whole buffer (a replicated optimizer); ``shard``
         # still says which elements it counts in the global norm and checkpoints.
@@ -397,8 +463,13 @@ class FlatBucket:
     def reduce_pass_gradients(self) -> None:
         """Streamed: reduce-scatter the gradients one backward pass left in ``param.grad``
         (dropping each once copied to the wire buffer) and add the owned sum into
-        ``grad_shard``. Collective over the group, once per backward pass."""
+        ``grad_shard``. Collective over the group (routed: over the owners, a replica
+        only dropping its copy), once per backward pass."""
         assert self.streamed, f"bucket {self.name!r}: not streamed"
+        if self._routed_replica:
+            for param in self.params:
+                param.grad = None
+            return
         flat = torch.empty(self.numel, dtype=self.wire_dtype, device=self._grad_shard.device)
         with torch.no_grad():
             for slot, param in zip(self.layout.slots, self.params, strict=True):
@@ -410,14 +481,25 @@ class FlatBucket:
                     param.grad = None
             if self.rank in self.placement.replicas:  # a tensor-group leader's copy
                 flat.zero_()
+            group, ranges = self._collective_group
             reduced = reduce_scatter_uneven(
-                flat,
-                self.ranges,
-                group=self.group,
-                rank=self.rank,
-                method=self.reduce_scatter_method,
+                flat, ranges, group=group, rank=self.rank, method=self.reduce_scatter_method
             )
             self._grad_shard.add_(reduced)
+
+    @property
+    def _routed_replica(self) -> bool:
+        """A replica of a routed bucket: it meets nobody but its leader's broadcast."""
+        return self._route is not None and self._route.owners is None
+
+    @property
+    def _collective_group(self) -> tuple[CommGroup, tuple[ShardRange, ...]]:
+        """Where the gradient sums and the gathers of the owners' shards run: the group, or
+        (routed) the owners alone, and every one's range."""
+        if self._route is None:
+            return self.group, self.ranges
+        assert self._route.owners is not None, f"bucket {self.name!r}: a replica owns nothing"
+        return self._route.owners, self._owner_ranges
 
     def publish_params(self) -> None:
         """All-gather every owner's master shard, in the wire dtype, into the compute-dtype
@@ -451,11 +533,15 @@ class FlatBucket:
 
     def start_gather(self) -> None:
         """Begin :meth:`publish_params` in the background (collective over the group);
-        :meth:`finish_gather` waits for it. The buffer is re-allocated now if released."""
+        :meth:`finish_gather` waits for it. The buffer is re-allocated now if released.
+        A routed replica has nothing to start: its leader's values come in the finish."""
         assert self._pending is None, f"bucket {self.name!r}: a gather is already under way"
         if self._released:
             self.params_flat.untyped_storage().resize_(self._storage_bytes)
             self._released = False
+        if self._routed_replica:
+            self._pending = PendingGather()
+            return
         # Gather in place where the wire is the compute dtype, else through a wire buffer.
         same = self.wire_dtype == self.compute_dtype
         target = (
@@ -466,17 +552,19 @@ class FlatBucket:
         with torch.no_grad():
             target[self.shard.start : self.shard.end].copy_(self.master)
         self._gather_buffer = None if same else target
+        group, ranges = self._collective_group
         self._pending = all_gather_uneven(
             target,
-            self.ranges,
-            group=self.group,
+            ranges,
+            group=group,
             rank=self.rank,
             method=self.all_gather_method,
             async_op=True,
         )
 
     def finish_gather(self) -> None:
-        """Wait for the gather :meth:`start_gather` began (nothing to do if none is)."""
+        """Wait for the gather :meth:`start_gather` began (nothing to do if none is);
+        routed, the leader then hands the whole layer to its tensor group's replicas."""
         if self._pending is None:
             return
         self._pending.wait()
@@ -485,6 +573,8 @@ class FlatBucket:
             with torch.no_grad():
                 self.params_flat.copy_(self._gather_buffer)
             self._gather_buffer = None
+        if self._route is not None:
+            broadcast(self.params_flat, src=self._route.leader, group=self._route.mirror)
 
     @property
     def gather_pending(self) -> bool:

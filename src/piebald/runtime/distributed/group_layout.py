@@ -39,7 +39,9 @@ t times. Their bucket (the stage's, or the tied one) is therefore sharded over t
 groups' leaders only, each owning its group's fraction; the other members are
 ``replicas``: they add nothing to the sum, own nothing (so the global gradient norm counts
 each element once, as single-process training does) and receive the updated values from
-the owners like everyone else, so the copies stay bit for bit equal.
+the owners like everyone else, so the copies stay bit for bit equal. (Under ZeRO-2/3 the
+streamed buckets of those weights run their collectives among the leaders alone, who pass
+the gathered values on over their tensor groups: ``flat_bucket``'s routed buckets.)
 
 Creation order: every rank calls ``new_group`` for every distinct rank tuple of size > 1
 (a group of one rank communicates with nobody), in one global sorted order, so the calls

@@ -33,7 +33,8 @@ broadcasts over the tensor group before the pass that needs it, each member wait
 that broadcast. The gradient of a pass's input is the same on every member (the blocks'
 ``f`` sums it over the group, ``models.tensor_ops``), so the leader's is the one sent back.
 Every member of a first stage reads the same rows, and every member of a last stage
-computes the same loss, which only the leader reports.
+computes the same loss, which only the leader reports. Under ZeRO-2/3 every member streams
+its layers as above, over its own buckets (``LayerStream``; ``distributed.buckets``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,12 @@ reduce-scatters.
 Every rank of the stage group makes the same collective calls in the same order (same
 layers, same passes; the plan gives a ZeRO-2/3 stage equal micro-batch counts and one
 pass pattern, ``piebald.specs.plan``).
+
+Tensor-parallel stages: a layer may read two streamed buckets, its whole weights' (over
+the tensor groups' leaders, each leader broadcasting the gathered layer to its group) and
+its slices' (over the rank's data-parallel group). Every rank visits them in bucket order,
+so each group sees its collectives in one order on all its ranks, and a layer's tensor
+sums (``models.tensor_ops``) come after its gathers on every member alike.
 """
 
 from __future__ import annotations

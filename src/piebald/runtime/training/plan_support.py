@@ -2,11 +2,9 @@
 plan field or the flag, on every rank alike (the check reads only the plan and the
 configuration), instead of a failure half way into a run.
 
-Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) split their blocks only
-(``TensorLayout.BLOCKS``: embedding, head and norms replicated; the other layouts are in
-the plan format to price other systems' runs) and run under ZeRO none and ZeRO-1 only:
-ZeRO-2/3 streams every layer's gathers and reduce-scatters over the data-parallel group
-inside each pass, beside the tensor group's sums, which is not built yet.
+Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under every ZeRO mode
+and split their blocks only (``TensorLayout.BLOCKS``: embedding, head and norms
+replicated; the other layouts are in the plan format to price other systems' runs).
 """
 
 from __future__ import annotations
@@ -34,12 +32,4 @@ def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
                 value=stage.tensor_layout.value,
                 expected=f"'{TensorLayout.BLOCKS.value}': the runtime splits blocks only (the "
                 "embedding, head and norms are replicated on every member of a tensor group)",
-            )
-        if stage.zero.per_pass:
-            raise SpecError(
-                source="plan",
-                field=f"{where}.zero",
-                value=stage.zero.value,
-                expected=f"'none' or 'optimizer' at tensor_parallel_degree {degree}: ZeRO-2/3 "
-                "of tensor-parallel stages is not supported by the runtime yet",
             )

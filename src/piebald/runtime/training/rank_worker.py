@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from piebald.cost.data_parallel import data_parallel_shares
 from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import model_flops_utilization
 from piebald.errors import SpecError, error_fields
@@ -412,15 +413,18 @@ def predicted_tensor_bytes(
     if compute_dtype is ComputeDtype.FP32:
         priced = replace(priced, job=replace(plan.job, precision=Dtype.FP32))
     stage_index = plan.stage_of_rank[rank]
-    position = plan.stages[stage_index].ranks.index(rank)
-    shares = plan.stages[stage_index].shard_fraction
+    stage = plan.stages[stage_index]
+    # The per-layer reduce-scatter runs over the rank's data-parallel group (the whole
+    # stage at tensor-parallel degree 1), in which it owns t x its plan fraction.
+    shares = data_parallel_shares(stage, rank)
+    index = stage.data_parallel_group(rank).index(rank)
     memory = plan_rank_memory(
         priced,
         stage_index=stage_index,
-        position=position,
+        position=stage.ranks.index(rank),
         num_in_flight=num_in_flight,
         curve=recorded_curve(plan),
-        receive_share=received_share(shares, index=position, backend=dist.get_backend()),
+        receive_share=received_share(shares, index=index, backend=dist.get_backend()),
     )
     return memory.peak_bytes - memory.reserve_bytes
 
