@@ -28,7 +28,6 @@ from dist_harness import StageSpec, make_plan
 from equivalence import CONFIG, assert_trains_like_one_process
 from safetensors.torch import load_file
 
-from piebald.errors import SpecError
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
@@ -253,5 +252,3 @@ def test_tensor_parallel_pipeline_runs_paced(tmp_path: Path) -> None:
     config = dataclasses.replace(CONFIG, steps=2, time_scale=1000.0, one_tag=True)
     run = emulate(_two_stages_split_then_whole(), config, max_params=10**9)
     assert run.steps == 2 and run.paced_operations > 0
-
-

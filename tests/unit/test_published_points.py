@@ -129,7 +129,7 @@ def test_a_tensor_parallel_point_is_planned_in_its_own_layout() -> None:
     tp = predict(by_id["megcore-7.1b-96xh100"])  # TP 2 x PP 1 x DP 48
     assert tp.predicted_tokens_per_s_per_gpu is not None, tp.why_none
     # --tp-comm-overlap needs --sequence-parallel: priced in the layout the run had.
-    assert "TP 2 (sequence), zero optimizer: 1 stage(s)" in tp.plan_summary
+    assert "TP 2 (vocabulary-sequence), zero optimizer: 1 stage(s)" in tp.plan_summary
 
 
 def test_unknown_point_id_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

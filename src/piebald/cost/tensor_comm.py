@@ -11,20 +11,24 @@ runtime waits for each before the next op, so they add to the pass (no overlap w
 GEMMs, as piebald's runtime and torchtitan's vanilla TP run them; Megatron-Core's
 ``--tp-comm-overlap`` hides part of them, which is not modelled).
 
-What the embedding and head add depends on the stage's layout (``specs.tensor_layout``).
-Under ``blocks`` they are not split and meet nothing. Under ``vocabulary`` the
-embedding's output is a partial sum (each member looks up its rows of the vocabulary
-only): one all-reduce in the forward; so is the head's input gradient (each member holds
-its columns of the head only): one in the backward. Under ``sequence`` each block
-all-reduce is a reduce-scatter and an all-gather that move the same bytes on a ring
-(Korthikanti et al. 2022, section 4.2.2), priced as the all-reduce; the embedding
-reduce-scatters its output to the sequence shards and all-gathers their gradient back,
-and the head all-gathers its input and reduce-scatters that gradient: half an all-reduce
-each. Left out: the loss's own reductions (a few floats per token for the parallel
-cross-entropy), and the all-gather Megatron-LM repeats in the backward to rebuild a
-column-parallel layer's input from the sequence shard it kept, which it overlaps with the
-input-gradient GEMM (Korthikanti section 4.2.2; torchtitan keeps the gathered input
-instead).
+What a stage adds at its edges depends on its layout (``specs.tensor_layout``). Under
+``blocks`` nothing: the embedding and head are not split and meet nothing. Under
+``vocabulary`` the embedding's output is a partial sum (each member looks up its rows of
+the vocabulary only): one all-reduce in the forward; so is the head's input gradient (each
+member holds its columns of the head only): one in the backward. Under ``sequence`` each
+block all-reduce is a reduce-scatter and an all-gather that move the same bytes on a ring
+(Korthikanti et al. 2022, section 4.2.2), priced as the all-reduce; a stage of blocks
+takes its input whole and keeps each member's shard (its backward all-gathers the input
+gradient back, whole on every member, as the previous stage or the replicated embedding
+needs it), and all-gathers its output in the forward (for the next stage, or the whole
+head; the backward keeps each member's shard of the gradient, identical on every member).
+Under ``vocabulary-sequence`` the embedding reduce-scatters its partial output straight to
+the shards and the head all-gathers its input, reduce-scattering that gradient back: one
+all-gather's or reduce-scatter's worth more at each end. Left out: the loss's own
+reductions (a few floats per token for the parallel cross-entropy), and the all-gather
+Megatron-LM repeats in the backward to rebuild a column-parallel layer's input from the
+sequence shard it kept, which it overlaps with the input-gradient GEMM (Korthikanti
+section 4.2.2; torchtitan keeps the gathered input instead).
 
 The rings run over the group's ranks inside one node (``cost.comm.ring_profile``).
 """
@@ -42,8 +46,8 @@ __all__ = [
     "NO_TENSOR_COMM",
     "TensorComm",
     "block_tensor_comm",
+    "edge_tensor_comm",
     "tensor_comm",
-    "vocabulary_tensor_comm",
 ]
 
 ALL_REDUCES_PER_BLOCK_PASS = 2  # attention output and MLP output (forward), or their inputs
@@ -75,22 +79,28 @@ def block_tensor_comm(model: ModelSpec, *, shape: PassShape, ring: RingProfile) 
     return TensorComm(forward_s=forward_s, backward_s=forward_s * (2.0 if shape.recompute else 1.0))
 
 
-def vocabulary_tensor_comm(
+def edge_tensor_comm(
     model: ModelSpec, *, start: int, end: int, shape: PassShape, ring: RingProfile
 ) -> TensorComm:
-    """The collectives of one micro-batch of ``shape`` through the vocabulary-parallel
-    embedding and head among layers [start, end) (module docstring; nothing under the
-    ``blocks`` layout or at degree 1). The head is never recomputed."""
+    """The collectives of one micro-batch of ``shape`` at the edges of a stage holding
+    layers [start, end): the vocabulary-parallel embedding's and head's, and the
+    sequence's gathers (module docstring; nothing under ``blocks`` or at degree 1). The
+    head is never recomputed."""
     layout = shape.tensor_layout
-    if not layout.splits_vocabulary or shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
+    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
         return NO_TENSOR_COMM
     message_bytes = shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes
     holds_embedding, holds_head = start == 0, end == model.num_layers
     if layout.splits_sequence:
-        # A reduce-scatter or an all-gather at each end, each way.
-        half_s = ring.time_s(Collective.REDUCE_SCATTER, num_bytes=message_bytes)
-        ends_s = half_s * (holds_embedding + holds_head)
-        return TensorComm(forward_s=ends_s, backward_s=ends_s)
+        has_blocks = any(layer.kind is LayerKind.BLOCK for layer in model.layers[start:end])
+        # One all-gather or reduce-scatter (the same bytes on a ring) each.
+        half_s = ring.time_s(Collective.ALL_GATHER, num_bytes=message_bytes)
+        vocabulary = layout.splits_vocabulary
+        forward = has_blocks + (vocabulary and holds_embedding)
+        backward = has_blocks + (vocabulary and holds_head)
+        return TensorComm(forward_s=half_s * forward, backward_s=half_s * backward)
+    if not layout.splits_vocabulary:
+        return NO_TENSOR_COMM
     whole_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
     return TensorComm(forward_s=whole_s * holds_embedding, backward_s=whole_s * holds_head)
 
@@ -99,11 +109,11 @@ def tensor_comm(
     model: ModelSpec, *, start: int, end: int, shape: PassShape, ring: RingProfile
 ) -> TensorComm:
     """The collectives of one micro-batch of ``shape`` through layers [start, end) on a
-    tensor group whose ring is ``ring`` (nothing at degree 1): its blocks' and, in a
-    vocabulary-parallel layout, its embedding's and head's."""
+    tensor group whose ring is ``ring`` (nothing at degree 1): its blocks' and its
+    edges'."""
     one = block_tensor_comm(model, shape=shape, ring=ring)
     num_blocks = sum(1 for layer in model.layers[start:end] if layer.kind is LayerKind.BLOCK)
-    ends = vocabulary_tensor_comm(model, start=start, end=end, shape=shape, ring=ring)
+    ends = edge_tensor_comm(model, start=start, end=end, shape=shape, ring=ring)
     return TensorComm(
         forward_s=num_blocks * one.forward_s + ends.forward_s,
         backward_s=num_blocks * one.backward_s + ends.backward_s,

@@ -434,9 +434,10 @@ def _build_layers(
     )
     block_params, block_weights = _block_params(arch, widths)
     block_fixed, block_values = _block_activations(arch, widths, sequence_share=sequence_share)
-    head_fixed, head_values = _head_activations(
-        arch, vocab_slice=vocab, sequence_share=sequence_share
-    )
+    # The final norm runs on the sequence shards only where the head is split too; a
+    # whole head (``sequence``) sees the sequence gathered at the stage's exit.
+    head_share = sequence_share if layout.splits_vocabulary else 1.0
+    head_fixed, head_values = _head_activations(arch, vocab_slice=vocab, sequence_share=head_share)
     blocks = [
         LayerSpec(
             index=1 + i,
@@ -468,6 +469,6 @@ def _build_layers(
         recompute_fixed_bytes_per_token=head_fixed,  # the head is never recomputed
         recompute_values_per_token=head_values,
         output_bytes_per_token=0.0,  # the loss
-        ops=head_ops(llama=llama, hidden=h, vocab_size=vocab, sequence_share=sequence_share),
+        ops=head_ops(llama=llama, hidden=h, vocab_size=vocab, sequence_share=head_share),
     )
     return (embedding, *blocks, head)

@@ -13,15 +13,17 @@ how much of a rank's work shrinks with t:
   and parallel cross-entropy, Shoeybi et al. 2019 section 3; torchtitan's row-parallel
   embedding and column-parallel output with ``loss_parallel``). The embedding's output and
   the head's input gradient are partial sums: one all-reduce each per pass.
-* ``sequence``: also the norms, residual adds and dropout, each member on 1/t of the tokens
-  (sequence parallelism, Korthikanti et al. 2022, section 4.2.2; Megatron-Core's
-  ``--sequence-parallel``, which ``--tp-comm-overlap`` requires; torchtitan's
-  ``SequenceParallel`` on every norm). Each block all-reduce becomes a reduce-scatter and
-  an all-gather of the same bytes. It implies ``vocabulary``: every system that runs it
-  splits the embedding and head too.
+* ``sequence``: also the norms and residual adds (and dropout), each member on 1/t of the
+  tokens (sequence parallelism, Korthikanti et al. 2022, section 4.2.2). Each block
+  all-reduce becomes a reduce-scatter and an all-gather of the same bytes; the stage's
+  sequence is made whole at its edges (``cost.tensor_comm``). The embedding and head stay
+  whole, as under ``blocks``.
+* ``vocabulary-sequence``: both (Megatron-Core's ``--sequence-parallel``, which
+  ``--tp-comm-overlap`` requires; torchtitan's ``SequenceParallel`` norms with its
+  vocabulary-parallel embedding and output).
 
 The cost model prices any of them (``ModelSpec.layers_at``, ``cost.tensor_comm``); the
-runtime runs ``blocks`` only and refuses the others before it starts
+runtime runs ``blocks`` and refuses the others before it starts
 (``runtime.training.plan_support``). They are in the plan so that runs of other systems
 can be priced as they ran (benchmarks/published.py).
 """
@@ -34,18 +36,18 @@ __all__ = ["TensorLayout"]
 
 
 class TensorLayout(StrEnum):
-    """What a tensor group splits (module docstring); each value splits what the one
-    before it does, and more."""
+    """What a tensor group splits besides its blocks' heads and MLP (module docstring)."""
 
     BLOCKS = "blocks"
     VOCABULARY = "vocabulary"
     SEQUENCE = "sequence"
+    VOCABULARY_SEQUENCE = "vocabulary-sequence"
 
     @property
     def splits_vocabulary(self) -> bool:
         """Whether the embedding and the LM head (and its loss) are split over the
         vocabulary."""
-        return self is not TensorLayout.BLOCKS
+        return self in (TensorLayout.VOCABULARY, TensorLayout.VOCABULARY_SEQUENCE)
 
     def vocabulary_rows(self, *, vocab_size: int, degree: int) -> int:
         """The rows of the embedding and head (and the logits per token) one member of a
@@ -56,4 +58,4 @@ class TensorLayout(StrEnum):
     @property
     def splits_sequence(self) -> bool:
         """Whether the hidden-width ops (norms, residual adds) run on 1/t of the tokens."""
-        return self is TensorLayout.SEQUENCE
+        return self in (TensorLayout.SEQUENCE, TensorLayout.VOCABULARY_SEQUENCE)

@@ -158,10 +158,14 @@ def test_a_block_at_degree_two_costs_about_half_per_rank(device: str) -> None:
 @pytest.mark.parametrize(
     ("layout", "first_ends", "last_ends"),
     [
-        # (forward, backward) all-reduces at the ends, first stage and last stage
+        # (forward, backward) all-reduces at the edges, first stage and last stage; an
+        # all-gather or reduce-scatter is half of one
         (TensorLayout.BLOCKS, (0.0, 0.0), (0.0, 0.0)),
         (TensorLayout.VOCABULARY, (1.0, 0.0), (0.0, 1.0)),
+        # the output gathered (forward), the input's gradient gathered (backward)
         (TensorLayout.SEQUENCE, (0.5, 0.5), (0.5, 0.5)),
+        # ... and the embedding's reduce-scatter, the head's gradient's reduce-scatter
+        (TensorLayout.VOCABULARY_SEQUENCE, (1.0, 0.5), (0.5, 1.0)),
     ],
 )
 def test_the_embedding_and_head_meet_their_group_as_the_layout_splits_them(

@@ -25,12 +25,15 @@ def _block(layers: tuple[LayerSpec, ...]) -> LayerSpec:
     return next(layer for layer in layers if layer.kind is LayerKind.BLOCK)
 
 
+@pytest.mark.parametrize("layout", [TensorLayout.SEQUENCE, TensorLayout.VOCABULARY_SEQUENCE])
 @pytest.mark.parametrize("name", ["llama-3-8b", "gpt2"])
 @pytest.mark.parametrize("degree", [2, 4])
-def test_sequence_parallel_blocks_are_one_over_t_of_the_whole(name: str, degree: int) -> None:
+def test_sequence_parallel_blocks_are_one_over_t_of_the_whole(
+    name: str, degree: int, layout: TensorLayout
+) -> None:
     model = load_model(name)
     whole = _block(model.layers)
-    mine = _block(model.layers_at(degree, TensorLayout.SEQUENCE))
+    mine = _block(model.layers_at(degree, layout))
     assert mine.matmul_flops_per_token == pytest.approx(whole.matmul_flops_per_token / degree)
     assert mine.attention_flops_per_token_per_position == pytest.approx(
         whole.attention_flops_per_token_per_position / degree
@@ -58,7 +61,14 @@ def test_blocks_keep_the_hidden_width_whole(name: str) -> None:
     assert model.layers_at(4)[-1] == model.layers[-1]  # the head, whole on every rank
 
 
-@pytest.mark.parametrize("layout", [TensorLayout.VOCABULARY, TensorLayout.SEQUENCE])
+@pytest.mark.parametrize("name", ["llama-3-8b", "gpt2"])
+def test_sequence_parallelism_alone_keeps_the_embedding_and_head_whole(name: str) -> None:
+    model = load_model(name)
+    layers = model.layers_at(4, TensorLayout.SEQUENCE)
+    assert layers[0] == model.layers[0] and layers[-1] == model.layers[-1]
+
+
+@pytest.mark.parametrize("layout", [TensorLayout.VOCABULARY, TensorLayout.VOCABULARY_SEQUENCE])
 def test_a_vocabulary_parallel_rank_holds_and_runs_its_rows(layout: TensorLayout) -> None:
     model = load_model("llama-3-8b")  # untied head, vocabulary 128256 = 8 x 16032
     t, h, vocab = 8, model.arch.hidden_size, model.arch.vocab_size

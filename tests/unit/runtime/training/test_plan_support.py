@@ -25,7 +25,10 @@ def test_the_runtimes_layout_runs() -> None:
     check_runtime_supports(_one_group(TensorLayout.BLOCKS), TrainConfig(steps=1))
 
 
-@pytest.mark.parametrize("layout", [TensorLayout.VOCABULARY, TensorLayout.SEQUENCE])
+@pytest.mark.parametrize(
+    "layout",
+    [TensorLayout.VOCABULARY, TensorLayout.SEQUENCE, TensorLayout.VOCABULARY_SEQUENCE],
+)
 def test_other_layouts_are_refused_up_front(layout: TensorLayout) -> None:
     with pytest.raises(SpecError) as caught:
         check_runtime_supports(_one_group(layout), TrainConfig(steps=1))
