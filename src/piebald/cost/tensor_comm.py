@@ -46,7 +46,6 @@ __all__ = [
     "NO_TENSOR_COMM",
     "TensorComm",
     "block_tensor_comm",
-    "edge_tensor_comm",
     "tensor_comm",
 ]
 
@@ -68,31 +67,45 @@ class TensorComm:
 NO_TENSOR_COMM = TensorComm(forward_s=0.0, backward_s=0.0)
 
 
+def _message_bytes(model: ModelSpec, *, shape: PassShape, ring: RingProfile) -> float | None:
+    """The micro-batch's activations (``b x s x h`` in the compute dtype) every collective
+    of the group moves; None where there is no group to meet (degree 1)."""
+    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
+        return None
+    return float(shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes)
+
+
 def block_tensor_comm(model: ModelSpec, *, shape: PassShape, ring: RingProfile) -> TensorComm:
     """The all-reduces of one micro-batch of ``shape`` through one block on a tensor group
     whose ring is ``ring`` (nothing at degree 1)."""
-    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
+    message_bytes = _message_bytes(model, shape=shape, ring=ring)
+    if message_bytes is None:
         return NO_TENSOR_COMM
-    message_bytes = shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes
     one_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
     forward_s = ALL_REDUCES_PER_BLOCK_PASS * one_s
     return TensorComm(forward_s=forward_s, backward_s=forward_s * (2.0 if shape.recompute else 1.0))
 
 
-def edge_tensor_comm(
-    model: ModelSpec, *, start: int, end: int, shape: PassShape, ring: RingProfile
+def _edge_tensor_comm(
+    model: ModelSpec,
+    *,
+    start: int,
+    end: int,
+    num_blocks: int,
+    shape: PassShape,
+    ring: RingProfile,
 ) -> TensorComm:
     """The collectives of one micro-batch of ``shape`` at the edges of a stage holding
-    layers [start, end): the vocabulary-parallel embedding's and head's, and the
-    sequence's gathers (module docstring; nothing under ``blocks`` or at degree 1). The
-    head is never recomputed."""
+    layers [start, end), ``num_blocks`` of them blocks: the vocabulary-parallel embedding's
+    and head's, and the sequence's gathers (module docstring; nothing under ``blocks`` or
+    at degree 1). The head is never recomputed."""
     layout = shape.tensor_layout
-    if shape.tensor_parallel_degree == 1 or ring.num_ranks <= 1:
+    message_bytes = _message_bytes(model, shape=shape, ring=ring)
+    if message_bytes is None:
         return NO_TENSOR_COMM
-    message_bytes = shape.num_tokens * model.arch.hidden_size * shape.dtype.num_bytes
     holds_embedding, holds_head = start == 0, end == model.num_layers
     if layout.splits_sequence:
-        has_blocks = any(layer.kind is LayerKind.BLOCK for layer in model.layers[start:end])
+        has_blocks = num_blocks > 0
         # One all-gather or reduce-scatter (the same bytes on a ring) each.
         half_s = ring.time_s(Collective.ALL_GATHER, num_bytes=message_bytes)
         vocabulary = layout.splits_vocabulary
@@ -113,7 +126,9 @@ def tensor_comm(
     edges'."""
     one = block_tensor_comm(model, shape=shape, ring=ring)
     num_blocks = sum(1 for layer in model.layers[start:end] if layer.kind is LayerKind.BLOCK)
-    ends = edge_tensor_comm(model, start=start, end=end, shape=shape, ring=ring)
+    ends = _edge_tensor_comm(
+        model, start=start, end=end, num_blocks=num_blocks, shape=shape, ring=ring
+    )
     return TensorComm(
         forward_s=num_blocks * one.forward_s + ends.forward_s,
         backward_s=num_blocks * one.backward_s + ends.backward_s,

@@ -213,6 +213,7 @@ def emulate(
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
     Models above ``max_params`` parameters run at reduced width (``reduced_width_model``).
     """
+    check_runtime_supports(plan)
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
         raise SpecError(
@@ -222,7 +223,6 @@ def emulate(
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
     config = replace(config, device="cpu")
-    check_runtime_supports(plan, config)
     model = reduced_width_model(plan.model, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
     if config.eval_data_path is not None:

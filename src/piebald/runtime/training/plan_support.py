@@ -1,6 +1,6 @@
-"""What the runtime cannot run yet, refused before anything starts: one line naming the
-plan field or the flag, on every rank alike (the check reads only the plan and the
-configuration), instead of a failure half way into a run.
+"""What the runtime cannot run yet, refused before anything starts (``emulate`` and
+``torchrun.train_rank`` check before any process or process group): one line naming the
+plan field, instead of a failure half way into a run.
 
 Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under every ZeRO mode
 and split their blocks only (``TensorLayout.BLOCKS``: embedding, head and norms
@@ -10,16 +10,15 @@ replicated; the other layouts are in the plan format to price other systems' run
 from __future__ import annotations
 
 from piebald.errors import SpecError
-from piebald.runtime.training.config import TrainConfig
 from piebald.specs.plan import Plan
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["check_runtime_supports"]
 
 
-def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
+def check_runtime_supports(plan: Plan) -> None:
     """Raise :class:`SpecError` for the first thing of ``plan`` this runtime cannot run
-    with ``config`` (module docstring)."""
+    (module docstring)."""
     for index, stage in enumerate(plan.stages):
         degree = stage.tensor_parallel_degree
         if degree == 1:

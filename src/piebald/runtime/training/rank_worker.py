@@ -57,7 +57,6 @@ from piebald.runtime.training.metrics import (
     format_step,
     summarise,
 )
-from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.precision import ComputeDtype, needs_loss_scaler, rank_dtypes
 from piebald.runtime.training.resume import checkpoint_extra, resolve_resume
 from piebald.schedule.build import build_schedule
@@ -151,7 +150,6 @@ def run_rank(
     """Train under ``plan`` on this rank. ``runtime_model`` is the model the processes
     build (``plan.model`` unless emulating at reduced width); the plan's own model prices
     the emulated times and the MFU."""
-    check_runtime_supports(plan, config)  # every rank alike, before any collective
     rank = dist.get_rank()
     print_line = print_line or (lambda line: print(line, flush=True))
     model = runtime_model or plan.model

@@ -39,12 +39,12 @@ def train_rank(
     ranks None. ``device``: cpu or cuda (default: cuda if there is one). ``compute_dtype``
     default: GPUs compute what the plan priced (native), a CPU run fp32 (to compare
     exactly with the single-process reference)."""
+    check_runtime_supports(plan)  # one line before any process group
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = replace(config, device=chosen)
     if compute_dtype is None:
         compute_dtype = ComputeDtype.NATIVE if chosen == "cuda" else ComputeDtype.FP32
     config = replace(config, compute_dtype=compute_dtype)
-    check_runtime_supports(plan, config)  # one line before any process group
     dist.init_process_group(
         "nccl" if chosen == "cuda" else "gloo", timeout=timedelta(seconds=config.timeout_s)
     )

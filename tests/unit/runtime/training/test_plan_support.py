@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 
 from piebald.errors import SpecError
-from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.specs.plan import Plan
 from piebald.specs.tensor_layout import TensorLayout
@@ -22,7 +21,7 @@ def _one_group(layout: TensorLayout) -> Plan:
 
 
 def test_the_runtimes_layout_runs() -> None:
-    check_runtime_supports(_one_group(TensorLayout.BLOCKS), TrainConfig(steps=1))
+    check_runtime_supports(_one_group(TensorLayout.BLOCKS))
 
 
 @pytest.mark.parametrize(
@@ -31,6 +30,6 @@ def test_the_runtimes_layout_runs() -> None:
 )
 def test_other_layouts_are_refused_up_front(layout: TensorLayout) -> None:
     with pytest.raises(SpecError) as caught:
-        check_runtime_supports(_one_group(layout), TrainConfig(steps=1))
+        check_runtime_supports(_one_group(layout))
     assert caught.value.field == "stages[0].tensor_layout"
     assert "\n" not in str(caught.value) and "blocks" in str(caught.value)
