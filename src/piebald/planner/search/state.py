@@ -9,6 +9,7 @@ from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.traffic import BoundaryTraffic
 from piebald.planner.proxy import ShareTrips, pipeline_proxy, polish_bounds, share_round_trips
+from piebald.planner.raised_in_flight import raise_in_flight
 from piebald.planner.search.records import Candidate, ScoredPlan, Stages
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.stage_builder import StageChoice, build_stage
@@ -120,8 +121,9 @@ class SearchState:
     def assemble(
         self, candidate: Candidate, sizes_of: dict[int, int] | None = None
     ) -> ScoredPlan | None:
-        """The candidate built stage by stage (``stage_builder``), routed and priced by the
-        exact estimate; None where a stage or a rank does not fit. ``sizes_of``: a
+        """The candidate built stage by stage (``stage_builder``), routed, its in-flight
+        budgets raised where memory allows (``raised_in_flight``), and priced by the exact
+        estimate; None where a stage or a rank does not fit. ``sizes_of``: a
         micro-batch size per rank (default: the candidate's)."""
         depth = len(candidate.stages)
         choices: list[StageChoice] = []
@@ -154,6 +156,7 @@ class SearchState:
             routes=routes,
             schedule=Schedule.ONE_F_ONE_B,
         )
+        plan = raise_in_flight(plan, curve=self.curve)
         estimate = estimate_plan(plan, curve=self.curve)
         for stage_estimate in estimate.stages:
             for rank, memory in stage_estimate.memory.items():
