@@ -1,15 +1,18 @@
-"""Tensor-parallel stages (Megatron-LM splits of every block over a tensor group) train like
-one process: the same losses step by step, evaluation losses, gradient norms (replicated
-weights counted once, split ones once per slice) and final parameters, gathered whole by
-``--save-model``, to 1e-4 (the comparison of test_plan_equivalence, ``equivalence.py``).
+"""Tensor-parallel stages (Megatron-LM splits of every block over a tensor group, sequence
+parallel between the split regions) train like one process: the same losses step by
+step, evaluation losses, gradient norms (replicated weights counted once, split ones once
+per slice) and final parameters, gathered whole by ``--save-model``, to 1e-4 (the
+comparison of test_plan_equivalence, ``equivalence.py``).
 
 Plans: one stage split two ways on 2 ranks; two tensor groups of 2 on 4 ranks (data
 parallelism 2 over uneven fractions, ZeRO-1, each group listed leader-last-rank-first so
 positions differ from rank order); a two-stage pipeline whose first stage is split and
 whose second is not, with the embedding tied to the head across stages; and GPT-2's
-fused QKV with biases under recompute. Plus: the pipeline keeps working paced, and what
-the runtime cannot run yet with tensor parallelism is refused in one line. Checkpoints
-of tensor-parallel plans: test_tensor_parallel_checkpoint.py.
+fused QKV with biases under recompute; one stage split four ways. Plus: the pipeline
+keeps working paced, and what the runtime cannot run yet with tensor parallelism (ZeRO-3,
+a sequence length the degree does not divide) is refused in one line. Checkpoints of
+tensor-parallel plans: test_tensor_parallel_checkpoint.py; the sequence-parallel
+functions alone: test_sequence_parallel.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from piebald.errors import SpecError
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.presets import PRESETS
 
 pytestmark = pytest.mark.distributed
 
@@ -89,6 +93,26 @@ def _two_stages_split_then_whole() -> Plan:
     )
 
 
+def _one_stage_four_ways() -> Plan:
+    """Ranks 0-3 split every block of ``tiny`` with as many key/value heads as query heads
+    (its 2 do not split four ways), each member's sequence chunk 8 of the 32 positions,
+    4 micro-batches, ZeRO-1."""
+    arch = dataclasses.replace(PRESETS["tiny"], num_kv_heads=4, tie_embeddings=True)
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=6,
+                ranks=(0, 1, 2, 3),
+                num_micro_batches=(4, 4, 4, 4),
+                fractions=(0.25,) * 4,
+                tensor_parallel_degree=4,
+            )
+        ],
+        num_gpus=4,
+        model=ModelSpec(name="tiny-mha", arch=arch),
+    )
+
+
 def _gpt2_two_ways() -> Plan:
     """A small GPT-2 (fused QKV, biases everywhere, learned positions) split two ways,
     replicated optimizer (ZeRO none), recompute."""
@@ -125,6 +149,7 @@ PLANS = {
     "1 stage, TP 2 x DP 2 on 4 ranks, fractions 0.7 / 0.3, ZeRO-1": _two_groups_uneven,
     "2 stages, TP 2 then TP 1, tied head": _two_stages_split_then_whole,
     "1 stage, GPT-2, TP 2, ZeRO none, recompute": _gpt2_two_ways,
+    "1 stage, TP 4 on 4 ranks": _one_stage_four_ways,
 }
 
 
@@ -149,7 +174,7 @@ def _grad_norms(path: Path) -> list[float]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_tensor_parallel_plan_trains_like_one_process(name: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
-    assert any(stage.tensor_parallel_degree == 2 for stage in plan.stages)
+    assert any(stage.tensor_parallel_degree > 1 for stage in plan.stages)
     assert_trains_like_one_process(
         plan, CONFIG, one_tag=False, tmp_path=tmp_path, mixed_gpu_types=False, param_atol=PARAM_ATOL
     )
@@ -186,4 +211,16 @@ def test_tensor_parallel_zero3_is_refused_up_front() -> None:
         num_gpus=4,
     )
     with pytest.raises(SpecError, match=r"stages\[0\]\.zero: got 'full'"):
+        emulate(plan, CONFIG, max_params=10**9)
+
+
+def test_sequence_not_cut_evenly_is_refused_up_front() -> None:
+    """Sequence parallelism cuts each sequence into tensor_parallel_degree equal chunks."""
+    plan = dataclasses.replace(
+        _one_stage_two_ways(),
+        job=dataclasses.replace(_one_stage_two_ways().job, seq_len=31),
+    )
+    with pytest.raises(
+        SpecError, match=r"stages\[0\]\.tensor_parallel_degree: got 2; .*seq_len \(31\)"
+    ):
         emulate(plan, CONFIG, max_params=10**9)

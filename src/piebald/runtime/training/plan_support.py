@@ -5,7 +5,8 @@ configuration), instead of a failure half way into a run.
 Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under ZeRO none and
 ZeRO-1 only: ZeRO-2/3 streams every layer's gathers and reduce-scatters over the
 data-parallel group inside each pass, beside the tensor group's sums, which is not built
-yet.
+yet. And sequence parallelism, always on at degree t > 1, cuts every sequence into t
+equal chunks (``models.tensor_ops``): the job's ``seq_len`` must be a multiple of t.
 """
 
 from __future__ import annotations
@@ -32,4 +33,13 @@ def check_runtime_supports(plan: Plan, config: TrainConfig) -> None:
                 value=stage.zero.value,
                 expected=f"'none' or 'optimizer' at tensor_parallel_degree {degree}: ZeRO-2/3 "
                 "of tensor-parallel stages is not supported by the runtime yet",
+            )
+        seq_len = plan.job.seq_len
+        if seq_len % degree:
+            raise SpecError(
+                source="plan",
+                field=f"{where}.tensor_parallel_degree",
+                value=degree,
+                expected=f"a divisor of the job's seq_len ({seq_len}): sequence parallelism "
+                "cuts each sequence into tensor_parallel_degree equal chunks",
             )
