@@ -6,7 +6,10 @@ column-parallel, each member keeping its rows of the weight (its 1/t of the quer
 of the key/value heads, of the MLP width) and of the bias; the attention output and the
 MLP down projection are row-parallel, each member keeping its columns of the weight and
 the whole bias, added once after the sum (``tensor_ops.row_parallel_linear``). Norms are
-replicated. So are the embedding and the LM head: every member of the group holds them
+replicated, and between the two split regions of a block each member runs them (and the
+residual adds) on its chunk of the sequence only: sequence parallelism, always on at
+degree > 1 (``tensor_ops``; the blocks and the part carry the group as ``tensor_group``).
+The embedding and the LM head are replicated too: every member of the group holds them
 whole and computes them on the same micro-batches (simple; a vocabulary-parallel
 embedding and head would save their memory and time and are not done). Which elements a
 member keeps is one rule, ``distributed.tensor_slice``, which export (joining slices
@@ -24,7 +27,7 @@ DTensor parameter, ``param.data = flat[a:b].view(local_shape)`` is accepted but 
 DTensor whose global shape became the local one and whose local tensor does not share the
 flat buffer (an optimizer step on the buffer would never reach the weights), and
 ``FlatBucket`` fails at once copying the DTensor into its fp32 buffer ("aten.copy_.default
-got mixed torch.Tensor and DTensor"). Plain sliced parameters plus the two small autograd
+got mixed torch.Tensor and DTensor"). Plain sliced parameters plus the small autograd
 functions of ``tensor_ops`` need none of that.
 """
 
@@ -38,8 +41,8 @@ import torch.distributed as dist
 from torch import nn
 
 from piebald.runtime.distributed.tensor_slice import TensorSlice, join_slices
-from piebald.runtime.models.gpt2 import MLP, CausalSelfAttention
-from piebald.runtime.models.llama import Attention, FeedForward
+from piebald.runtime.models.gpt2 import MLP, CausalSelfAttention, GPT2Block
+from piebald.runtime.models.llama import Attention, FeedForward, LlamaBlock
 from piebald.runtime.models.stage_part import StagePart
 
 __all__ = ["SplitParameter", "TensorSplit", "split_stage_part", "whole_weights"]
@@ -115,6 +118,8 @@ def _split_module(
     module that is not split)."""
     if isinstance(module, Attention | FeedForward | CausalSelfAttention | MLP):
         module.tensor_group = group
+    if isinstance(module, LlamaBlock | GPT2Block):
+        module.tensor_group = group  # its norms run on sequence chunks
     if isinstance(module, Attention):
         module.num_heads //= degree
         module.num_kv_heads //= degree
@@ -153,12 +158,13 @@ def split_stage_part(
     group: dist.ProcessGroup | None = None,
 ) -> TensorSplit:
     """Keep member ``position``'s slices of every block of ``part`` (in place) and route
-    the blocks' sums through ``group`` (``positions``: see :class:`TensorSplit`). Degree 1
-    changes nothing."""
+    the blocks' collectives through ``group``, sequence parallel (``positions``: see
+    :class:`TensorSplit`). Degree 1 changes nothing."""
     if degree == 1:
         return TensorSplit(degree=1, position=0, positions=(0,), group=None, params={})
     if group is None or sorted(positions) != list(range(degree)):
         raise ValueError(f"tensor-parallel degree {degree} needs the tensor group's process group")
+    part.tensor_group = group  # the blocks run on sequence chunks
     split: dict[str, SplitParameter] = {}
     for name, module in part.named_modules():
         layers = _split_module(module, degree, position, group)

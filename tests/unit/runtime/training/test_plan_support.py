@@ -33,3 +33,15 @@ def test_other_layouts_are_refused_up_front(layout: TensorLayout) -> None:
         check_runtime_supports(_one_group(layout))
     assert caught.value.field == "stages[0].tensor_layout"
     assert "\n" not in str(caught.value) and "blocks" in str(caught.value)
+
+
+def test_a_sequence_the_degree_does_not_divide_is_refused() -> None:
+    """The blocks run sequence parallel: each sequence is cut into t equal chunks."""
+    plan = dataclasses.replace(
+        _one_group(TensorLayout.BLOCKS),
+        job=dataclasses.replace(_one_group(TensorLayout.BLOCKS).job, seq_len=31),
+    )
+    with pytest.raises(SpecError) as caught:
+        check_runtime_supports(plan)
+    assert caught.value.field == "stages[0].tensor_parallel_degree"
+    assert "seq_len (31)" in str(caught.value) and "\n" not in str(caught.value)
