@@ -1,7 +1,7 @@
-"""What each spawned rank runs in test_sequence_parallel.py: a sequence-parallel block in
-miniature through ``models.tensor_ops`` against the same block computed whole in one
-process (every rank recomputes the reference locally from the same seeded tensors), and
-the activation bytes a split block keeps against the whole block's."""
+"""What each spawned rank runs in test_sequence_parallel.py: a tensor-parallel block in
+miniature through ``models.tensor_ops``, sequence parallel and not, against the same block
+computed whole in one process (every rank recomputes the reference locally from the same
+seeded tensors), and the activation bytes a split block keeps against the whole block's."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from piebald.runtime.distributed.sequence_chunks import own_chunk
 from piebald.runtime.models.norms import RMSNorm
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.models.tensor_ops import (
+    TensorGroup,
     column_parallel_linears,
     enter_sequence_chunks,
     leave_sequence_chunks,
@@ -25,6 +26,7 @@ from piebald.runtime.models.tensor_ops import (
 from piebald.runtime.models.tensor_parallel import split_stage_part
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.presets import PRESETS
+from piebald.specs.tensor_layout import TensorLayout
 
 B, S, H, F = 2, 8, 6, 8  # batch, sequence, hidden, inner width (split over the group)
 
@@ -44,9 +46,9 @@ def _whole_modules(norm_kind: str) -> tuple[nn.Module, nn.Linear, nn.Linear, nn.
 def _block(
     x: torch.Tensor,
     modules: tuple[nn.Module, nn.Linear, nn.Linear, nn.Linear],
-    group: dist.ProcessGroup | None,
+    group: TensorGroup | None,
 ) -> torch.Tensor:
-    """x + down(silu(gate(norm x)) * up(norm x)), sequence parallel under ``group``."""
+    """x + down(silu(gate(norm x)) * up(norm x)), split over ``group``."""
     norm, gate, up, down = modules
     chunk = enter_sequence_chunks(x, group)
     normed = sequence_parallel_norm(norm, chunk, group)
@@ -65,7 +67,21 @@ def _keep_slice(linear: nn.Linear, *, dim: int, rank: int, degree: int) -> None:
 
 
 def sequence_parallel_block(rank: int, world_size: int) -> None:
-    group = dist.new_group(list(range(world_size)))
+    process_group = dist.new_group(list(range(world_size)))
+    for sequence_parallel in (True, False):
+        group = TensorGroup(process_group=process_group, sequence_parallel=sequence_parallel)
+        _split_block_equals_the_whole(rank, world_size, group)
+
+    # A sequence that does not cut into equal chunks is refused.
+    try:
+        own_chunk(torch.zeros(1, world_size + 1, H), process_group)
+    except ValueError as error:
+        assert "multiple of the degree" in str(error)
+    else:
+        raise AssertionError("an uneven sequence was cut")
+
+
+def _split_block_equals_the_whole(rank: int, world_size: int, group: TensorGroup) -> None:
     generator = torch.Generator().manual_seed(1)
     x_whole = torch.randn(B, S, H, generator=generator)
     weight_of_output = torch.randn(B, S, H, generator=generator)
@@ -116,14 +132,6 @@ def sequence_parallel_block(rank: int, world_size: int) -> None:
             _keep_slice(linear, dim=0, rank=rank, degree=world_size)
         _keep_slice(mine[3], dim=1, rank=rank, degree=world_size)
         torch.testing.assert_close(_block(x_whole, mine, group), _block(x_whole, reference, None))
-
-    # A sequence that does not cut into equal chunks is refused.
-    try:
-        own_chunk(torch.zeros(1, world_size + 1, H), group)
-    except ValueError as error:
-        assert "multiple of the degree" in str(error)
-    else:
-        raise AssertionError("an uneven sequence was cut")
 
 
 # --- activation memory ------------------------------------------------------------------------
@@ -186,6 +194,7 @@ def block_keeps_its_share(rank: int, world_size: int) -> None:
                     position=rank,
                     positions=tuple(range(world_size)),
                     group=group,
+                    layout=TensorLayout.SEQUENCE,
                 )
                 whole.recompute = split.recompute = recompute
                 mine, theirs = (

@@ -1,9 +1,10 @@
-"""The autograd functions of sequence parallelism (``models.tensor_ops``) on gloo ranks: a
-block in miniature (norm, two column-parallel layers, a row-parallel one with a bias, the
-residual add, the stage's cut into chunks and gather back) gives every rank the whole
-output and whole input gradient of the same block computed in one process, the replicated
-weights' gradients summed over the group and the split weights' the reference's slices;
-RMSNorm and LayerNorm, over 2 and 4 ranks (sequence_parallel_workers.py)."""
+"""The autograd functions of tensor parallelism (``models.tensor_ops``) on gloo ranks, with
+and without sequence parallelism: a block in miniature (norm, two column-parallel layers,
+a row-parallel one with a bias, the residual add, the stage's cut into chunks and gather
+back) gives every rank the whole output and whole input gradient of the same block
+computed in one process, the replicated weights' gradients summed over the group and the
+split weights' the reference's slices; RMSNorm and LayerNorm, over 2 and 4 ranks
+(sequence_parallel_workers.py)."""
 
 from __future__ import annotations
 

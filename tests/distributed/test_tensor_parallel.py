@@ -1,8 +1,9 @@
 """Tensor-parallel stages (Megatron-LM splits of every block over a tensor group, sequence
-parallel between the split regions) train like one process: the same losses step by
-step, evaluation losses, gradient norms (replicated weights counted once, split ones once
-per slice) and final parameters, gathered whole by ``--save-model``, to 1e-4 (the
-comparison of test_plan_equivalence, ``equivalence.py``).
+parallel between the split regions under the ``sequence`` layout the planner makes, the
+norms whole on every member under ``blocks``) train like one process: the same losses
+step by step, evaluation losses, gradient norms (replicated weights counted once, split
+ones once per slice) and final parameters, gathered whole by ``--save-model``, to 1e-4
+(the comparison of test_plan_equivalence, ``equivalence.py``).
 
 Plans: one stage split two ways on 2 ranks, and four ways on 4; two tensor groups of 2 on
 4 ranks (data parallelism 2 over uneven fractions, each group listed leader-last-rank-first
@@ -10,8 +11,10 @@ so positions differ from rank order) under ZeRO-1, ZeRO-2 and ZeRO-3 (each layer
 streamed over the data-parallel group, its whole weights among the leaders); a two-stage
 pipeline whose first stage is split and whose second is not, with the embedding tied to
 the head across stages, and one whose second stage is split under ZeRO-3; and GPT-2's
-fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. Plus:
-the pipeline keeps working paced. Checkpoints of tensor-parallel plans:
+fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. All
+sequence parallel, and two of them again in the ``blocks`` layout (ZeRO-3 with the
+routed replicated weights; GPT-2 under recompute). Plus: the pipeline keeps working
+paced. Checkpoints of tensor-parallel plans:
 test_tensor_parallel_checkpoint.py; the sequence-parallel functions alone:
 test_sequence_parallel.py; what the runtime refuses (other tensor layouts, a sequence
 the degree does not divide): tests/unit/runtime/training/test_plan_support.py."""
@@ -33,6 +36,7 @@ from piebald.runtime.training.emulate import emulate
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import PRESETS
+from piebald.specs.tensor_layout import TensorLayout
 
 pytestmark = pytest.mark.distributed
 
@@ -113,6 +117,20 @@ def _one_stage_four_ways() -> Plan:
         num_gpus=4,
         model=ModelSpec(name="tiny-mha", arch=arch),
     )
+
+
+def _in_blocks_layout(plan: Callable[[], Plan]) -> Callable[[], Plan]:
+    """``plan`` with its tensor-parallel stages in the ``blocks`` layout (no sequence
+    parallelism)."""
+
+    def build() -> Plan:
+        built = plan()
+        stages = tuple(
+            dataclasses.replace(stage, tensor_layout=TensorLayout.BLOCKS) for stage in built.stages
+        )
+        return dataclasses.replace(built, stages=stages)
+
+    return build
 
 
 def _two_groups_streamed(zero: ZeroMode, *, tied: bool) -> Plan:
@@ -231,6 +249,10 @@ PLANS: dict[str, Callable[[], Plan]] = {
     "1 stage, GPT-2, TP 2, ZeRO none, recompute": _gpt2_two_ways,
     "1 stage, GPT-2, TP 4, ZeRO-3": _gpt2_four_ways_zero3,
     "1 stage, TP 4 on 4 ranks": _one_stage_four_ways,
+    "blocks layout: 1 stage, TP 2 x DP 2, ZeRO-3, tied head": _in_blocks_layout(
+        functools.partial(_two_groups_streamed, ZeroMode.FULL, tied=True)
+    ),
+    "blocks layout: 1 stage, GPT-2, TP 2, ZeRO none, recompute": _in_blocks_layout(_gpt2_two_ways),
 }
 
 
@@ -255,7 +277,9 @@ def _grad_norms(path: Path) -> list[float]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_tensor_parallel_plan_trains_like_one_process(name: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
-    assert any(stage.tensor_parallel_degree > 1 for stage in plan.stages)
+    split = [stage for stage in plan.stages if stage.tensor_parallel_degree > 1]
+    layout = TensorLayout.BLOCKS if name.startswith("blocks") else TensorLayout.SEQUENCE
+    assert split and all(stage.tensor_layout is layout for stage in split)
     assert_trains_like_one_process(
         plan, CONFIG, one_tag=False, tmp_path=tmp_path, mixed_gpu_types=False, param_atol=PARAM_ATOL
     )

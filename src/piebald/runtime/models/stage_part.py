@@ -9,10 +9,11 @@ what checkpoints and equivalence tests match on.
 Weights depend only on (seed, layer index) (models/init.py): the parts of any split hold
 exactly the weights of the whole model.
 
-Under tensor parallelism (models/tensor_parallel.py sets ``tensor_group``) the blocks run
-on each member's chunk of the sequence: the part's first block cuts its whole input to the
-member's chunk and its last block's output is gathered whole again (models/tensor_ops.py),
-so the embedding, the head and what a stage sends and receives stay whole.
+Under sequence-parallel tensor parallelism (models/tensor_parallel.py sets
+``tensor_group``) the blocks run on each member's chunk of the sequence: the part's first
+block cuts its whole input to the member's chunk and its last block's output is gathered
+whole again (models/tensor_ops.py), so the embedding, the head and what a stage sends and
+receives stay whole.
 
 Tied embeddings: when the embedding and the head sit on different parts, each holds its own
 copy of the shared table (the head's starts as a copy of the embedding's). Both copies must
@@ -24,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -34,7 +34,11 @@ from piebald.runtime.models.head import Head
 from piebald.runtime.models.init import INIT_STD, init_layer, layer_generator
 from piebald.runtime.models.llama import LlamaBlock, Rope, rope_tables
 from piebald.runtime.models.norms import RMSNorm
-from piebald.runtime.models.tensor_ops import enter_sequence_chunks, leave_sequence_chunks
+from piebald.runtime.models.tensor_ops import (
+    TensorGroup,
+    enter_sequence_chunks,
+    leave_sequence_chunks,
+)
 from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
 
 __all__ = ["StagePart", "TiedParameter", "build_layer_module", "build_stage_part"]
@@ -100,9 +104,9 @@ class StagePart(nn.Module):
         self.layer_end = layer_end
         self.layers = layers
         self.recompute = False
-        # Set when the blocks are split over a tensor group (sequence parallel between the
-        # part's first and last block, module docstring).
-        self.tensor_group: dist.ProcessGroup | None = None
+        # Set when the blocks are split over a tensor group (if sequence parallel, between
+        # the part's first and last block: module docstring).
+        self.tensor_group: TensorGroup | None = None
 
     @property
     def has_embedding(self) -> bool:
@@ -142,9 +146,9 @@ class StagePart(nn.Module):
     def run_layer(self, index: int, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:
         """Global layer ``index`` on ``x``: the embedding ([b, s] -> [b, s, h]), a block
         (recomputed in the backward pass when ``recompute`` is set), or the head
-        ([b, s, h] -> [b, s, V]). Under a tensor group the part's first block takes the
-        whole [b, s, h] and the others a chunk [b, s/t, h], and its last block returns the
-        whole, the others a chunk."""
+        ([b, s, h] -> [b, s, V]). Sequence parallel, the part's first block takes the whole
+        [b, s, h] and the others a chunk [b, s/t, h], and its last block returns the whole,
+        the others a chunk."""
         arch = self.model.arch
         out: torch.Tensor
         if index == 0:
