@@ -263,10 +263,10 @@ def tensor_parallel_degree(point: PublishedPoint) -> int:
 
 def tensor_layout_as_run(point: PublishedPoint) -> tuple[TensorLayout, str | None]:
     """(the layout a tensor-parallel point's groups ran, a note when the file does not
-    say it and piebald's own, ``blocks``, is assumed)."""
+    say it and piebald's own, ``sequence``, is assumed)."""
     if point.tensor_layout is not None:
         return point.tensor_layout, None
-    return TensorLayout.BLOCKS, "tensor layout not stated: priced as piebald's (blocks only)"
+    return TensorLayout.SEQUENCE, "tensor layout not stated: priced as piebald's (sequence)"
 
 
 def recompute_as_run(point: PublishedPoint) -> tuple[bool | None, str | None]:

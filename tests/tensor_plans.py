@@ -1,5 +1,6 @@
 """Tensor-parallel plans for the cost, schedule and simulator tests: two nodes of eight
-H100s (NVLink inside, InfiniBand between), stages of tensor groups with equal shares, and
+H100s (NVLink inside, InfiniBand between), stages of tensor groups with equal shares,
+sequence parallel unless a test says otherwise (the layout the planner makes), and
 round-robin routes over each stage's leaders."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode
 from piebald.specs.presets import load_model
+from piebald.specs.tensor_layout import TensorLayout
 
 TWO_H100_NODES = cluster(
     "two-h100-nodes",
@@ -29,9 +31,13 @@ def tp_stage(
     zero: ZeroMode = ZeroMode.NONE,
     micro_batch_size: int = 1,
     recompute: bool = False,
+    layout: TensorLayout | None = None,
 ) -> Stage:
     """A stage of consecutive tensor groups of ``degree``, each running
-    ``num_micro_batches`` and holding an equal share of the state."""
+    ``num_micro_batches`` and holding an equal share of the state, in ``layout`` (default:
+    sequence parallel at degree > 1, the layout the planner makes)."""
+    if layout is None:
+        layout = TensorLayout.SEQUENCE if degree > 1 else TensorLayout.BLOCKS
     n = len(ranks)
     return Stage(
         layer_start=layers[0],
@@ -43,6 +49,7 @@ def tp_stage(
         zero=zero,
         recompute=recompute,
         tensor_parallel_degree=degree,
+        tensor_layout=layout,
     )
 
 
@@ -79,9 +86,10 @@ def two_node_plan(
     zero: ZeroMode = ZeroMode.OPTIMIZER,
     schedule: Schedule = Schedule.ONE_F_ONE_B,
     num_micro_batches: int = 32,
+    layout: TensorLayout = TensorLayout.SEQUENCE,
 ) -> Plan:
-    """Layers [0, cut) at tensor-parallel degree 2 on node 0 (four groups), the rest at
-    degree 1 on node 1 (eight ranks)."""
+    """Layers [0, cut) at tensor-parallel degree 2 in ``layout`` on node 0 (four groups),
+    the rest at degree 1 on node 1 (eight ranks)."""
     num_layers = load_model(model).num_layers
     return tp_plan(
         model,
@@ -92,6 +100,7 @@ def two_node_plan(
                 degree=2,
                 num_micro_batches=num_micro_batches // 4,
                 zero=zero,
+                layout=layout,
             ),
             tp_stage(
                 layers=(cut, num_layers),
@@ -106,9 +115,13 @@ def two_node_plan(
 
 
 def tp4_dp2_plan(
-    model: str, *, zero: ZeroMode = ZeroMode.NONE, num_micro_batches: int = 16
+    model: str,
+    *,
+    zero: ZeroMode = ZeroMode.NONE,
+    num_micro_batches: int = 16,
+    layout: TensorLayout = TensorLayout.SEQUENCE,
 ) -> Plan:
-    """One stage of all layers on node 0: two tensor groups of four."""
+    """One stage of all layers on node 0: two tensor groups of four, in ``layout``."""
     num_layers = load_model(model).num_layers
     return tp_plan(
         model,
@@ -119,6 +132,7 @@ def tp4_dp2_plan(
                 degree=4,
                 num_micro_batches=num_micro_batches // 2,
                 zero=zero,
+                layout=layout,
             )
         ],
     )
@@ -137,6 +151,7 @@ def collapsed(plan: Plan) -> Plan:
             num_micro_batches=stage.group_micro_batches,
             shard_fraction=tuple(f * t for f in stage.shard_fraction[::t]),
             tensor_parallel_degree=1,
+            tensor_layout=TensorLayout.BLOCKS,
         )
 
     return dataclasses.replace(plan, stages=tuple(collapse(s) for s in plan.stages))

@@ -187,7 +187,7 @@ def plan(
     cluster_spec, model_spec = _cluster(cluster), _model(model)
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
-    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen)
+    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=job.seq_len)
     check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
     priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)

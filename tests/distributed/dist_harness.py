@@ -28,6 +28,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode, weighted_round_robin
 from piebald.specs.presets import PRESETS
+from piebald.specs.tensor_layout import TensorLayout
 
 PG_TIMEOUT_S = 30.0  # a hang becomes a failure well inside pytest's timeout
 
@@ -91,6 +92,15 @@ class StageSpec:
     micro_batch_sizes: tuple[int, ...] | None = None  # None: 1 per rank
     recompute: bool = False
     tensor_parallel_degree: int = 1  # consecutive runs of this many ranks: tensor groups
+    # What the tensor groups split besides the blocks' heads and width; None: sequence
+    # parallel at degree > 1 (the layout the planner makes), blocks at degree 1.
+    tensor_layout: TensorLayout | None = None
+
+    @property
+    def layout(self) -> TensorLayout:
+        if self.tensor_layout is not None:
+            return self.tensor_layout
+        return TensorLayout.SEQUENCE if self.tensor_parallel_degree > 1 else TensorLayout.BLOCKS
 
 
 def make_plan(
@@ -107,7 +117,8 @@ def make_plan(
     tied or not), micro-batch size 1 unless a stage says otherwise, routes by weighted round
     robin in every stage; rank r is a ``gpu_types[r]`` (default: all A100-80GB), consecutive
     equal types forming a node. Under tensor parallelism a stage lists every member's
-    values (a tensor group's equal) and routes name the groups' leaders."""
+    values (a tensor group's equal) and routes name the groups' leaders; its layout is
+    sequence parallel unless it says otherwise."""
     if model is None:
         arch = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
         model = ModelSpec(name="tiny-tied" if tied else "tiny", arch=arch)
@@ -151,6 +162,7 @@ def make_plan(
                 zero=spec.zero,
                 recompute=spec.recompute,
                 tensor_parallel_degree=spec.tensor_parallel_degree,
+                tensor_layout=spec.layout,
             )
         )
         start = spec.layer_end

@@ -2,6 +2,11 @@
 
 A state-heavy case: a 3.2 M-parameter Llama on four A100s (``STATE_HEAVY``, ``FOUR_A100``).
 
+Tensor-parallel plans (``tensor_parallel_plan``): a width-256 Llama or GPT-2 at 256 tokens
+whose first stage (the embedding and the four blocks) is split two ways, sequence parallel
+or not, and whose head sits alone on a third rank, so that the split stage's peak is its
+blocks' backward, not the loss's.
+
 Random plans (``random_plan``): 1-4 stages, every
 ZeRO mode, recompute on and off, GPipe and 1F1B, uneven shards and micro-batch counts,
 bf16 and fp16 GPUs mixed, ``tiny`` at full width with sequences of 32 or 128 tokens (some
@@ -20,9 +25,10 @@ import random
 from dist_harness import StageSpec, make_plan
 
 from piebald.specs.cluster_yaml import parse_cluster
-from piebald.specs.model import ModelSpec
+from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 from piebald.specs.presets import PRESETS
+from piebald.specs.tensor_layout import TensorLayout
 
 FOUR_A100 = parse_cluster(
     {
@@ -106,4 +112,56 @@ def random_plan(rng: random.Random) -> Plan:
         schedule=schedule,
         gpu_types=gpu_types,
         seq_len=rng.choice((32, 128)),
+    )
+
+
+TP_SEQ_LEN = 256
+GPT2_W256 = ModelSpec(
+    name="gpt2-w256",
+    arch=ModelArch(
+        family=Family.GPT2,
+        num_blocks=4,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=1024,
+        vocab_size=512,
+        max_seq_len=TP_SEQ_LEN,
+        tie_embeddings=False,
+    ),
+)
+LLAMA_W256 = ModelSpec(
+    name="llama-w256",
+    arch=dataclasses.replace(STATE_HEAVY.arch, max_seq_len=TP_SEQ_LEN, tie_embeddings=False),
+)
+
+
+def tensor_parallel_plan(model: ModelSpec, *, layout: TensorLayout, recompute: bool) -> Plan:
+    """Stage 0 (embedding and blocks) at TP 2 in ``layout`` on two A100s, stage 1 (the head)
+    on a third; GPipe, four micro-batches of two sequences."""
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=5,
+                ranks=(0, 1),
+                num_micro_batches=(4, 4),
+                fractions=(0.5, 0.5),
+                micro_batch_sizes=(2, 2),
+                recompute=recompute,
+                tensor_parallel_degree=2,
+                tensor_layout=layout,
+            ),
+            StageSpec(
+                layer_end=6,
+                ranks=(2,),
+                num_micro_batches=(4,),
+                fractions=(1.0,),
+                micro_batch_sizes=(2,),
+            ),
+        ],
+        num_gpus=3,
+        model=model,
+        seq_len=TP_SEQ_LEN,
+        schedule=Schedule.GPIPE,
+        tied=False,
     )

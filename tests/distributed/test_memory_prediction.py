@@ -2,29 +2,31 @@
 ``NUM_PLANS`` random plans of ``memory_cases`` (1-4 stages, every ZeRO mode, recompute on
 and off, GPipe and 1F1B, uneven shards and counts, bf16 and fp16 GPUs, ``tiny`` at full
 width), one emulated step in the GPUs' own dtypes, and every rank's measured peak of live
-tensor bytes within [0.75, 1.05] of its ``predicted_bytes``.
-``benchmarks/memory_prediction.py`` prints the same ratios as a table."""
+tensor bytes within [0.75, 1.05] of its ``predicted_bytes``; and the same for the members of
+tensor-parallel stages, sequence parallel and not (``memory_cases.tensor_parallel_plan``).
+``benchmarks/memory_prediction.py`` prints the random plans' ratios as a table."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from memory_cases import NUM_PLANS, random_plan
+from memory_cases import GPT2_W256, LLAMA_W256, NUM_PLANS, random_plan, tensor_parallel_plan
 
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.precision import ComputeDtype
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
+from piebald.specs.tensor_layout import TensorLayout
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 LOW, HIGH = 0.75, 1.05
 
 
-@pytest.mark.parametrize("seed", range(NUM_PLANS))
-def test_every_rank_peaks_near_its_prediction(seed: int) -> None:
-    plan = random_plan(random.Random(seed))
+def _peaks_near_prediction(plan: Plan, *, seed: int) -> None:
     config = TrainConfig(
         steps=1, seed=seed, optimizer=OptimizerConfig(lr=1e-3), compute_dtype=ComputeDtype.NATIVE
     )
@@ -36,3 +38,23 @@ def test_every_rank_peaks_near_its_prediction(seed: int) -> None:
             f"seed {seed} rank {rank}: measured {sizes['measured_bytes']} B, "
             f"predicted {sizes['predicted_bytes']} B, ratio {ratio:.3f}"
         )
+
+
+@pytest.mark.parametrize("seed", range(NUM_PLANS))
+def test_every_rank_peaks_near_its_prediction(seed: int) -> None:
+    _peaks_near_prediction(random_plan(random.Random(seed)), seed=seed)
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "recompute"),
+    [
+        (GPT2_W256, TensorLayout.SEQUENCE, False),
+        (LLAMA_W256, TensorLayout.SEQUENCE, True),
+        (LLAMA_W256, TensorLayout.BLOCKS, False),
+    ],
+    ids=["gpt2-sequence", "llama-sequence-recompute", "llama-blocks"],
+)
+def test_tensor_parallel_members_peak_near_their_prediction(
+    model: ModelSpec, layout: TensorLayout, recompute: bool
+) -> None:
+    _peaks_near_prediction(tensor_parallel_plan(model, layout=layout, recompute=recompute), seed=0)

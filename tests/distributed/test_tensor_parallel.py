@@ -1,19 +1,23 @@
-"""Tensor-parallel stages (Megatron-LM splits of every block over a tensor group) train like
-one process: the same losses step by step, evaluation losses, gradient norms (replicated
-weights counted once, split ones once per slice) and final parameters, gathered whole by
-``--save-model``, to 1e-4 (the comparison of test_plan_equivalence, ``equivalence.py``).
+"""Tensor-parallel stages (Megatron-LM splits of every block over a tensor group, sequence
+parallel between the split regions under the ``sequence`` layout the planner makes, the
+norms whole on every member under ``blocks``) train like one process: the same losses
+step by step, evaluation losses, gradient norms (replicated weights counted once, split
+ones once per slice) and final parameters, gathered whole by ``--save-model``, to 1e-4
+(the comparison of test_plan_equivalence, ``equivalence.py``).
 
-Plans: one stage split two ways on 2 ranks; two tensor groups of 2 on 4 ranks (data
-parallelism 2 over uneven fractions, each group listed leader-last-rank-first so
-positions differ from rank order) under ZeRO-1, ZeRO-2 and ZeRO-3 (each layer's slices
+Plans: one stage split two ways on 2 ranks, and four ways on 4; two tensor groups of 2 on
+4 ranks (data parallelism 2 over uneven fractions, each group listed leader-last-rank-first
+so positions differ from rank order) under ZeRO-1, ZeRO-2 and ZeRO-3 (each layer's slices
 streamed over the data-parallel group, its whole weights among the leaders); a two-stage
 pipeline whose first stage is split and whose second is not, with the embedding tied to
 the head across stages, and one whose second stage is split under ZeRO-3; and GPT-2's
-fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. Plus:
-the pipeline keeps working paced. Checkpoints of tensor-parallel plans:
-test_tensor_parallel_checkpoint.py; what the runtime refuses (other tensor layouts):
-tests/unit/runtime/training/test_plan_support.py.
-"""
+fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. All
+sequence parallel, and two of them again in the ``blocks`` layout (ZeRO-3 with the
+routed replicated weights; GPT-2 under recompute). Plus: the pipeline keeps working
+paced. Checkpoints of tensor-parallel plans:
+test_tensor_parallel_checkpoint.py; the sequence-parallel functions alone:
+test_sequence_parallel.py; what the runtime refuses (other tensor layouts, a sequence
+the degree does not divide): tests/unit/runtime/training/test_plan_support.py."""
 
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from safetensors.torch import load_file
 from piebald.runtime.training.emulate import emulate
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.presets import PRESETS
+from piebald.specs.tensor_layout import TensorLayout
 
 pytestmark = pytest.mark.distributed
 
@@ -91,6 +97,40 @@ def _two_stages_split_then_whole() -> Plan:
         tied=True,
         gpu_types=("A100-80GB", "A100-80GB", "V100-32GB", "T4"),
     )
+
+
+def _one_stage_four_ways() -> Plan:
+    """Ranks 0-3 split every block of ``tiny`` with as many key/value heads as query heads
+    (its 2 do not split four ways), each member's sequence chunk 8 of the 32 positions,
+    4 micro-batches, ZeRO-1."""
+    arch = dataclasses.replace(PRESETS["tiny"], num_kv_heads=4, tie_embeddings=True)
+    return make_plan(
+        [
+            StageSpec(
+                layer_end=6,
+                ranks=(0, 1, 2, 3),
+                num_micro_batches=(4, 4, 4, 4),
+                fractions=(0.25,) * 4,
+                tensor_parallel_degree=4,
+            )
+        ],
+        num_gpus=4,
+        model=ModelSpec(name="tiny-mha", arch=arch),
+    )
+
+
+def _in_blocks_layout(plan: Callable[[], Plan]) -> Callable[[], Plan]:
+    """``plan`` with its tensor-parallel stages in the ``blocks`` layout (no sequence
+    parallelism)."""
+
+    def build() -> Plan:
+        built = plan()
+        stages = tuple(
+            dataclasses.replace(stage, tensor_layout=TensorLayout.BLOCKS) for stage in built.stages
+        )
+        return dataclasses.replace(built, stages=stages)
+
+    return build
 
 
 def _two_groups_streamed(zero: ZeroMode, *, tied: bool) -> Plan:
@@ -208,6 +248,11 @@ PLANS: dict[str, Callable[[], Plan]] = {
     "2 stages, TP 1 then TP 2 under ZeRO-3, tied head": _two_stages_whole_then_split_zero3,
     "1 stage, GPT-2, TP 2, ZeRO none, recompute": _gpt2_two_ways,
     "1 stage, GPT-2, TP 4, ZeRO-3": _gpt2_four_ways_zero3,
+    "1 stage, TP 4 on 4 ranks": _one_stage_four_ways,
+    "blocks layout: 1 stage, TP 2 x DP 2, ZeRO-3, tied head": _in_blocks_layout(
+        functools.partial(_two_groups_streamed, ZeroMode.FULL, tied=True)
+    ),
+    "blocks layout: 1 stage, GPT-2, TP 2, ZeRO none, recompute": _in_blocks_layout(_gpt2_two_ways),
 }
 
 
@@ -232,7 +277,9 @@ def _grad_norms(path: Path) -> list[float]:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_tensor_parallel_plan_trains_like_one_process(name: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
-    assert any(stage.tensor_parallel_degree > 1 for stage in plan.stages)
+    split = [stage for stage in plan.stages if stage.tensor_parallel_degree > 1]
+    layout = TensorLayout.BLOCKS if name.startswith("blocks") else TensorLayout.SEQUENCE
+    assert split and all(stage.tensor_layout is layout for stage in split)
     assert_trains_like_one_process(
         plan, CONFIG, one_tag=False, tmp_path=tmp_path, mixed_gpu_types=False, param_atol=PARAM_ATOL
     )

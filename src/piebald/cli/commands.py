@@ -150,7 +150,7 @@ def plan(
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
-    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen)
+    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=seq_len)
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)

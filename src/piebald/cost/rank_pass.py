@@ -2,20 +2,24 @@
 compute of its tensor slice, its tensor group's collectives inside the pass, and the
 broadcast of the input its leader received.
 
-Compute is ``cost.pass_times`` of a shape of the stage's degree (one rank's slice of every
-block, ``ModelSpec.layers_at``), the block all-reduces ``cost.tensor_comm``'s. Only a
-group's leader talks to the neighbouring stages (routes name leaders): it receives the
-micro-batch's activation and, after the next stage's backward, the gradient of its output,
-and passes each on to its members before they can start (every member needs the whole
-input; the members of the sending group hold identical copies after their block's last
-all-reduce, so only one of them sends). The broadcast runs on the node's link: a pipelined
-broadcast moves every byte over each of the group's t - 1 hops once, with chunks in flight
-on all of them, so alpha per hop plus one message's S / B (:func:`group_broadcast_s`). The
-first stage reads its rows from the data on every member, and the last stage's loss is
-whole on every member (the head is not split): neither broadcasts.
+Compute is ``cost.pass_times`` of a shape of the stage's degree and layout (one rank's
+slice of the layers, ``ModelSpec.layers_at``), the collectives of the blocks and the
+stage's edges ``cost.tensor_comm``'s. Only a group's leader talks to the neighbouring
+stages (routes name leaders): it receives the micro-batch's activation and, after the next
+stage's backward, the gradient of its output, and passes each on to its members before
+they can start (every member needs the whole input; the members of the sending group hold
+identical copies after their last block's all-reduce, or sequence parallel the gather of
+its output, so only one of them sends). The broadcast runs on the node's link: a
+pipelined broadcast moves every byte over each of the group's t - 1 hops once, with
+chunks in flight on all of them, so alpha per hop plus one message's S / B
+(:func:`group_broadcast_s`). The first stage reads its rows from the data on every
+member, and the last stage's loss is whole on every member (the head is not split):
+neither broadcasts.
 
 At degree 1 a pass is its compute alone. The plan estimate, the simulator's prices and
-(at given layer bounds) the planner price a rank's pass with :func:`rank_pass`.
+(at given layer bounds) the planner price a rank's pass with :func:`rank_pass`; the
+planner's stage matrices add up the same terms for every layer range at once, with
+``cost.tensor_comm.tensor_comm_s`` and :func:`input_broadcast_s`.
 """
 
 from __future__ import annotations

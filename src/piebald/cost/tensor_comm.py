@@ -25,10 +25,17 @@ head; the backward keeps each member's shard of the gradient, identical on every
 Under ``vocabulary-sequence`` the embedding reduce-scatters its partial output straight to
 the shards and the head all-gathers its input, reduce-scattering that gradient back: one
 all-gather's or reduce-scatter's worth more at each end. Left out: the loss's own
-reductions (a few floats per token for the parallel cross-entropy), and the all-gather
+reductions (a few floats per token for the parallel cross-entropy), the all-gather
 Megatron-LM repeats in the backward to rebuild a column-parallel layer's input from the
 sequence shard it kept, which it overlaps with the input-gradient GEMM (Korthikanti
-section 4.2.2; torchtitan keeps the gathered input instead).
+section 4.2.2; piebald's runtime does the same, ``runtime.models.tensor_ops``;
+torchtitan keeps the gathered input instead), and the all-reduce of the gradients of the
+norm weights and row-parallel biases a sequence-parallel member applies to its chunk
+only (h values per norm, not per token).
+
+:func:`tensor_comm_s` is the one formula: the plan estimate and the simulator price a
+stage through :func:`tensor_comm` (one layer range), the planner's stage matrices through
+it directly (every range at once, ``planner.stage_costs``).
 
 The rings run over the group's ranks inside one node (``cost.comm.ring_profile``).
 """
@@ -36,6 +43,9 @@ The rings run over the group's ranks inside one node (``cost.comm.ring_profile``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from piebald.cost.comm import Collective, RingProfile
 from piebald.cost.pass_shape import PassShape
@@ -47,6 +57,7 @@ __all__ = [
     "TensorComm",
     "block_tensor_comm",
     "tensor_comm",
+    "tensor_comm_s",
 ]
 
 ALL_REDUCES_PER_BLOCK_PASS = 2  # attention output and MLP output (forward), or their inputs
@@ -86,36 +97,66 @@ def block_tensor_comm(model: ModelSpec, *, shape: PassShape, ring: RingProfile) 
     return TensorComm(forward_s=forward_s, backward_s=forward_s * (2.0 if shape.recompute else 1.0))
 
 
-def _edge_tensor_comm(
+def _edge_tensor_comm_s(
     model: ModelSpec,
     *,
-    start: int,
-    end: int,
-    num_blocks: int,
+    holds_embedding: Any,
+    holds_head: Any,
+    num_blocks: Any,
     shape: PassShape,
     ring: RingProfile,
-) -> TensorComm:
-    """The collectives of one micro-batch of ``shape`` at the edges of a stage holding
-    layers [start, end), ``num_blocks`` of them blocks: the vocabulary-parallel embedding's
-    and head's, and the sequence's gathers (module docstring; nothing under ``blocks`` or
-    at degree 1). The head is never recomputed."""
+) -> tuple[Any, Any]:
+    """(forward, backward) seconds of the collectives of one micro-batch of ``shape`` at
+    the edges of a stage of ``num_blocks`` blocks, holding the embedding and the head or
+    not: the vocabulary-parallel embedding's and head's, and the sequence's gathers
+    (module docstring; nothing under ``blocks`` or at degree 1). The head is never
+    recomputed. Elementwise: scalars, or arrays over layer ranges."""
     layout = shape.tensor_layout
     message_bytes = _message_bytes(model, shape=shape, ring=ring)
     if message_bytes is None:
-        return NO_TENSOR_COMM
-    holds_embedding, holds_head = start == 0, end == model.num_layers
+        return 0.0, 0.0
     if layout.splits_sequence:
-        has_blocks = num_blocks > 0
+        # As floats: numpy adds booleans as a logical or.
+        has_blocks = np.greater(num_blocks, 0).astype(np.float64)
         # One all-gather or reduce-scatter (the same bytes on a ring) each.
         half_s = ring.time_s(Collective.ALL_GATHER, num_bytes=message_bytes)
         vocabulary = layout.splits_vocabulary
-        forward = has_blocks + (vocabulary and holds_embedding)
-        backward = has_blocks + (vocabulary and holds_head)
-        return TensorComm(forward_s=half_s * forward, backward_s=half_s * backward)
+        forward = has_blocks + np.logical_and(vocabulary, holds_embedding)
+        backward = has_blocks + np.logical_and(vocabulary, holds_head)
+        return half_s * forward, half_s * backward
     if not layout.splits_vocabulary:
-        return NO_TENSOR_COMM
+        return 0.0, 0.0
     whole_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
-    return TensorComm(forward_s=whole_s * holds_embedding, backward_s=whole_s * holds_head)
+    return whole_s * np.asarray(holds_embedding), whole_s * np.asarray(holds_head)
+
+
+def tensor_comm_s(
+    model: ModelSpec,
+    *,
+    holds_embedding: Any,
+    holds_head: Any,
+    num_blocks: Any,
+    shape: PassShape,
+    ring: RingProfile,
+) -> tuple[Any, Any]:
+    """(forward, backward) seconds of the collectives of one micro-batch of ``shape``
+    through a stage of ``num_blocks`` blocks, holding the embedding and the head or not,
+    on a tensor group whose ring is ``ring``: its blocks' and its edges'. Elementwise over
+    arrays of layer ranges (the planner's stage matrices) as over one range
+    (:func:`tensor_comm`): the one formula both price a tensor-parallel pass with."""
+    one = block_tensor_comm(model, shape=shape, ring=ring)
+    edge_forward_s, edge_backward_s = _edge_tensor_comm_s(
+        model,
+        holds_embedding=holds_embedding,
+        holds_head=holds_head,
+        num_blocks=num_blocks,
+        shape=shape,
+        ring=ring,
+    )
+    return (
+        num_blocks * one.forward_s + edge_forward_s,
+        num_blocks * one.backward_s + edge_backward_s,
+    )
 
 
 def tensor_comm(
@@ -123,13 +164,14 @@ def tensor_comm(
 ) -> TensorComm:
     """The collectives of one micro-batch of ``shape`` through layers [start, end) on a
     tensor group whose ring is ``ring`` (nothing at degree 1): its blocks' and its
-    edges'."""
-    one = block_tensor_comm(model, shape=shape, ring=ring)
+    edges' (:func:`tensor_comm_s`)."""
     num_blocks = sum(1 for layer in model.layers[start:end] if layer.kind is LayerKind.BLOCK)
-    ends = _edge_tensor_comm(
-        model, start=start, end=end, num_blocks=num_blocks, shape=shape, ring=ring
+    forward_s, backward_s = tensor_comm_s(
+        model,
+        holds_embedding=start == 0,
+        holds_head=end == model.num_layers,
+        num_blocks=num_blocks,
+        shape=shape,
+        ring=ring,
     )
-    return TensorComm(
-        forward_s=num_blocks * one.forward_s + ends.forward_s,
-        backward_s=num_blocks * one.backward_s + ends.backward_s,
-    )
+    return TensorComm(forward_s=float(forward_s), backward_s=float(backward_s))

@@ -50,9 +50,9 @@ def zero_mode_named(value: str | ZeroMode | None, *, strategy: Strategy) -> Zero
     return mode
 
 
-def tensor_parallel_degree(value: int | None, *, strategy: Strategy) -> int | None:
-    """``value`` as a tensor-parallel degree ``strategy`` can give every stage; None
-    stays None."""
+def tensor_parallel_degree(value: int | None, *, strategy: Strategy, seq_len: int) -> int | None:
+    """``value`` as a tensor-parallel degree ``strategy`` can give every stage of a job of
+    ``seq_len`` tokens per sequence; None stays None."""
     if value is None:
         return None
     if value not in TENSOR_PARALLEL_DEGREES:
@@ -66,5 +66,13 @@ def tensor_parallel_degree(value: int | None, *, strategy: Strategy) -> int | No
             argument="tensor_parallel",
             value=value,
             expected=f"1: strategy {strategy.name} has no tensor parallelism",
+        )
+    layout = strategy.stage_rules.layout_at(value)
+    if layout.splits_sequence and seq_len % value:
+        raise ArgumentError(
+            argument="tensor_parallel",
+            value=value,
+            expected=f"a degree dividing the sequence length ({seq_len}): tensor-parallel "
+            f"stages run {layout.value} parallel, each member on 1/t of every sequence",
         )
     return value

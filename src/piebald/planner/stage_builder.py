@@ -48,6 +48,7 @@ from piebald.specs.plan import (
     ZeroMode,
     tensor_degree_fits,
 )
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "tensor_group_of_each_type", "water_fill"]
 
@@ -67,6 +68,14 @@ class StageRules:
     equal_micro_batches: bool = False
     # Tensor-parallel degrees a stage may take (Megatron-LM tensor groups inside a node).
     tensor_parallel_degrees: tuple[int, ...] = (1,)
+    # What a stage's tensor groups split at degree > 1 (``specs.tensor_layout``): sequence
+    # parallel, as the runtime runs the plans piebald makes.
+    tensor_layout: TensorLayout = TensorLayout.SEQUENCE
+
+    def layout_at(self, degree: int) -> TensorLayout:
+        """The tensor layout of a stage of tensor-parallel ``degree`` (``blocks``, which
+        splits nothing more, at degree 1)."""
+        return self.tensor_layout if degree > 1 else TensorLayout.BLOCKS
 
     @property
     def most_frugal_zero(self) -> ZeroMode:
@@ -160,7 +169,14 @@ def build_stage(
     degrees = [
         degree
         for degree in rules.tensor_parallel_degrees
-        if tensor_degree_fits(cluster, model.arch, ranks, degree)
+        if tensor_degree_fits(
+            cluster,
+            model.arch,
+            ranks,
+            degree,
+            layout=rules.layout_at(degree),
+            seq_len=job.seq_len,
+        )
         and all(
             len(set(micro_batch_sizes[i : i + degree])) == 1 for i in range(0, len(ranks), degree)
         )
@@ -211,10 +227,13 @@ def _build_at_degree(
 ) -> StageChoice | None:
     """:func:`build_stage` at one tensor-parallel degree and in-flight rule."""
     layer_start, layer_end = layers
+    layout = rules.layout_at(degree)
     leaders = ranks[::degree]
     sizes = micro_batch_sizes[::degree]
     devices = [cluster.device_of(rank) for rank in leaders]
-    params = float(model.stage_params(layer_start, layer_end, tensor_parallel_degree=degree))
+    params = float(
+        model.stage_params(layer_start, layer_end, tensor_parallel_degree=degree, layout=layout)
+    )
     wire_dtype = wire_dtype_of_devices(devices, precision=job.precision)
     wire_bytes = params * wire_dtype.num_bytes
     neighbors = (stage_index > 0) + (stage_index < num_stages - 1)
@@ -237,6 +256,7 @@ def _build_at_degree(
                     micro_batch_size=size,
                     recompute=recompute,
                     tensor_parallel_degree=degree,
+                    tensor_layout=layout,
                 )
                 group = tensor_group[device]
                 passes = rank_pass(
@@ -308,6 +328,7 @@ def _build_at_degree(
                 recompute=recompute,
                 max_in_flight=None if max_in_flight is None else _per_member(max_in_flight, degree),
                 tensor_parallel_degree=degree,
+                tensor_layout=layout,
             )
             sync = stage_comm(
                 profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes

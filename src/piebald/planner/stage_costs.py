@@ -36,7 +36,7 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.rank_pass import input_broadcast_s
-from piebald.cost.tensor_comm import block_tensor_comm
+from piebald.cost.tensor_comm import tensor_comm_s
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.range_memory import RangeMemory, RankKind
 from piebald.planner.stage_builder import StageRules, tensor_group_of_each_type
@@ -45,6 +45,7 @@ from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import ZeroMode, tensor_degree_fits
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["StageCost", "memory_matrices", "stage_cost"]
 
@@ -110,7 +111,10 @@ def stage_cost(
     valid = _valid_ranges(model.num_layers + 1)
     settings: list[_Setting] = []
     for degree in rules.tensor_parallel_degrees:
-        if tensor_degree_fits(cluster, model.arch, ranks, degree):
+        layout = rules.layout_at(degree)
+        if tensor_degree_fits(
+            cluster, model.arch, ranks, degree, layout=layout, seq_len=job.seq_len
+        ):
             settings += _settings(
                 cluster,
                 model=model,
@@ -196,8 +200,11 @@ def _settings(
 ) -> list[_Setting]:
     """Every (recompute, ZeRO mode) of the stage at tensor-parallel ``degree``, priced
     for every layer range: its tensor groups are the stage's data-parallel ranks, each
-    computing its slice of the blocks (``ModelSpec.layers_at``) and meeting its group in
-    every block (``cost.tensor_comm``)."""
+    computing its slice of the layers in the rules' layout (``ModelSpec.layers_at``),
+    meeting its group in every block and at the stage's edges (``cost.tensor_comm``) and
+    taking the input its leader receives: a member's pass as ``cost.rank_pass`` prices
+    it, with the same functions."""
+    layout = rules.layout_at(degree)
     leaders = ranks[::degree]  # one per tensor group; the stage's data parallelism is theirs
     classes = Counter(cluster.device_of(rank) for rank in leaders)
     num_micro_batches = job.global_batch_size / micro_batch_size
@@ -205,14 +212,14 @@ def _settings(
     # Weights and gradients travel in the group's common compute dtype (cost.precision).
     wire_dtype = wire_dtype_of_devices(classes, precision=job.precision)
     wire = float(wire_dtype.num_bytes)
-    params = _params(model, degree)
+    params = _params(model, degree, layout)
     on_wire = params * wire
     has_params = params > 0
     # One data-parallel group; the stage's t of them run at once, sharing the NICs.
     profile = ring_profile(cluster, leaders, rings_per_nic=degree)
     # A tensor group per GPU type (its node's link), and the blocks in each range.
     tensor_group = tensor_group_of_each_type(cluster, ranks, degree) if degree > 1 else {}
-    blocks = _blocks(model)
+    blocks, holds_embedding, holds_head = _blocks(model), *_ends(model)
     # The optimizer step is memory-bound and linear in the parameters a rank owns.
     optimizer_per_param_s = max(
         optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
@@ -227,6 +234,7 @@ def _settings(
                 micro_batch_size=micro_batch_size,
                 recompute=recompute,
                 tensor_parallel_degree=degree,
+                tensor_layout=layout,
             )
             for device in classes
         }
@@ -236,16 +244,21 @@ def _settings(
             forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
             if degree > 1:  # as ``cost.rank_pass`` prices a member's pass
                 group = tensor_group[device]
-                comm = block_tensor_comm(model, shape=shape, ring=ring_profile(cluster, group))
+                comm_forward_s, comm_backward_s = tensor_comm_s(
+                    model,
+                    holds_embedding=holds_embedding,
+                    holds_head=holds_head,
+                    num_blocks=blocks,
+                    shape=shape,
+                    ring=ring_profile(cluster, group),
+                )
                 broadcast_s = input_broadcast_s(
                     cluster, group, model=model, job=job, micro_batch_size=micro_batch_size
                 )
-                forward[device] = (
-                    forward[device] + blocks * comm.forward_s + broadcast_s * (stage_index > 0)
-                )
+                forward[device] = forward[device] + comm_forward_s + broadcast_s * (stage_index > 0)
                 backward[device] = (
                     backward[device]
-                    + blocks * comm.backward_s
+                    + comm_backward_s
                     + broadcast_s * (stage_index < num_stages - 1)
                 )
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
@@ -404,10 +417,23 @@ def _read_only_ranges(matrix: Matrix) -> Ranges:
 
 
 @functools.lru_cache(maxsize=64)
-def _params(model: ModelSpec, degree: int) -> Ranges:
+def _params(model: ModelSpec, degree: int, layout: TensorLayout) -> Ranges:
     """Parameters a rank of a stage of each layer range stores (``stage_params_matrix``),
-    at tensor-parallel ``degree``."""
-    return _read_only_ranges(stage_params_matrix(model, tensor_parallel_degree=degree))
+    at tensor-parallel ``degree`` in ``layout``."""
+    return _read_only_ranges(
+        stage_params_matrix(model, tensor_parallel_degree=degree, layout=layout)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _ends(model: ModelSpec) -> tuple[Ranges, Ranges]:
+    """Whether each layer range holds the embedding, and the head: 1.0 or 0.0
+    (read-only)."""
+    size = model.num_layers + 1
+    embedding, head = np.zeros((size, size)), np.zeros((size, size))
+    embedding[0, :] = 1.0  # [0, b)
+    head[:, model.num_layers] = 1.0  # [a, L)
+    return _read_only_ranges(embedding), _read_only_ranges(head)
 
 
 @functools.lru_cache(maxsize=64)

@@ -41,8 +41,8 @@ values, the log-sum-exp) and its per-token kernel traffic divided by t; the norm
 row-parallel biases and everything on the hidden width (norm inputs and outputs, residual
 adds) whole, on every rank (no sequence parallelism; Korthikanti's "10 + 24/t" split).
 The embedding and the head are not split: every rank of the group holds and runs them.
-That is the ``blocks`` layout, the one piebald's runtime runs; ``layers_at`` also gives the
-layers of the layouts other systems run (``specs.tensor_layout``):
+That is the ``blocks`` layout; ``layers_at`` also gives the layers of the other layouts
+(``specs.tensor_layout``), among them ``sequence``, the one piebald's planner makes:
 
 * ``vocabulary``: the embedding's and the head's weights split over the vocabulary (each
   rank ceil(V / t) rows, the vocabulary padded as Megatron-LM pads it), the head's FLOPs,

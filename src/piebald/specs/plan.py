@@ -15,7 +15,8 @@ size and count, and a 1/t share of the group's fraction of the training state (s
 fractions of a stage still sum to 1). The stage's data-parallel groups run over tensor
 groups: the members at one position of every group. What a group splits besides its
 blocks' heads and MLP width is the stage's ``tensor_layout`` (``specs.tensor_layout``:
-piebald's runtime runs ``blocks``; the others price runs of other systems as they ran).
+piebald's planner makes ``sequence``, its runtime runs that and ``blocks``; the
+vocabulary layouts price runs of other systems as they ran).
 
 Construction validates everything against the embedded cluster and model; errors name the
 field (``stages[1].shard_fraction``) so a hand-edited plan file is easy to fix.
@@ -482,14 +483,22 @@ def tensor_groups_inside_nodes(cluster: ClusterSpec, ranks: Sequence[int], degre
 
 
 def tensor_degree_fits(
-    cluster: ClusterSpec, arch: ModelArch, ranks: Sequence[int], degree: int
+    cluster: ClusterSpec,
+    arch: ModelArch,
+    ranks: Sequence[int],
+    degree: int,
+    *,
+    layout: TensorLayout,
+    seq_len: int,
 ) -> bool:
     """Whether a stage of ``ranks`` can run ``arch``'s blocks at tensor-parallel
-    ``degree``: the model splits that many ways and the ranks form whole tensor groups
-    inside nodes (always at degree 1)."""
+    ``degree`` in ``layout``: the model splits that many ways, the ranks form whole
+    tensor groups inside nodes, and a layout that splits the sequence cuts ``seq_len``
+    into equal chunks (always at degree 1)."""
     return degree == 1 or (
         tensor_split_problem(arch, degree) is None
         and tensor_groups_inside_nodes(cluster, ranks, degree)
+        and not (layout.splits_sequence and seq_len % degree)
     )
 
 

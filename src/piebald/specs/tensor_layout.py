@@ -6,8 +6,7 @@ how much of a rank's work shrinks with t:
 
 * ``blocks``: only that. The embedding, the final norm, the LM head and its loss, and
   everything on a block's hidden width (norms, residual adds) run whole on every member.
-  This is what piebald's runtime runs (``runtime.models.tensor_parallel``), and the only
-  layout its planner makes.
+  piebald's runtime runs it (``runtime.models.tensor_parallel``), for plans that say it.
 * ``vocabulary``: also the embedding and the LM head over the vocabulary, with the loss
   computed on each member's slice of the logits (Megatron-LM's ``VocabParallelEmbedding``
   and parallel cross-entropy, Shoeybi et al. 2019 section 3; torchtitan's row-parallel
@@ -17,15 +16,16 @@ how much of a rank's work shrinks with t:
   tokens (sequence parallelism, Korthikanti et al. 2022, section 4.2.2). Each block
   all-reduce becomes a reduce-scatter and an all-gather of the same bytes; the stage's
   sequence is made whole at its edges (``cost.tensor_comm``). The embedding and head stay
-  whole, as under ``blocks``.
+  whole, as under ``blocks``. The layout piebald's planner makes and its runtime runs
+  (``runtime.models.tensor_ops``).
 * ``vocabulary-sequence``: both (Megatron-Core's ``--sequence-parallel``, which
   ``--tp-comm-overlap`` requires; torchtitan's ``SequenceParallel`` norms with its
   vocabulary-parallel embedding and output).
 
 The cost model prices any of them (``ModelSpec.layers_at``, ``cost.tensor_comm``); the
-runtime runs ``blocks`` and refuses the others before it starts
-(``runtime.training.plan_support``). They are in the plan so that runs of other systems
-can be priced as they ran (benchmarks/published.py).
+runtime runs ``sequence`` and ``blocks`` and refuses the vocabulary layouts before it
+starts (``runtime.training.plan_support``). Those are in the plan so that runs of other
+systems can be priced as they ran (benchmarks/published.py).
 """
 
 from __future__ import annotations

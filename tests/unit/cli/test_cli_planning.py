@@ -171,3 +171,17 @@ def test_plan_tensor_parallel_errors_are_one_line() -> None:
         "zorse",
     )
     assert code == 2 and "no tensor parallelism" in output and "Traceback" not in output
+    code, output = run_cli(
+        "plan",
+        "--cluster",
+        str(example_path()),
+        "--model",
+        "tiny",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "62",
+        "--tensor-parallel",
+        "4",
+    )
+    assert code == 2 and "--tensor-parallel" in output and "sequence length (62)" in output

@@ -1,10 +1,12 @@
 """A rank's pass through a tensor-parallel stage against closed forms.
 
 - A stage of one tensor group of t ranks: each micro-batch's pass on a rank is its slice's
-  compute (``pass_times`` at degree t) plus the block all-reduces, 2 per block and pass,
-  each the ring closed form 2 (t-1)(alpha + S/(t B E)) over the node's link with S the
-  micro-batch's activation (b s h values in bf16); the step is the passes plus the
-  optimizer step of the slice (a data-parallel group of one syncs nothing).
+  compute (``pass_times`` at degree t in the stage's layout) plus the block all-reduces, 2
+  per block and pass, each the ring closed form 2 (t-1)(alpha + S/(t B E)) over the node's
+  link with S the micro-batch's activation (b s h values in bf16), and sequence parallel
+  half of one more each way (the output gathered, the input's gradient gathered); the step
+  is the passes plus the optimizer step of the slice (a data-parallel group of one syncs
+  nothing).
 - The leader's broadcast of a received input is alpha per hop plus S / B on the node's link,
   in the forward of every stage but the first and the backward of every stage but the last.
 - A block's compute at degree 2: exactly half of degree 1 on a device whose memory is free
@@ -41,8 +43,13 @@ def _activation_bytes(plan_micro_batch: int, hidden: int) -> float:
     return plan_micro_batch * SEQ_LEN * hidden * Dtype.BF16.num_bytes
 
 
+@pytest.mark.parametrize(
+    ("layout", "edges"), [(TensorLayout.BLOCKS, 0.0), (TensorLayout.SEQUENCE, 0.5)]
+)
 @pytest.mark.parametrize("degree", [2, 4, 8])
-def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(degree: int) -> None:
+def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(
+    degree: int, layout: TensorLayout, edges: float
+) -> None:
     model = load_model("llama-3-8b")
     m, size = 3, 2
     plan = tp_plan(
@@ -54,6 +61,7 @@ def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(degree
                 degree=degree,
                 num_micro_batches=m,
                 micro_batch_size=size,
+                layout=layout,
             )
         ],
         seq_len=SEQ_LEN,
@@ -66,6 +74,7 @@ def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(degree
         seq_len=SEQ_LEN,
         recompute=False,
         tensor_parallel_degree=degree,
+        tensor_layout=layout,
     )
     compute_s = pass_times(model, shape=shape).pass_s(0, model.num_layers)
     link = TWO_H100_NODES.link_between(0, 1)
@@ -76,7 +85,8 @@ def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(degree
         * (link.latency_s + message / (degree * link.bandwidth_bytes_per_s * BUS_EFFICIENCY))
     )
     blocks = model.arch.num_blocks
-    tensor_s = 2 * blocks * 2 * all_reduce_s  # two per block, forward and backward
+    # Two per block, forward and backward, and the edges'.
+    tensor_s = 2 * (blocks * 2 + edges) * all_reduce_s
     one = plan_rank_pass(plan, stage_index=0, position=degree - 1)
     assert one.pass_s == pytest.approx(compute_s + tensor_s, rel=1e-12)
     assert one.tensor.forward_s == pytest.approx(tensor_s / 2, rel=1e-12)
@@ -174,15 +184,13 @@ def test_the_embedding_and_head_meet_their_group_as_the_layout_splits_them(
     model = load_model("gpt2")
     degree, cut, size = 4, 7, 2
     stages = [
-        dataclasses.replace(
-            tp_stage(
-                layers=layers,
-                ranks=ranks,
-                degree=degree,
-                num_micro_batches=2,
-                micro_batch_size=size,
-            ),
-            tensor_layout=layout,
+        tp_stage(
+            layers=layers,
+            ranks=ranks,
+            degree=degree,
+            num_micro_batches=2,
+            micro_batch_size=size,
+            layout=layout,
         )
         for layers, ranks in (((0, cut), range(degree)), ((cut, model.num_layers), range(8, 12)))
     ]

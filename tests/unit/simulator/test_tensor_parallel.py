@@ -3,7 +3,8 @@
 - Llama-3-8B and GPT-2 on two nodes of eight H100s (stage 0 at TP 2 on one node, stage 1
   at TP 1 on the other) and on one node as TP 4 x DP 2 finish without deadlock, their
   step within 10% of the closed-form estimate (the same prices; only the schedule
-  differs), under every ZeRO mode and schedule a plan may take.
+  differs), sequence parallel (the planner's layout) and in ``blocks``, under every ZeRO
+  mode and schedule a plan may take.
 - A tensor group's members run each pass together: every follower's passes start when its
   leader's do, each ending in its tensor-parallel share, and every member reports its
   memory (a follower's peak equal to its leader's, at most the estimate's).
@@ -20,6 +21,7 @@ from piebald.simulator.engine import simulate
 from piebald.simulator.result import TENSOR_COMM, Lane
 from piebald.simulator.trace import chrome_trace
 from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import tp4_dp2_plan, two_node_plan
 
 
@@ -32,14 +34,20 @@ def _agrees(plan: Plan) -> None:
 
 # Cuts that leave stage 1 the bottleneck: where stage 0 is, the estimate's fill is
 # conservative by about 10% whatever the degree (as in the same plan at degree 1).
+@pytest.mark.parametrize("layout", [TensorLayout.SEQUENCE, TensorLayout.BLOCKS])
 @pytest.mark.parametrize(("model", "cut"), [("gpt2", 5), ("llama-3-8b", 14)])
-def test_a_two_node_plan_simulates_within_ten_percent_of_its_estimate(model: str, cut: int) -> None:
-    _agrees(two_node_plan(model, cut=cut))
+def test_a_two_node_plan_simulates_within_ten_percent_of_its_estimate(
+    model: str, cut: int, layout: TensorLayout
+) -> None:
+    _agrees(two_node_plan(model, cut=cut, layout=layout))
 
 
+@pytest.mark.parametrize("layout", [TensorLayout.SEQUENCE, TensorLayout.BLOCKS])
 @pytest.mark.parametrize("model", ["gpt2", "llama-3-8b"])
-def test_a_tp4_dp2_stage_simulates_within_ten_percent_of_its_estimate(model: str) -> None:
-    _agrees(tp4_dp2_plan(model))
+def test_a_tp4_dp2_stage_simulates_within_ten_percent_of_its_estimate(
+    model: str, layout: TensorLayout
+) -> None:
+    _agrees(tp4_dp2_plan(model, layout=layout))
 
 
 @pytest.mark.parametrize("zero", list(ZeroMode))

@@ -9,9 +9,9 @@ Groups, each one explicit rank tuple (stages may have any size; nothing assumes 
 * **stage i** — the data-parallel group of stage i: it reduce-scatters the stage's flat
   gradient and all-gathers its parameters.
 * **tensor** — at tensor-parallel degree t > 1, each tensor group of a stage (t ranks of
-  one node, ``Stage.tensor_groups``): the sums inside every split block
-  (``models.tensor_ops``) and the leader handing received activations and gradients to
-  its members.
+  one node, ``Stage.tensor_groups``): the collectives inside every split block (gathers
+  and reduce-scatters sequence parallel, all-reduces not: ``models.tensor_ops``) and the
+  leader handing received activations and gradients to its members.
 * **data-parallel** — at degree t > 1, the ranks at position p of every tensor group of a
   stage (``Stage.data_parallel_group``): they hold the same slice of the split block
   weights, so that slice's flat buffer is sharded over them, each owning t times its plan

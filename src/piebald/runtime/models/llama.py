@@ -6,19 +6,26 @@ Shapes: b batch, s sequence, h hidden, n query heads, k key/value heads, d head 
 f MLP width. The numerics follow Hugging Face's ``LlamaForCausalLM`` (rotate-half RoPE,
 fp32 norm statistics, the same RoPE frequencies), so its safetensors load as they are.
 Under tensor parallelism (models/tensor_parallel.py) n, k and f are a member's share of
-the heads and of the width, and ``tensor_group`` is set.
+the heads and of the width and ``tensor_group`` is set; sequence parallel (the plan's
+``sequence`` layout, models/tensor_ops.py) a block's input and output are the member's
+chunk of the sequence, [b, s/t, h]: the norms and residual adds run on the chunk, the
+attention and the MLP gather the whole sequence and hand back the chunk of their output.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
 from piebald.runtime.models.norms import RMSNorm
 from piebald.runtime.models.rope import Rope, apply_rope, rope_tables
-from piebald.runtime.models.tensor_ops import copy_to_tensor_group, row_parallel_linear
+from piebald.runtime.models.tensor_ops import (
+    TensorGroup,
+    column_parallel_linears,
+    row_parallel_linear,
+    sequence_parallel_norm,
+)
 from piebald.specs.model import ModelArch
 
 __all__ = ["Attention", "FeedForward", "LlamaBlock", "Rope", "apply_rope", "rope_tables"]
@@ -31,7 +38,7 @@ class Attention(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         # Set when the heads are split over a tensor group (models/tensor_parallel.py).
-        self.tensor_group: dist.ProcessGroup | None = None
+        self.tensor_group: TensorGroup | None = None
         self.num_heads = arch.num_heads
         self.num_kv_heads = arch.num_kv_heads
         self.head_dim = arch.resolved_head_dim
@@ -43,12 +50,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(arch.q_width, h, bias=arch.attention_out_bias)  # n*d -> h
 
     def forward(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
-        b, s, _ = x.shape
+        # Sequence parallel: [b, s/t, h] -> [b, s/t, h], the whole sequence in between.
         n, k, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = copy_to_tensor_group(x, self.tensor_group)
-        q = self.wq(x).view(b, s, n, d).transpose(1, 2)  # [b, n, s, d]
-        keys = self.wk(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
-        values = self.wv(x).view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
+        q, keys, values = column_parallel_linears(
+            x, (self.wq, self.wk, self.wv), self.tensor_group
+        )  # [b, s, n*d], [b, s, k*d], [b, s, k*d]
+        b, s, _ = q.shape
+        q = q.view(b, s, n, d).transpose(1, 2)  # [b, n, s, d]
+        keys = keys.view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
+        values = values.view(b, s, k, d).transpose(1, 2)  # [b, k, s, d]
         q, keys = apply_rope(q, rope), apply_rope(keys, rope)
         # Query head j reads key/value head j // (n / k), the grouping enable_gqa implements.
         out = functional.scaled_dot_product_attention(
@@ -65,15 +75,16 @@ class FeedForward(nn.Module):
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
-        self.tensor_group: dist.ProcessGroup | None = None  # the width split: tensor_parallel
+        self.tensor_group: TensorGroup | None = None  # the width split: tensor_parallel
         h, f = arch.hidden_size, arch.ffn_hidden_size
         self.w1 = nn.Linear(h, f, bias=arch.mlp_bias)  # gate
         self.w2 = nn.Linear(f, h, bias=arch.mlp_bias)  # down
         self.w3 = nn.Linear(h, f, bias=arch.mlp_bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
-        x = copy_to_tensor_group(x, self.tensor_group)
-        gated = functional.silu(self.w1(x)) * self.w3(x)  # [b, s, f]
+        # Sequence parallel: [b, s/t, h] -> [b, s/t, h], the whole sequence in between.
+        gate, up = column_parallel_linears(x, (self.w1, self.w3), self.tensor_group)
+        gated = functional.silu(gate) * up  # [b, s, f]
         return row_parallel_linear(gated, self.w2, self.tensor_group)
 
 
@@ -86,9 +97,13 @@ class LlamaBlock(nn.Module):
         self.attention = Attention(arch)
         self.ffn_norm = RMSNorm(arch.hidden_size, eps=arch.norm_eps)
         self.feed_forward = FeedForward(arch)
+        # Set under tensor parallelism: sequence parallel, the norms run on a chunk.
+        self.tensor_group: TensorGroup | None = None
 
     def forward(self, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:  # [b, s, h]
+        # Sequence parallel, x is this member's chunk [b, s/t, h], and so is the output.
         assert rope is not None, "a Llama block needs the rotary tables"
-        x = x + self.attention(self.attention_norm(x), rope)
-        out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        group = self.tensor_group
+        x = x + self.attention(sequence_parallel_norm(self.attention_norm, x, group), rope)
+        out: torch.Tensor = x + self.feed_forward(sequence_parallel_norm(self.ffn_norm, x, group))
         return out

@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RMSNorm"]
+__all__ = ["RMSNorm", "rms_norm"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float) -> torch.Tensor:
+    """``RMSNorm`` with a given ``weight`` (``models.tensor_ops`` passes one whose gradient
+    it sums over a tensor group)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -20,6 +28,4 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., h] -> [..., h]
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, eps=self.eps)

@@ -9,6 +9,12 @@ what checkpoints and equivalence tests match on.
 Weights depend only on (seed, layer index) (models/init.py): the parts of any split hold
 exactly the weights of the whole model.
 
+Under sequence-parallel tensor parallelism (models/tensor_parallel.py sets
+``tensor_group``) the blocks run on each member's chunk of the sequence: the part's first
+block cuts its whole input to the member's chunk and its last block's output is gathered
+whole again (models/tensor_ops.py), so the embedding, the head and what a stage sends and
+receives stay whole.
+
 Tied embeddings: when the embedding and the head sit on different parts, each holds its own
 copy of the shared table (the head's starts as a copy of the embedding's). Both copies must
 receive the sum of the two gradients so that they stay equal; ``tied_parameters`` names them.
@@ -28,6 +34,11 @@ from piebald.runtime.models.head import Head
 from piebald.runtime.models.init import INIT_STD, init_layer, layer_generator
 from piebald.runtime.models.llama import LlamaBlock, Rope, rope_tables
 from piebald.runtime.models.norms import RMSNorm
+from piebald.runtime.models.tensor_ops import (
+    TensorGroup,
+    enter_sequence_chunks,
+    leave_sequence_chunks,
+)
 from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
 
 __all__ = ["StagePart", "TiedParameter", "build_layer_module", "build_stage_part"]
@@ -93,6 +104,9 @@ class StagePart(nn.Module):
         self.layer_end = layer_end
         self.layers = layers
         self.recompute = False
+        # Set when the blocks are split over a tensor group (if sequence parallel, between
+        # the part's first and last block: module docstring).
+        self.tensor_group: TensorGroup | None = None
 
     @property
     def has_embedding(self) -> bool:
@@ -110,12 +124,16 @@ class StagePart(nn.Module):
     def layer_indices(self) -> range:
         return range(self.layer_start, self.layer_end)
 
+    @property
+    def block_indices(self) -> range:
+        """The global indices of the part's blocks (empty: embedding or head only)."""
+        return range(max(self.layer_start, 1), min(self.layer_end, self.model.arch.num_blocks + 1))
+
     def rope(self, x: torch.Tensor) -> Rope | None:
         """The rotary tables the part's Llama blocks share for input ``x`` ([b, s] or
         [b, s, h]); None for GPT-2 or a part without blocks."""
         arch = self.model.arch
-        has_blocks = max(self.layer_start, 1) < min(self.layer_end, arch.num_blocks + 1)
-        if arch.family is not Family.LLAMA or not has_blocks:
+        if arch.family is not Family.LLAMA or not self.block_indices:
             return None
         return rope_tables(
             seq_len=x.shape[1],
@@ -128,17 +146,26 @@ class StagePart(nn.Module):
     def run_layer(self, index: int, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:
         """Global layer ``index`` on ``x``: the embedding ([b, s] -> [b, s, h]), a block
         (recomputed in the backward pass when ``recompute`` is set), or the head
-        ([b, s, h] -> [b, s, V])."""
+        ([b, s, h] -> [b, s, V]). Sequence parallel, the part's first block takes the whole
+        [b, s, h] and the others a chunk [b, s/t, h], and its last block returns the whole,
+        the others a chunk."""
         arch = self.model.arch
         out: torch.Tensor
         if index == 0:
             out = self.layer(0)(x)
         elif index <= arch.num_blocks:
             block = self.layer(index)
+            blocks = self.block_indices
+            if index == blocks[0]:
+                x = enter_sequence_chunks(x, self.tensor_group)
+            # The cut and the gather stay outside the checkpoint: a recomputed block
+            # keeps only its chunk.
             if self.recompute and torch.is_grad_enabled():
                 out = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 out = block(x, rope)
+            if index == blocks[-1]:
+                out = leave_sequence_chunks(out, self.tensor_group)
         else:
             out = self.layer(index)(x, output_weight=self._shared_embedding_weight())
         return out

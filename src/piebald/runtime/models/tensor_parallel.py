@@ -6,7 +6,13 @@ column-parallel, each member keeping its rows of the weight (its 1/t of the quer
 of the key/value heads, of the MLP width) and of the bias; the attention output and the
 MLP down projection are row-parallel, each member keeping its columns of the weight and
 the whole bias, added once after the sum (``tensor_ops.row_parallel_linear``). Norms are
-replicated. So are the embedding and the LM head: every member of the group holds them
+replicated. The stage's tensor layout (``specs.tensor_layout``) says where they run:
+``sequence``, between the two split regions of a block each member runs them (and the
+residual adds) on its chunk of the sequence only (sequence parallelism); ``blocks``, every
+member on the whole sequence (``tensor_ops``; the blocks, their attention and MLP and the
+part carry the group as ``tensor_group``). The other layouts, which split the embedding
+and head, are not run (``training.plan_support`` refuses them before anything starts).
+The embedding and the LM head are replicated: every member of the group holds them
 whole and computes them on the same micro-batches (simple; a vocabulary-parallel
 embedding and head would save their memory and time and are not done). Which elements a
 member keeps is one rule, ``distributed.tensor_slice``, which export (joining slices
@@ -24,7 +30,7 @@ DTensor parameter, ``param.data = flat[a:b].view(local_shape)`` is accepted but 
 DTensor whose global shape became the local one and whose local tensor does not share the
 flat buffer (an optimizer step on the buffer would never reach the weights), and
 ``FlatBucket`` fails at once copying the DTensor into its fp32 buffer ("aten.copy_.default
-got mixed torch.Tensor and DTensor"). Plain sliced parameters plus the two small autograd
+got mixed torch.Tensor and DTensor"). Plain sliced parameters plus the small autograd
 functions of ``tensor_ops`` need none of that.
 """
 
@@ -38,9 +44,11 @@ import torch.distributed as dist
 from torch import nn
 
 from piebald.runtime.distributed.tensor_slice import TensorSlice, join_slices
-from piebald.runtime.models.gpt2 import MLP, CausalSelfAttention
-from piebald.runtime.models.llama import Attention, FeedForward
+from piebald.runtime.models.gpt2 import MLP, CausalSelfAttention, GPT2Block
+from piebald.runtime.models.llama import Attention, FeedForward, LlamaBlock
 from piebald.runtime.models.stage_part import StagePart
+from piebald.runtime.models.tensor_ops import TensorGroup
+from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["SplitParameter", "TensorSplit", "split_stage_part", "whole_weights"]
 
@@ -109,12 +117,14 @@ def _row(linear: nn.Linear, degree: int, position: int) -> dict[str, SplitParame
 
 
 def _split_module(
-    module: nn.Module, degree: int, position: int, group: dist.ProcessGroup
+    module: nn.Module, degree: int, position: int, group: TensorGroup
 ) -> dict[str, dict[str, SplitParameter]] | None:
     """The split of one attention or MLP module, by its linear layers' names (None: a
     module that is not split)."""
     if isinstance(module, Attention | FeedForward | CausalSelfAttention | MLP):
         module.tensor_group = group
+    if isinstance(module, LlamaBlock | GPT2Block):
+        module.tensor_group = group  # sequence parallel, its norms run on chunks
     if isinstance(module, Attention):
         module.num_heads //= degree
         module.num_kv_heads //= degree
@@ -151,17 +161,22 @@ def split_stage_part(
     position: int,
     positions: tuple[int, ...] = (0,),
     group: dist.ProcessGroup | None = None,
+    layout: TensorLayout = TensorLayout.BLOCKS,
 ) -> TensorSplit:
     """Keep member ``position``'s slices of every block of ``part`` (in place) and route
-    the blocks' sums through ``group`` (``positions``: see :class:`TensorSplit`). Degree 1
-    changes nothing."""
+    the blocks' collectives through ``group``, sequence parallel where ``layout`` is
+    ``sequence`` (``positions``: see :class:`TensorSplit`). Degree 1 changes nothing."""
     if degree == 1:
         return TensorSplit(degree=1, position=0, positions=(0,), group=None, params={})
     if group is None or sorted(positions) != list(range(degree)):
         raise ValueError(f"tensor-parallel degree {degree} needs the tensor group's process group")
+    if layout.splits_vocabulary:
+        raise ValueError(f"tensor layout {layout.value!r}: the embedding and head are not split")
+    tensor_group = TensorGroup(process_group=group, sequence_parallel=layout.splits_sequence)
+    part.tensor_group = tensor_group  # sequence parallel: the cut and gather at its ends
     split: dict[str, SplitParameter] = {}
     for name, module in part.named_modules():
-        layers = _split_module(module, degree, position, group)
+        layers = _split_module(module, degree, position, tensor_group)
         if layers is None:
             continue
         for linear, params in layers.items():

@@ -30,8 +30,12 @@ Tensor parallelism (a stage of degree t > 1): only a tensor group's leader appea
 routes, so every member runs its leader's operation list. The leader alone posts the
 receives and sends; what it receives (an activation, or the gradient of its output) it
 broadcasts over the tensor group before the pass that needs it, each member waiting in
-that broadcast. The gradient of a pass's input is the same on every member (the blocks'
-``f`` sums it over the group, ``models.tensor_ops``), so the leader's is the one sent back.
+that broadcast. What a pass hands on is whole and the same on every member
+(``models.tensor_ops``): sequence parallel, the blocks run on sequence chunks in between,
+and the stage part gathers the last block's output and the gradient of its first block's
+input; in the ``blocks`` layout, every member computes the whole output, and the
+column-parallel layers' backward sums the input's gradient over the group. So the
+leader's is the one sent.
 Every member of a first stage reads the same rows, and every member of a last stage
 computes the same loss, which only the leader reports. Under ZeRO-2/3 every member streams
 its layers as above, over its own buckets (``LayerStream``; ``distributed.buckets``).

@@ -3,15 +3,17 @@
 plan field, instead of a failure half way into a run.
 
 Tensor-parallel stages (``Stage.tensor_parallel_degree`` > 1) run under every ZeRO mode
-and split their blocks only (``TensorLayout.BLOCKS``: embedding, head and norms
-replicated; the other layouts are in the plan format to price other systems' runs).
+in the two layouts that leave the embedding and head whole (``specs.tensor_layout``):
+``sequence`` (sequence parallel, what the planner makes) and ``blocks``
+(``models.tensor_ops``). The vocabulary layouts are in the plan format to price other
+systems' runs. Sequence parallelism cuts every sequence into t equal chunks, so the
+job's ``seq_len`` must be a multiple of t.
 """
 
 from __future__ import annotations
 
 from piebald.errors import SpecError
 from piebald.specs.plan import Plan
-from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["check_runtime_supports"]
 
@@ -24,11 +26,21 @@ def check_runtime_supports(plan: Plan) -> None:
         if degree == 1:
             continue
         where = f"stages[{index}]"
-        if stage.tensor_layout is not TensorLayout.BLOCKS:
+        layout = stage.tensor_layout
+        if layout.splits_vocabulary:
             raise SpecError(
                 source="plan",
                 field=f"{where}.tensor_layout",
-                value=stage.tensor_layout.value,
-                expected=f"'{TensorLayout.BLOCKS.value}': the runtime splits blocks only (the "
-                "embedding, head and norms are replicated on every member of a tensor group)",
+                value=layout.value,
+                expected="'sequence' or 'blocks': the runtime does not split the embedding "
+                "and head over the vocabulary (re-plan with piebald, which makes 'sequence')",
+            )
+        seq_len = plan.job.seq_len
+        if layout.splits_sequence and seq_len % degree:
+            raise SpecError(
+                source="plan",
+                field=f"{where}.tensor_parallel_degree",
+                value=degree,
+                expected=f"a divisor of the job's seq_len ({seq_len}): sequence parallelism "
+                "cuts each sequence into tensor_parallel_degree equal chunks",
             )

@@ -364,6 +364,7 @@ def _split(part: StagePart, *, stage: Stage, rank: int, groups: ProcessGroups) -
         position=stage.ranks.index(rank) % degree,
         positions=tuple(stage.ranks.index(r) % degree for r in ranks),
         group=tensor.process_group if tensor is not None else None,
+        layout=stage.tensor_layout,
     )
 
 
