@@ -19,7 +19,8 @@ def build_exactly(state: SearchState) -> list[ScoredPlan]:
     """Phase 5. Plans built from the candidates in the proxy's order, each with its layer split
     polished, until ``num_exact_plans`` fit (trying at most ``exact_tries_per_plan`` times
     as many); a one-stage candidate also with a micro-batch size per GPU type where the
-    strategy allows it."""
+    strategy allows it; and where all of those leave GPUs idle, the best candidate that
+    uses every GPU."""
     ranked = sorted(c for c in state.candidates.values() if math.isfinite(c.proxy_s))
     settings = state.settings
     wanted = settings.num_exact_plans
@@ -34,6 +35,15 @@ def build_exactly(state: SearchState) -> list[ScoredPlan]:
                 scored.append(mixed)
         if len(scored) >= wanted:
             break
+    if scored and all(s.plan.idle_ranks for s in scored):
+        # The best structure that uses every GPU, built too: the plan then says how much
+        # slower using them all would be, not that nothing fits (it may be the faster).
+        whole = [c for c in ranked if sum(map(len, c.stages)) == state.cluster.num_gpus]
+        for candidate in whole[: settings.exact_tries_per_plan]:
+            plan = state.assemble(state.polished(candidate))
+            if plan is not None:
+                scored.append(plan)
+                break
     return scored
 
 
