@@ -178,8 +178,9 @@ def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
     if train_steps:
         console.rule(f"[bold]6. train {train_steps} steps on the emulated cluster")
         console.print(
-            f"one CPU process per GPU (gloo); {model.name} at reduced width (hidden 64, same "
-            f"layers) in fp32; every operation lasts the full model's time on its emulated GPU "
+            f"one CPU process per GPU (gloo); {model.name} at reduced width (same layers, a "
+            f"hidden size its tensor groups can split) in fp32; every operation lasts the full "
+            f"model's time on its emulated GPU "
             f"x {TIME_SCALE:g}; the built-in corpus, byte-tokenised",
             highlight=False,
         )

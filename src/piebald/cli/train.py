@@ -375,9 +375,9 @@ def run_train(
         if device == "cuda":
             raise _fail("--device", device, "cpu with --emulate (emulation runs CPU processes)")
         from piebald.runtime.training.emulate import emulate as emulate_plan
-        from piebald.runtime.training.reduced import reduced_width_model
+        from piebald.runtime.training.reduced import emulated_model
 
-        runtime_model = reduced_width_model(plan.model, max_params=max_emulated_params)
+        runtime_model = emulated_model(plan, max_params=max_emulated_params)
         if runtime_model is not plan.model and config.init_from is not None:
             raise _fail(
                 "--init-from",

@@ -48,7 +48,7 @@ from piebald.runtime.training.evaluation import eval_windows
 from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
-from piebald.runtime.training.reduced import reduced_width_model
+from piebald.runtime.training.reduced import emulated_model
 from piebald.runtime.training.resume import resolve_resume
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
@@ -116,7 +116,7 @@ def _train_rank(
     )
     try:
         plan = plan_from_dict(plan_data, source="plan")
-        model = reduced_width_model(plan.model, max_params=max_params)
+        model = emulated_model(plan, max_params=max_params)
 
         def print_line(line: str) -> None:
             print(line, flush=True, file=sys.stderr if lines_to_stderr else sys.stdout)
@@ -211,7 +211,7 @@ def emulate(
 
     ``config.time_scale`` paces every operation to the emulated GPU's time (wall seconds per
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
-    Models above ``max_params`` parameters run at reduced width (``reduced_width_model``).
+    Models above ``max_params`` parameters run at reduced width (``reduced.emulated_model``).
     """
     check_runtime_supports(plan)
     world_size = plan.cluster.num_gpus
@@ -223,7 +223,7 @@ def emulate(
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
         )
     config = replace(config, device="cpu")
-    model = reduced_width_model(plan.model, max_params=max_params)
+    model = emulated_model(plan, max_params=max_params)
     load_tokens(config.data_path, vocab_size=model.arch.vocab_size)  # fail here, once
     if config.eval_data_path is not None:
         eval_tokens = load_tokens(config.eval_data_path, vocab_size=model.arch.vocab_size)

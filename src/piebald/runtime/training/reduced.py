@@ -8,29 +8,47 @@ from __future__ import annotations
 import dataclasses
 
 from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan
 
-__all__ = ["DEFAULT_MAX_EMULATED_PARAMS", "reduced_width_model"]
+__all__ = ["DEFAULT_MAX_EMULATED_PARAMS", "emulated_model", "reduced_width_model"]
 
 DEFAULT_MAX_EMULATED_PARAMS = 50_000_000
-_REDUCED_HIDDEN = 64
-_REDUCED_HEADS = 4
+_REDUCED_HEADS = 4  # query heads at tensor-parallel degree 1
+_REDUCED_HIDDEN = 64  # at least; more where many heads need it
+_MIN_HEAD_DIM = 8
 _REDUCED_VOCAB = 512  # byte-level corpora need 256
 
 
-def reduced_width_model(model: ModelSpec, *, max_params: int) -> ModelSpec:
-    """``model`` itself if it has at most ``max_params`` parameters, else a narrow copy."""
+def reduced_width_model(
+    model: ModelSpec, *, max_params: int, tensor_parallel_degree: int = 1
+) -> ModelSpec:
+    """``model`` itself if it has at most ``max_params`` parameters, else a narrow copy
+    that a tensor group of ``tensor_parallel_degree`` (the plan's largest) can still split:
+    at least one key/value head per member, the model's query heads per key/value head,
+    and a feed-forward width the degree divides."""
     if model.num_params <= max_params:
         return model
     arch = model.arch
-    kv_heads = max(1, _REDUCED_HEADS * arch.num_kv_heads // arch.num_heads)
-    ffn = max(_REDUCED_HIDDEN, round(_REDUCED_HIDDEN * arch.ffn_hidden_size / arch.hidden_size))
+    t = tensor_parallel_degree
+    group = arch.num_heads // arch.num_kv_heads  # query heads per key/value head
+    kv_heads = max(1, _REDUCED_HEADS // group, t)
+    heads = kv_heads * group
+    hidden = max(_REDUCED_HIDDEN, _MIN_HEAD_DIM * heads)
+    ffn = max(hidden, round(hidden * arch.ffn_hidden_size / arch.hidden_size))
     narrow = dataclasses.replace(
         arch,
-        hidden_size=_REDUCED_HIDDEN,
-        num_heads=_REDUCED_HEADS,
+        hidden_size=hidden,
+        num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=0,
-        ffn_hidden_size=ffn,
+        ffn_hidden_size=-(-ffn // t) * t,
         vocab_size=min(arch.vocab_size, _REDUCED_VOCAB),
     )
-    return ModelSpec(name=f"{model.name} (reduced width {_REDUCED_HIDDEN})", arch=narrow)
+    return ModelSpec(name=f"{model.name} (reduced width {hidden})", arch=narrow)
+
+
+def emulated_model(plan: Plan, *, max_params: int) -> ModelSpec:
+    """The model the emulated processes of ``plan`` build: its own, or at reduced width
+    split as the plan's largest tensor-parallel degree needs."""
+    degree = max(stage.tensor_parallel_degree for stage in plan.stages)
+    return reduced_width_model(plan.model, max_params=max_params, tensor_parallel_degree=degree)
