@@ -249,7 +249,7 @@ def _cheapest(
     the tie rule taken setting after setting: a setting within ``_TIE`` of the best so far
     takes it only with a shorter optimizer step. ``best`` and ``won`` (by range) in place."""
     best_optimizer = np.full(best.shape, np.inf)
-    for chunk in _in_turn(items, pairs.segment):
+    for chunk in _in_turn(items, pairs.range):
         ranges, chunk_cost = pairs.range[chunk], cost[chunk]
         optimizer, so_far = pairs.optimizer[chunk], best[ranges]
         tie = np.isfinite(so_far) & (np.abs(chunk_cost - so_far) <= _TIE * so_far)
@@ -267,7 +267,7 @@ def _cheapest_shrunk(
     range where its stretched cost is lower than the best so far, and neither its cost
     unstretched nor its lower bound (``_Shrunk.bound``) is not. In place, with the round
     trips of each range taken."""
-    for turn in _in_turn(np.arange(len(shrunk.at)), pairs.segment[shrunk.at]):
+    for turn in _in_turn(np.arange(len(shrunk.at)), pairs.range[shrunk.at]):
         chunk = shrunk.at[turn]
         ranges, so_far = pairs.range[chunk], best[pairs.range[chunk]]
         cost = shrunk.cost[turn]
@@ -278,11 +278,12 @@ def _cheapest_shrunk(
         rounds[ranges] = shrunk.rounds[turn][better]
 
 
-def _in_turn(items: Positions, segment: Positions) -> Iterator[Positions]:
-    """``items`` (ascending) in turns: the first of each segment, then the second, ..."""
+def _in_turn(items: Positions, keys: Positions) -> Iterator[Positions]:
+    """``items`` (ascending, and so their ``keys``) in turns: the first of each key, then
+    the second, ..."""
     if not len(items):
         return
-    of = segment[items]
+    of = keys[items]
     first = np.flatnonzero(np.r_[True, of[1:] != of[:-1]])
     turn = np.arange(len(items)) - np.repeat(first, np.diff(np.r_[first, len(items)]))
     for index in range(int(turn.max()) + 1):
@@ -635,11 +636,10 @@ class _Shrunk:
 class _Pairs:
     """``StageSettings``' pairs: each setting's values at each range where it holds one
     micro-batch in flight, ordered by range, then setting (a range's pairs are a
-    ``segment``, starting at ``starts``)."""
+    segment of ``segments``)."""
 
     range: Positions
-    segment: Positions
-    starts: Positions
+    segments: _Segments
     busy: Ranges
     sync: Ranges
     cost: Ranges  # busy + sync
@@ -711,11 +711,9 @@ class _Pairs:
         groups = each([s.num_groups for s in settings])
         even = each([s.even_shards for s in settings]) > 0
         busy, sync = stacked([s.busy for s in settings]), stacked([s.sync for s in settings])
-        starts = np.flatnonzero(np.r_[True, ranges[1:] != ranges[:-1]]) if len(ranges) else ranges
         return cls(
             range=ranges,
-            segment=np.cumsum(np.r_[False, ranges[1:] != ranges[:-1]]) if len(ranges) else ranges,
-            starts=starts,
+            segments=_Segments.of(ranges),
             busy=busy,
             sync=sync,
             cost=busy + sync,
@@ -728,36 +726,16 @@ class _Pairs:
             fewest=FewestRounds(kinds, even_shards=even, num_ranks=groups),
         )
 
-    def _least(self, values: Ranges) -> Ranges:
-        """At each pair, the least of its range's ``values`` (nan ignored)."""
-        if not len(values):
-            return values
-        least: Ranges = np.fmin.reduceat(values, self.starts)[self.segment]
-        return least
-
-    def _near(self, cost: Ranges) -> tuple[Flags, Flags]:
-        """(the pairs near their range's cheapest at ``cost``, inf: not at all; by segment,
-        the ranges where other pairs are a little further, not far)."""
-        finite = np.isfinite(cost)
-        least = self._least(cost)
-        near = finite & (cost <= least * (1.0 + _NEAR))
-        further = finite & ~near & (cost < least * (1.0 + 2.0 * _NEAR))
-        if not len(further):
-            return near, further
-        return near, np.logical_or.reduceat(further, self.starts)
-
     def near(self, cost: Ranges) -> Positions:
-        """The pairs that may take their range at ``cost`` (inf: not at all), in order:
-        those near the range's cheapest, or all of a range with others a little further."""
-        near, whole = self._near(cost)
-        if np.any(whole):
-            near |= np.isfinite(cost) & whole[self.segment]
-        return np.flatnonzero(near)
+        """The pairs that may take their range at ``cost`` (inf: not at all), in order."""
+        near, whole = self.segments.near(cost)
+        return np.flatnonzero(near | (whole & np.isfinite(cost)))
 
     def shrunk(self, littles: Sequence[Ranges], *, where: Flags) -> _Shrunk:
         """The pairs ``where`` that may take their range at their fewest round trips
         (``near``), with Little's budgets ``littles``."""
         at = np.flatnonzero(where & np.isfinite(self.cost) & np.isfinite(self.fewest.low))
+        segments = _Segments.of(self.range[at])
         little: Ranges = np.maximum.reduce(
             [
                 num_round_trips(kind.micro_batches[at], budget[at])
@@ -775,20 +753,47 @@ class _Pairs:
             stretch = rounds / little[chosen]
             return self.busy[at[chosen]] * stretch + self.sync[at[chosen]], rounds
 
-        def per_pair(values: Ranges, chosen: Flags) -> Ranges:
-            """``values`` of ``at[chosen]`` at every pair, inf elsewhere."""
-            result = np.full(len(self.range), np.inf)
-            result[at[chosen]] = values
-            return result
+        def where_chosen(chosen: Flags) -> Ranges:
+            """The cost of the pairs ``at[chosen]``, inf at the others."""
+            cost = np.full(len(at), np.inf)
+            cost[chosen] = priced(chosen)[0]
+            return cost
 
         # A cost to beat in each range, the pair with the least bound's: only pairs whose
         # bound is below it, with room for rounding, need their fewest round trips.
-        lowest = bound == self._least(per_pair(bound, np.ones(len(at), dtype=bool)))[at]
-        beat = self._least(per_pair(priced(lowest)[0], lowest))[at]
-        chosen = bound < beat * (1.0 + 4.0 * _NEAR)
-        near, whole = self._near(per_pair(priced(chosen)[0], chosen))
-        taken = near[at]
-        if np.any(whole):
-            taken |= whole[self.segment[at]]
+        beat = segments.least(where_chosen(bound == segments.least(bound)))
+        near, whole = segments.near(where_chosen(bound < beat * (1.0 + 4.0 * _NEAR)))
+        taken = near | whole
         cost, rounds = priced(taken)
         return _Shrunk(at=at[taken], cost=cost, rounds=rounds, bound=bound[taken])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Segments:
+    """The runs of equal values in an ascending array (a range's pairs)."""
+
+    starts: Positions
+    index: Positions  # each element's run
+
+    @classmethod
+    def of(cls, values: Positions) -> _Segments:
+        change = np.r_[True, values[1:] != values[:-1]] if len(values) else values > 0
+        return cls(starts=np.flatnonzero(change), index=np.cumsum(change) - 1)
+
+    def least(self, values: Ranges) -> Ranges:
+        """At each element, the least of its run's ``values`` (nan ignored)."""
+        if not len(values):
+            return values
+        least: Ranges = np.fmin.reduceat(values, self.starts)[self.index]
+        return least
+
+    def near(self, cost: Ranges) -> tuple[Flags, Flags]:
+        """(the elements near their run's cheapest at ``cost``, inf: not at all; the
+        elements of runs where others are a little further, not far: those take all)."""
+        finite = np.isfinite(cost)
+        least = self.least(cost)
+        near = finite & (cost <= least * (1.0 + _NEAR))
+        further = finite & ~near & (cost < least * (1.0 + 2.0 * _NEAR))
+        if not np.any(further):
+            return near, further
+        return near, np.logical_or.reduceat(further, self.starts)[self.index]
