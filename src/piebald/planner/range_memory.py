@@ -9,7 +9,12 @@ where every rank does and, with uneven shards, the free memory of all of them ho
 sharded state (water-filling succeeds). Where Little's budget does not fit, the budget
 shrinks to the fewest round trips rho whose budgets w = ceil(n / rho) fit
 (``cost.in_flight.in_flight_for_rounds``): closed-form bounds on rho, then bisection, all
-ranges at once (:meth:`RangeMemory.shrunk_at`).
+ranges at once (:class:`FewestRounds`, :meth:`RangeMemory.shrunk_at`). From the round
+trips Little's budget needs on, those budgets do not depend on it, so the bisection is
+done once per stage and shared by every in-flight budget (docs/design.md, section 6).
+
+The entries need not be one stage's ranges: the planner also stacks the ranges of several
+settings of a stage, each entry with its own rank count, shard rule and group size.
 """
 
 from __future__ import annotations
@@ -22,10 +27,25 @@ import numpy.typing as npt
 
 from piebald.cost.in_flight import in_flight_for_rounds, num_round_trips
 
-__all__ = ["RangeMemory", "Ranges", "RankKind", "Room", "fits_ranges"]
+__all__ = [
+    "FewestRounds",
+    "RangeMemory",
+    "Ranges",
+    "RankKind",
+    "RankRoom",
+    "Room",
+    "fits_ranges",
+]
 
 # One entry per layer range [a, b) with a < b (or a subset of them).
 Ranges = npt.NDArray[np.float64]
+Flags = npt.NDArray[np.bool_]
+Where = Flags | npt.NDArray[np.intp]
+
+
+def _at(value: int | Ranges, where: Where) -> int | Ranges:
+    """``value`` at ``where`` where it varies by entry."""
+    return value[where] if isinstance(value, np.ndarray) else value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,22 +53,43 @@ class Room:
     """The memory of the ranks of one GPU type in a stage, over every layer range (or a
     subset of them)."""
 
-    count: int
+    count: int | Ranges  # per entry where the entries are of several settings
     free_bytes: Ranges  # memory less everything but activations
     per_in_flight_bytes: Ranges
     sharded_bytes: Ranges  # per unit of shard fraction
 
+    def most_in_flight(self, reserved_bytes: Ranges | float) -> Ranges:
+        """The most micro-batches in flight that leave ``reserved_bytes`` free."""
+        room = (self.free_bytes - reserved_bytes) / self.per_in_flight_bytes
+        return np.where(self.per_in_flight_bytes > 0, np.floor(room), np.inf)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RankKind(Room):
-    """The ranks of one GPU type in a stage, with their micro-batches and in-flight budget."""
+class RankRoom(Room):
+    """The ranks of one GPU type in a stage, with their micro-batches: all of
+    :class:`RankKind` but the in-flight budget."""
 
     micro_batches: Ranges  # each rank's, from its speed share
+
+    def at(self, where: Where) -> RankRoom:
+        return RankRoom(
+            count=_at(self.count, where),
+            free_bytes=self.free_bytes[where],
+            per_in_flight_bytes=self.per_in_flight_bytes[where],
+            sharded_bytes=self.sharded_bytes[where],
+            micro_batches=self.micro_batches[where],
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankKind(RankRoom):
+    """The ranks of one GPU type in a stage, with their micro-batches and in-flight budget."""
+
     little: Ranges  # Little's in-flight budget
 
-    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> RankKind:
+    def at(self, where: Where) -> RankKind:
         return RankKind(
-            count=self.count,
+            count=_at(self.count, where),
             free_bytes=self.free_bytes[where],
             per_in_flight_bytes=self.per_in_flight_bytes[where],
             sharded_bytes=self.sharded_bytes[where],
@@ -66,23 +107,34 @@ class RankKind(Room):
         )
         return budget
 
-    def most_in_flight(self, reserved_bytes: Ranges | float) -> Ranges:
-        """The most micro-batches in flight that leave ``reserved_bytes`` free."""
-        room = (self.free_bytes - reserved_bytes) / self.per_in_flight_bytes
-        return np.where(self.per_in_flight_bytes > 0, np.floor(room), np.inf)
-
 
 def fits_ranges(
     rooms: Sequence[Room],
     budgets: Sequence[Ranges | float],
     *,
-    even_shards: bool,
-    num_ranks: int,
-) -> npt.NDArray[np.bool_]:
+    even_shards: bool | Flags,
+    num_ranks: int | Ranges,
+) -> Flags:
     """Where every rank fits holding its budget in flight: with even shards each on its
     own, otherwise each on its own and the free memory of all ranks together holds the
-    sharded state (water-filling succeeds)."""
-    all_fit: npt.NDArray[np.bool_] | None = None
+    sharded state (water-filling succeeds). ``even_shards`` and ``num_ranks`` may differ
+    by entry."""
+    if isinstance(even_shards, np.ndarray):
+        even = _fits(rooms, budgets, even_shards=True, num_ranks=num_ranks)
+        uneven = _fits(rooms, budgets, even_shards=False, num_ranks=num_ranks)
+        fits: Flags = np.where(even_shards, even, uneven)
+        return fits
+    return _fits(rooms, budgets, even_shards=even_shards, num_ranks=num_ranks)
+
+
+def _fits(
+    rooms: Sequence[Room],
+    budgets: Sequence[Ranges | float],
+    *,
+    even_shards: bool,
+    num_ranks: int | Ranges,
+) -> Flags:
+    all_fit: Flags | None = None
     shard_capacity: Ranges | None = None  # sum of free / sharded bytes
     for room, budget in zip(rooms, budgets, strict=True):
         free = room.free_bytes - budget * room.per_in_flight_bytes
@@ -101,6 +153,125 @@ def fits_ranges(
     return all_fit
 
 
+class FewestRounds:
+    """Per entry, the fewest round trips rho, from a closed-form lower bound (:attr:`low`)
+    up, whose budgets max(1, ceil(n / rho)) fit the ranks (inf where none do): what
+    :meth:`RangeMemory.shrunk_at` needs of the ranks' memory and micro-batches, which do
+    not depend on Little's budget. Searched where first asked (:meth:`at`), then
+    remembered, so that every in-flight budget of the same ranks shares the search."""
+
+    __slots__ = ("_found", "even_shards", "kinds", "low", "num_ranks")
+
+    def __init__(
+        self,
+        kinds: Sequence[RankRoom],
+        *,
+        even_shards: bool | Flags,
+        num_ranks: int | Ranges,
+    ) -> None:
+        self.kinds, self.even_shards, self.num_ranks = tuple(kinds), even_shards, num_ranks
+        self.low = self._lower_bound()
+        self._found = np.full(self.low.shape, np.nan)  # nan: not searched yet
+
+    def _lower_bound(self) -> Ranges:
+        """No fewer round trips fit: each rank on its own needs w <= W (the most in flight
+        its memory holds), exactly rho >= ceil(n / W); with uneven shards the ranks together
+        also need sum_k t_k w_k <= S (t_k: a micro-batch's share of the sharded capacity, S:
+        the capacity left over one whole state), and w >= n / rho. At least 1."""
+        even = self.even_shards
+        low = np.ones(self.kinds[0].micro_batches.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):  # masked where it happens
+            for kind in self.kinds:
+                reserved: Ranges | float = 0.0
+                if isinstance(even, np.ndarray):
+                    reserved = np.where(even, kind.sharded_bytes / self.num_ranks, 0.0)
+                elif even:
+                    reserved = kind.sharded_bytes / self.num_ranks
+                most = kind.most_in_flight(reserved)
+                alone = np.where(most >= 1, np.ceil(kind.micro_batches / most), np.inf)
+                low = np.maximum(low, alone)
+            if even is not True:
+                spare, per_rounds, _ = _shard_terms(self.kinds)
+                shards = np.where(spare > 0, np.ceil(per_rounds / spare), np.inf)
+                low = np.maximum(low, shards if even is False else np.where(even, 1.0, shards))
+        return low
+
+    def at(self, positions: npt.NDArray[np.intp]) -> Ranges:
+        """The fewest round trips at ``positions`` (inf where none fit)."""
+        found = self._found[positions]
+        missing = np.isnan(found)
+        if np.any(missing):
+            where = positions[missing]
+            found[missing] = self._found[where] = self._search(where)
+        return found
+
+    def _search(self, where: npt.NDArray[np.intp]) -> Ranges:
+        result = np.full(len(where), np.inf)
+        kinds = [kind.at(where) for kind in self.kinds]
+        even, num_ranks = _at_flags(self.even_shards, where), _at(self.num_ranks, where)
+        # One micro-batch in flight per rank (the most round trips) must fit, and a bound
+        # beyond every rank's micro-batches leaves one in flight each.
+        low = self.low[where]
+        search = fits_ranges(kinds, [1.0] * len(kinds), even_shards=even, num_ranks=num_ranks)
+        search &= np.isfinite(low)
+        if not np.any(search):
+            return result
+        at = np.flatnonzero(search)
+        kinds = [kind.at(at) for kind in kinds]
+        even, num_ranks, low = _at_flags(even, at), _at(num_ranks, at), low[at]
+        most = np.maximum.reduce([k.micro_batches for k in kinds])
+
+        def fits(rounds: Ranges) -> Flags:
+            budgets = [
+                in_flight_for_rounds(
+                    budget=k.micro_batches, rank_micro_batches=k.micro_batches, num_rounds=rounds
+                )
+                for k in kinds
+            ]
+            return fits_ranges(kinds, budgets, even_shards=even, num_ranks=num_ranks)
+
+        fits_low = fits(low)
+        high = np.where(fits_low, low, most)
+        uneven = ~fits_low if even is False else ~fits_low & ~np.asarray(even)
+        if np.any(uneven):
+            # n / rho <= w <= n / rho + 1: where the shards' capacity surely holds them.
+            spare, per_rounds, per_extra = _shard_terms(kinds)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bound = np.where(
+                    spare > per_extra, np.ceil(per_rounds / (spare - per_extra)), np.inf
+                )
+            bound = np.minimum(most, np.maximum(low, bound))
+            high = np.where(uneven & fits(bound), bound, high)
+        low = np.where(fits_low, low, low + 1)
+        # Bisection: memory only falls as the round trips grow; high always fits.
+        while np.any(low < high):
+            middle = np.floor((low + high) / 2)
+            fitted = fits(middle)
+            open_ = low < high
+            high = np.where(open_ & fitted, middle, high)
+            low = np.where(open_ & ~fitted, middle + 1, low)
+        result[at] = high
+        return result
+
+
+def _at_flags(flags: bool | Flags, where: Where) -> bool | Flags:
+    return flags[where] if isinstance(flags, np.ndarray) else flags
+
+
+def _shard_terms(kinds: Sequence[RankRoom]) -> tuple[Ranges, Ranges, Ranges]:
+    """(S, sum_k t_k n_k, sum_k t_k) of uneven shards (``FewestRounds._lower_bound``)."""
+    spare = -np.ones(kinds[0].micro_batches.shape)  # S
+    per_rounds = np.zeros(spare.shape)  # sum_k t_k n_k
+    per_extra = np.zeros(spare.shape)  # sum_k t_k
+    for kind in kinds:
+        sharded = np.where(kind.sharded_bytes > 0, kind.sharded_bytes, np.inf)
+        weight = kind.count * kind.per_in_flight_bytes / sharded
+        spare += kind.count * kind.free_bytes / sharded
+        per_rounds += weight * kind.micro_batches
+        per_extra += weight
+    return spare, per_rounds, per_extra
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RangeMemory:
     """Whether a stage's ranks fit (:func:`fits_ranges`), over every layer range or a subset."""
@@ -109,27 +280,11 @@ class RangeMemory:
     even_shards: bool
     num_ranks: int
 
-    def at(self, where: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> RangeMemory:
-        return RangeMemory(
-            kinds=[k.at(where) for k in self.kinds],
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def fits(self, rounds: Ranges | None) -> npt.NDArray[np.bool_]:
+    def fits(self, rounds: Ranges | None) -> Flags:
         """Where every rank fits holding Little's budget (None) or that of ``rounds``."""
         return fits_ranges(
             self.kinds,
             [kind.budget(rounds) for kind in self.kinds],
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def fits_one(self) -> npt.NDArray[np.bool_]:
-        """Where every rank fits holding one micro-batch in flight (the most round trips)."""
-        return fits_ranges(
-            self.kinds,
-            [1.0] * len(self.kinds),
             even_shards=self.even_shards,
             num_ranks=self.num_ranks,
         )
@@ -141,40 +296,9 @@ class RangeMemory:
         )
         return rounds
 
-    def round_bounds(self) -> tuple[Ranges, Ranges]:
-        """(rho_low, rho_high): no fewer round trips fit than rho_low, and rho_high fit
-        where anything does. Each rank on its own needs w <= W (the most in flight its
-        memory holds), exactly rho >= ceil(n / W); with uneven shards the ranks together
-        also need sum_k t_k w_k <= S (t_k: a micro-batch's share of the sharded capacity,
-        S: the capacity left over one whole state), and n / rho <= w <= n / rho + 1."""
-        little = self.little_rounds()
-        low = little
-        for kind in self.kinds:
-            reserved = kind.sharded_bytes / self.num_ranks if self.even_shards else 0.0
-            most = kind.most_in_flight(reserved)
-            alone = np.where(kind.little > most, np.ceil(kind.micro_batches / most), 0.0)
-            low = np.maximum(low, np.where(most >= 1, alone, np.inf))
-        if self.even_shards:
-            return low, low
-        spare = -np.ones(low.shape)  # S
-        per_rounds = np.zeros(low.shape)  # sum_k t_k n_k
-        per_extra = np.zeros(low.shape)  # sum_k t_k
-        for kind in self.kinds:
-            sharded = np.where(kind.sharded_bytes > 0, kind.sharded_bytes, np.inf)
-            weight = kind.count * kind.per_in_flight_bytes / sharded
-            spare += kind.count * kind.free_bytes / sharded
-            per_rounds += weight * kind.micro_batches
-            per_extra += weight
-        high = np.maximum(
-            low,
-            np.where(spare > per_extra, np.ceil(per_rounds / (spare - per_extra)), np.inf),
-        )
-        low = np.maximum(low, np.where(spare > 0, np.ceil(per_rounds / spare), np.inf))
-        return low, np.maximum(low, high)
-
     def shrunk(
         self,
-        where: npt.NDArray[np.bool_],
+        where: Flags,
         *,
         busy: Ranges,
         sync: Ranges,
@@ -192,7 +316,7 @@ class RangeMemory:
 
     def shrunk_at(
         self,
-        where: npt.NDArray[np.bool_],
+        where: Flags,
         *,
         busy: Ranges,
         sync: Ranges,
@@ -200,33 +324,18 @@ class RangeMemory:
     ) -> tuple[npt.NDArray[np.intp], Ranges, Ranges]:
         """``shrunk`` at the ranges where it is finite only: (their positions, rho over
         Little's round trips, rho)."""
-        # A stretch is at least 1, and one micro-batch in flight per rank must fit.
+        fewest = FewestRounds(self.kinds, even_shards=self.even_shards, num_ranks=self.num_ranks)
+        # A stretch is at least 1.
         positions = np.flatnonzero(where & (busy + sync < beat))
-        nothing = (positions[:0], np.zeros(0), np.zeros(0))
-        if not len(positions):
-            return nothing
-        # From here on only those ranges.
-        part = self.at(positions)
-        one_fits = part.fits_one()
-        if not np.all(one_fits):
-            if not np.any(one_fits):
-                return nothing
-            positions, part = positions[one_fits], part.at(one_fits)
-        most = np.maximum.reduce([k.micro_batches for k in part.kinds])
-        little = part.little_rounds()
-        low, high = part.round_bounds()
+        little: Ranges = np.maximum.reduce(
+            [num_round_trips(k.micro_batches[positions], k.little[positions]) for k in self.kinds]
+        )
+        low = np.maximum(little, fewest.low[positions])
         # Where even the fewest round trips that might fit cannot win, look no closer.
-        hopeless = busy[positions] * low / little + sync[positions] >= beat[positions]
-        high = np.minimum(high, most)
-        fits_low = part.fits(low)
-        high = np.where(hopeless | fits_low, low, np.where(part.fits(high), high, most))
-        low = np.where(fits_low, low, low + 1)
-        # Bisection: memory only falls as the round trips grow; high always fits.
-        while np.any(low < high):
-            middle = np.floor((low + high) / 2)
-            fits = part.fits(middle)
-            open_ = low < high
-            high = np.where(open_ & fits, middle, high)
-            low = np.where(open_ & ~fits, middle + 1, low)
-        hope = ~hopeless
-        return positions[hope], high[hope] / little[hope], high[hope]
+        hope = ~(busy[positions] * low / little + sync[positions] >= beat[positions])
+        positions, little = positions[hope], little[hope]
+        # Little's budget w caps each rank's; from the round trips it needs on
+        # (ceil(n / w) for every rank) the cap never binds (docs/design.md, section 6).
+        rounds = np.maximum(little, fewest.at(positions))
+        fit = np.isfinite(rounds)
+        return positions[fit], rounds[fit] / little[fit], rounds[fit]

@@ -201,6 +201,7 @@ def build_stage(
                 rules=rules,
                 curve=curve,
                 shrink=shrink,
+                beat=math.inf if best is None else best.total_s,
             )
             if choice is not None and (best is None or choice.total_s < best.total_s):
                 best = choice
@@ -224,8 +225,10 @@ def _build_at_degree(
     rules: StageRules,
     curve: EfficiencyCurve,
     shrink: bool,
+    beat: float,
 ) -> StageChoice | None:
-    """:func:`build_stage` at one tensor-parallel degree and in-flight rule."""
+    """:func:`build_stage` at one tensor-parallel degree and in-flight rule; None also where
+    nothing at it is faster than ``beat``."""
     layer_start, layer_end = layers
     layout = rules.layout_at(degree)
     leaders = ranks[::degree]
@@ -276,6 +279,12 @@ def _build_at_degree(
             shape, compute = of_kind[key]
             shapes.append(shape)
             compute_s.append(compute)
+        # Each group's pass takes at least its compute, so no allocation of the sequences
+        # keeps every group busy for less than the continuous one's: where even that is
+        # not faster than the best so far, no ZeRO mode is (with room for rounding).
+        rate = sum(size / max(f + b, 1e-12) for size, (f, b) in zip(sizes, compute_s, strict=True))
+        if job.global_batch_size / rate * (1.0 - 1e-9) >= min(beat, _total_s(best)):
+            continue
         for zero in rules.zero_modes:
             # Per-pass ZeRO puts a stage's ranks in lockstep: equal counts, and not in a
             # 1F1B pipeline, whose passes follow their inputs (``specs.plan``).
@@ -355,6 +364,10 @@ def _build_at_degree(
             if best is None or choice.total_s < best.total_s:
                 best = choice
     return best
+
+
+def _total_s(choice: StageChoice | None) -> float:
+    return math.inf if choice is None else choice.total_s
 
 
 def tensor_group_of_each_type(

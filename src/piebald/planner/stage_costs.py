@@ -14,12 +14,18 @@ w = ceil(n / rho) fit (``range_memory``: closed-form bounds, then bisection, all
 at once), its busy
 time stretched by rho over Little's round trips in ``cost_s`` so the split steers away
 from it, and rho in ``rounds`` for the pipeline proxy's round-trip bound.
+
+Only Little's budget depends on how many ranks the stage has to the pipeline's end, so the
+pricing runs in two steps: ``stage_settings`` prices every setting of the stage, once for
+stages alike but for that count (the search caches it), and ``stage_cost`` chooses among
+them for one count.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +33,7 @@ import numpy.typing as npt
 
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.compute import EfficiencyCurve, optimizer_step_time_s
-from piebald.cost.in_flight import (
-    little_budget,
-    mean_in_flight,
-)
+from piebald.cost.in_flight import little_budget, mean_in_flight, num_round_trips
 from piebald.cost.memory import prefix_sums, stage_memory_bytes, stage_params_matrix
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
@@ -38,7 +41,7 @@ from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.rank_pass import input_broadcast_s
 from piebald.cost.tensor_comm import tensor_comm_s
 from piebald.cost.zero_comm import stage_comm
-from piebald.planner.range_memory import RangeMemory, RankKind
+from piebald.planner.range_memory import FewestRounds, RankRoom, fits_ranges
 from piebald.planner.stage_builder import StageRules, tensor_group_of_each_type
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
@@ -47,15 +50,27 @@ from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import ZeroMode, tensor_degree_fits
 from piebald.specs.tensor_layout import TensorLayout
 
-__all__ = ["StageCost", "memory_matrices", "stage_cost"]
+__all__ = [
+    "Setting",
+    "StageCost",
+    "StageSettings",
+    "memory_matrices",
+    "stage_cost",
+    "stage_settings",
+]
 
 Matrix = npt.NDArray[np.float64]  # [a, b]: layers [a, b)
 # One entry per layer range [a, b) with a < b, in row-major order of Matrix: the ranges
 # that exist, about half of the matrix, which is all the pricing below works on.
 Ranges = npt.NDArray[np.float64]
+Positions = npt.NDArray[np.intp]
+Flags = npt.NDArray[np.bool_]
 _MAKESPAN_STEPS = 8
 _PROBE_BYTES = (1e6, 1e9)  # collective time is affine in bytes: two probes give the line
 _TIE = 1e-9  # relative: costs this close are equal (rounding of equal collectives)
+# Relative: settings further than twice this above a range's cheapest cannot take it, the
+# ties' drift included (up to one _TIE per setting).
+_NEAR = 1e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,9 +108,43 @@ def _affine_comm(
     )
 
 
-# inf and 0 entries (ranges that fit nowhere) divide freely; they are masked at the end.
-@np.errstate(divide="ignore", invalid="ignore")
-def stage_cost(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setting:
+    """One (tensor-parallel degree, recompute, ZeRO mode) of a stage, priced for every
+    layer range: all but Little's budget, which depends on the ranks to the pipeline's
+    end."""
+
+    busy: Ranges
+    sync: Ranges
+    slowest: Ranges
+    optimizer: Ranges
+    num_groups: int  # tensor groups: the stage's data-parallel ranks
+    devices: tuple[DeviceType, ...]  # the GPU types of its groups, in rank order
+    kinds: tuple[RankRoom, ...]  # its groups of each of those types
+    shares: tuple[Ranges | float, ...]  # of the stage's micro-batches, one group's of each
+    even_shards: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSettings:
+    """Every setting of one stage, as the pairs (setting, layer range) where it holds one
+    micro-batch in flight per rank (elsewhere it fits with no in-flight budget), stacked
+    range by range and, in each range, in the order of the settings: what ``stage_cost``
+    chooses among for any number of ranks to the pipeline's end."""
+
+    num_ranks: int
+    num_layers: int
+    pairs: _Pairs | None  # None: the strategy allows the stage no setting at all
+
+    @classmethod
+    def of(cls, settings: Sequence[Setting], *, num_ranks: int, num_layers: int) -> StageSettings:
+        """``settings`` (each over every range of ``num_layers`` layers, all of the same
+        GPU types) of a stage of ``num_ranks`` ranks."""
+        pairs = _Pairs.of(settings) if settings else None
+        return cls(num_ranks=num_ranks, num_layers=num_layers, pairs=pairs)
+
+
+def stage_settings(
     cluster: ClusterSpec,
     *,
     model: ModelSpec,
@@ -106,10 +155,11 @@ def stage_cost(
     num_stages: int,
     rules: StageRules,
     curve: EfficiencyCurve,
-    ranks_to_end: int,
-) -> StageCost:
-    valid = _valid_ranges(model.num_layers + 1)
-    settings: list[_Setting] = []
+) -> StageSettings:
+    """The settings of a stage of ``ranks``, its position in a pipeline of ``num_stages``
+    and its micro-batch size; it prices the same for any ``stage_index`` with as many
+    neighbouring stages on each side."""
+    settings: list[Setting] = []
     for degree in rules.tensor_parallel_degrees:
         layout = rules.layout_at(degree)
         if tensor_degree_fits(
@@ -126,62 +176,122 @@ def stage_cost(
                 num_stages=num_stages,
                 rules=rules,
                 curve=curve,
-                # Little's law counts the stage's tensor groups (one pipeline lane each).
-                ranks_to_end=ranks_to_end - len(ranks) + len(ranks) // degree,
             )
-    # The cheapest setting for each range (``chosen``: its index, -1 for none); of equals,
-    # the one with the shorter optimizer step (ZeRO-1 syncs as much as none, a reduce-scatter
-    # and an all-gather for an all-reduce, and steps a shard), as the exact build chooses;
-    # Little's in-flight budget wherever some setting fits with it ...
-    num_ranges = int(valid.sum())
+    return StageSettings.of(settings, num_ranks=len(ranks), num_layers=model.num_layers)
+
+
+# inf and 0 entries (ranges that fit nowhere) divide freely; they are masked at the end.
+@np.errstate(divide="ignore", invalid="ignore")
+def stage_cost(stage: StageSettings, *, ranks_to_end: int) -> StageCost:
+    """The stage's matrices with ``ranks_to_end`` ranks from it to the pipeline's end.
+
+    Each range takes the cheapest setting; of equals, the one with the shorter optimizer
+    step (ZeRO-1 syncs as much as none, a reduce-scatter and an all-gather for an
+    all-reduce, and steps a shard), as the exact build chooses; Little's in-flight budget
+    wherever some setting fits with it, and a shrunk budget (more round trips) only where
+    none does. Each choice runs over a range's settings in order, but only over those near
+    its cheapest: the others cannot take it (docs/design.md, section 6)."""
+    pairs = stage.pairs
+    num_ranges = stage.num_layers * (stage.num_layers + 1) // 2
     best = np.full(num_ranges, np.inf)
-    best_optimizer = np.full(num_ranges, np.inf)
-    chosen = np.full(num_ranges, -1)
-    for index, setting in enumerate(settings):
-        cost = np.where(setting.fits_little, setting.busy + setting.sync, np.inf)
-        tie = np.isfinite(best) & (np.abs(cost - best) <= _TIE * best)
-        better = ((cost < best) & ~tie) | (tie & (setting.optimizer < best_optimizer))
-        best = np.where(better, cost, best)
-        best_optimizer = np.where(better, setting.optimizer, best_optimizer)
-        chosen = np.where(better, index, chosen)
-    best_rounds = np.zeros(num_ranges)
-    # ... and a shrunk budget (more round trips) only where none does.
+    won = np.full(num_ranges, -1)  # the pair that takes each range
+    rounds = np.zeros(num_ranges)
+    valid = _valid_ranges(stage.num_layers + 1)
+    if pairs is None:
+        return StageCost(
+            cost_s=np.full(valid.shape, np.inf),
+            busy_s=np.full(valid.shape, np.inf),
+            pass_s=np.full(valid.shape, np.inf),
+            sync_s=np.zeros(valid.shape),
+            optimizer_s=np.zeros(valid.shape),
+            rounds=np.zeros(valid.shape),
+        )
+    # Little's law counts the stage's tensor groups (one pipeline lane each).
+    groups_to_end = (ranks_to_end - stage.num_ranks) + pairs.groups
+    littles = [
+        little_budget(
+            mean_in_flight(
+                ranks_to_end=groups_to_end, rank_micro_batches=share, stage_micro_batches=1.0
+            ),
+            slack=0,
+            most=kind.micro_batches,
+        )
+        for kind, share in zip(pairs.kinds, pairs.shares, strict=True)
+    ]
+    fits = fits_ranges(pairs.kinds, littles, even_shards=pairs.even, num_ranks=pairs.groups)
+    cost = np.where(fits, pairs.cost, np.inf)
+    _cheapest(pairs, pairs.near(cost), cost=cost, best=best, won=won)
     none_fit = np.isinf(best)
     if np.any(none_fit):
-        for index, setting in enumerate(settings):
-            at, stretch, rounds = setting.memory.shrunk_at(
-                none_fit, busy=setting.busy, sync=setting.sync, beat=best
-            )
-            cost = setting.busy[at] * stretch + setting.sync[at]
-            better = cost < best[at]
-            won = at[better]
-            best[won] = cost[better]
-            chosen[won] = index
-            best_rounds[won] = rounds[better]
-    busy_s, pass_s = np.full(num_ranges, np.inf), np.full(num_ranges, np.inf)
-    sync_s, optimizer_s = np.zeros(num_ranges), np.zeros(num_ranges)
-    for index, setting in enumerate(settings):
-        won = chosen == index
-        if np.any(won):
-            np.copyto(busy_s, setting.busy, where=won)
-            np.copyto(pass_s, setting.slowest, where=won)
-            np.copyto(sync_s, setting.sync, where=won)
-            np.copyto(optimizer_s, setting.optimizer, where=won)
+        shrunk = pairs.shrunk(littles, where=none_fit[pairs.range])
+        _cheapest_shrunk(pairs, shrunk, best=best, won=won, rounds=rounds)
+    taken = np.flatnonzero(won >= 0)
+    at = won[taken]
 
-    def matrix(ranges: Ranges, otherwise: float) -> Matrix:
-        """``ranges`` in place in a matrix, ``otherwise`` where b <= a."""
+    def matrix(values: Ranges, otherwise: float) -> Matrix:
+        """The winners' ``values`` in place in a matrix, ``otherwise`` elsewhere."""
+        ranges = np.full(num_ranges, otherwise)
+        ranges[taken] = values
         result = np.full(valid.shape, otherwise)
         result[valid] = ranges
         return result
 
     return StageCost(
-        cost_s=matrix(best, np.inf),
-        busy_s=matrix(busy_s, np.inf),
-        pass_s=matrix(pass_s, np.inf),
-        sync_s=matrix(sync_s, 0.0),
-        optimizer_s=matrix(optimizer_s, 0.0),
-        rounds=matrix(best_rounds, 0.0),
+        cost_s=matrix(best[taken], np.inf),
+        busy_s=matrix(pairs.busy[at], np.inf),
+        pass_s=matrix(pairs.slowest[at], np.inf),
+        sync_s=matrix(pairs.sync[at], 0.0),
+        optimizer_s=matrix(pairs.optimizer[at], 0.0),
+        rounds=matrix(rounds[taken], 0.0),
     )
+
+
+def _cheapest(
+    pairs: _Pairs, items: Positions, *, cost: Ranges, best: Ranges, won: Positions
+) -> None:
+    """Each range to the cheapest of its ``items`` (pairs in order) priced ``cost``, with
+    the tie rule taken setting after setting: a setting within ``_TIE`` of the best so far
+    takes it only with a shorter optimizer step. ``best`` and ``won`` (by range) in place."""
+    best_optimizer = np.full(best.shape, np.inf)
+    for chunk in _in_turn(items, pairs.range):
+        ranges, chunk_cost = pairs.range[chunk], cost[chunk]
+        optimizer, so_far = pairs.optimizer[chunk], best[ranges]
+        tie = np.isfinite(so_far) & (np.abs(chunk_cost - so_far) <= _TIE * so_far)
+        better = ((chunk_cost < so_far) & ~tie) | (tie & (optimizer < best_optimizer[ranges]))
+        ranges = ranges[better]
+        best[ranges] = chunk_cost[better]
+        best_optimizer[ranges] = optimizer[better]
+        won[ranges] = chunk[better]
+
+
+def _cheapest_shrunk(
+    pairs: _Pairs, shrunk: _Shrunk, *, best: Ranges, won: Positions, rounds: Ranges
+) -> None:
+    """``_cheapest`` with shrunk budgets, in the order of the settings: a setting takes a
+    range where its stretched cost is lower than the best so far, and neither its cost
+    unstretched nor its lower bound (``_Shrunk.bound``) is not. In place, with the round
+    trips of each range taken."""
+    for turn in _in_turn(np.arange(len(shrunk.at)), pairs.range[shrunk.at]):
+        chunk = shrunk.at[turn]
+        ranges, so_far = pairs.range[chunk], best[pairs.range[chunk]]
+        cost = shrunk.cost[turn]
+        better = (pairs.cost[chunk] < so_far) & ~(shrunk.bound[turn] >= so_far) & (cost < so_far)
+        ranges = ranges[better]
+        best[ranges] = cost[better]
+        won[ranges] = chunk[better]
+        rounds[ranges] = shrunk.rounds[turn][better]
+
+
+def _in_turn(items: Positions, keys: Positions) -> Iterator[Positions]:
+    """``items`` (ascending, and so their ``keys``) in turns: the first of each key, then
+    the second, ..."""
+    if not len(items):
+        return
+    of = keys[items]
+    first = np.flatnonzero(np.r_[True, of[1:] != of[:-1]])
+    turn = np.arange(len(items)) - np.repeat(first, np.diff(np.r_[first, len(items)]))
+    for index in range(int(turn.max()) + 1):
+        yield items[turn == index]
 
 
 def _settings(
@@ -196,8 +306,7 @@ def _settings(
     num_stages: int,
     rules: StageRules,
     curve: EfficiencyCurve,
-    ranks_to_end: int,
-) -> list[_Setting]:
+) -> list[Setting]:
     """Every (recompute, ZeRO mode) of the stage at tensor-parallel ``degree``, priced
     for every layer range: its tensor groups are the stage's data-parallel ranks, each
     computing its slice of the layers in the rules' layout (``ModelSpec.layers_at``),
@@ -225,7 +334,7 @@ def _settings(
         optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
         for d in classes
     )
-    settings: list[_Setting] = []
+    settings: list[Setting] = []
     for recompute in rules.recompute:
         shapes = {
             device: PassShape.for_job(
@@ -285,12 +394,9 @@ def _settings(
                     before_forward_s=np.where(has_params, pre_a + pre_b * on_wire, 0.0),
                     during_backward_s=np.where(has_params, during_a + during_b * on_wire, 0.0),
                     num_micro_batches=num_micro_batches,
-                    ranks_to_end=ranks_to_end,
                 )
                 if lockstep:
-                    passes[key] = _in_lockstep(
-                        passes[key], classes, per_rank=per_rank, ranks_to_end=ranks_to_end
-                    )
+                    passes[key] = _in_lockstep(passes[key], classes, per_rank=per_rank)
             timed = passes[key]
             kinds = []
             for device, count in classes.items():
@@ -304,31 +410,28 @@ def _settings(
                     curve=curve,
                 )
                 kinds.append(
-                    RankKind(
+                    RankRoom(
                         count=count,
                         free_bytes=free,
                         per_in_flight_bytes=per_in_flight,
                         sharded_bytes=sharded,
                         micro_batches=timed.micro_batches[device],
-                        little=timed.little[device],
                     )
                 )
-            memory = RangeMemory(
-                kinds=kinds,
-                even_shards=rules.even_shards or zero.replicated,
-                num_ranks=len(leaders),
-            )
             owned = 1.0 / len(leaders) if zero.shards_optimizer else 1.0
             settings.append(
-                _Setting(
+                Setting(
                     busy=timed.busy,
                     sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0),
                     slowest=timed.slowest,
                     # The optimizer step stays out of the DP's cost: the step pays the
                     # slowest stage's once, a max of its own, which the pipeline proxy adds.
                     optimizer=params * owned * optimizer_per_param_s,
-                    memory=memory,
-                    fits_little=memory.fits(None),
+                    num_groups=len(leaders),
+                    devices=tuple(classes),
+                    kinds=tuple(kinds),
+                    shares=tuple(timed.share[device] for device in classes),
+                    even_shards=rules.even_shards or zero.replicated,
                 )
             )
     return settings
@@ -342,7 +445,7 @@ class _Passes:
     busy: Ranges
     slowest: Ranges  # one micro-batch through the stage on its slowest rank
     micro_batches: dict[DeviceType, Ranges]  # each rank's, from its speed share
-    little: dict[DeviceType, Ranges]  # each rank's Little's in-flight budget
+    share: dict[DeviceType, Ranges | float]  # of the stage's micro-batches, each rank's
 
 
 def _passes(
@@ -353,7 +456,6 @@ def _passes(
     before_forward_s: Ranges,
     during_backward_s: Ranges,
     num_micro_batches: float,
-    ranks_to_end: int,
 ) -> _Passes:
     pass_of = {
         d: np.maximum(forward[d], before_forward_s) + np.maximum(backward[d], during_backward_s)
@@ -363,41 +465,29 @@ def _passes(
     for device, count in classes.items():
         rate += count / pass_of[device]
     busy = _makespan(pass_of, classes, num_micro_batches, continuous=num_micro_batches / rate)
-    micro_batches, little = {}, {}
+    micro_batches: dict[DeviceType, Ranges] = {}
+    shares: dict[DeviceType, Ranges | float] = {}
     for device in classes:
         share = 1.0 / pass_of[device] / rate  # a rank's share (nan: invalid)
         micro_batches[device] = np.maximum(1.0, np.ceil(num_micro_batches * share))
-        # Little's budget without its slack (what the exact build falls back to last).
-        little[device] = little_budget(
-            mean_in_flight(
-                ranks_to_end=ranks_to_end, rank_micro_batches=share, stage_micro_batches=1.0
-            ),
-            slack=0,
-            most=micro_batches[device],
-        )
+        shares[device] = share
     return _Passes(
         busy=busy,
         slowest=np.maximum.reduce([pass_of[d] for d in classes]),
         micro_batches=micro_batches,
-        little=little,
+        share=shares,
     )
 
 
-def _in_lockstep(
-    timed: _Passes, classes: Counter[DeviceType], *, per_rank: float, ranks_to_end: int
-) -> _Passes:
+def _in_lockstep(timed: _Passes, classes: Counter[DeviceType], *, per_rank: float) -> _Passes:
     """``timed`` with every rank running ``per_rank`` micro-batches in lockstep: each pass
     lasts as long as the slowest rank's."""
     share = 1.0 / sum(classes.values())
-    mean = mean_in_flight(
-        ranks_to_end=ranks_to_end, rank_micro_batches=share, stage_micro_batches=1.0
-    )
-    little = float(little_budget(mean, slack=0, most=per_rank))
     return _Passes(
         busy=per_rank * timed.slowest,
         slowest=timed.slowest,
         micro_batches={d: np.full(timed.slowest.shape, per_rank) for d in classes},
-        little={d: np.full(timed.slowest.shape, little) for d in classes},
+        share=dict.fromkeys(classes, share),
     )
 
 
@@ -491,7 +581,6 @@ def _makespan(
     return result
 
 
-@functools.lru_cache(maxsize=1024)
 def memory_matrices(
     model: ModelSpec,
     *,
@@ -505,8 +594,7 @@ def memory_matrices(
     """(bytes with no micro-batch in flight, bytes per micro-batch in flight, bytes per unit
     of shard fraction) of a rank for every layer range: ``stage_memory_bytes`` (activations
     measured where ``curve`` has them, as in the exact check), which is affine in the
-    micro-batches in flight. The same for every stage of these GPUs, so computed once
-    (read-only)."""
+    micro-batches in flight (read-only)."""
     empty, one = (
         stage_memory_bytes(
             model,
@@ -528,7 +616,9 @@ def memory_matrices(
     return fixed, per_in_flight, sharded
 
 
-@functools.lru_cache(maxsize=1024)
+# One entry per (GPU type, micro-batch size, recompute, degree, ZeRO mode, neighbours)
+# a search prices, over 1,000 in a large cluster of six types: all of them kept.
+@functools.lru_cache(maxsize=8192)
 def _memory_ranges(
     model: ModelSpec,
     *,
@@ -540,7 +630,8 @@ def _memory_ranges(
     curve: EfficiencyCurve,
 ) -> tuple[Ranges, Ranges, Ranges]:
     """``memory_matrices`` over the ranges, with the memory left (the device's less the
-    bytes with no micro-batch in flight) in place of the latter (read-only)."""
+    bytes with no micro-batch in flight) in place of the latter. The same for every stage
+    of these GPUs, so computed once (read-only)."""
     fixed, per_in_flight, sharded = memory_matrices(
         model,
         shape=shape,
@@ -555,12 +646,180 @@ def _memory_ranges(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Setting:
-    """One (recompute, ZeRO mode) of a stage, priced for every layer range."""
+class _Shrunk:
+    """The pairs (``at``, ascending) that may take a range that no setting fits with
+    Little's budget, each at its fewest round trips: ``cost`` (busy stretched by them over
+    Little's, plus sync), ``rounds``, and the ``bound`` on the cost the choice checks
+    first (from ``FewestRounds.low``)."""
 
+    at: Positions
+    cost: Ranges
+    rounds: Ranges
+    bound: Ranges
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pairs:
+    """``StageSettings``' pairs: each setting's values at each range where it holds one
+    micro-batch in flight, ordered by range, then setting (a range's pairs are a
+    segment of ``segments``)."""
+
+    range: Positions
+    segments: _Segments
     busy: Ranges
     sync: Ranges
+    cost: Ranges  # busy + sync
     slowest: Ranges
     optimizer: Ranges
-    memory: RangeMemory
-    fits_little: npt.NDArray[np.bool_]
+    groups: Ranges  # the setting's tensor groups
+    even: Flags
+    kinds: tuple[RankRoom, ...]  # counts per pair
+    shares: tuple[Ranges, ...]
+    fewest: FewestRounds
+
+    @classmethod
+    @np.errstate(divide="ignore", invalid="ignore")  # masked where they happen
+    def of(cls, settings: Sequence[Setting]) -> _Pairs:
+        devices = settings[0].devices
+        assert all(s.devices == devices for s in settings), "a stage's GPU types, in order"
+        num_ranges = len(settings[0].busy)
+
+        # A setting takes a range only where each rank holds one micro-batch in flight
+        # (Little's budget is at least 1), and never where one fitting with all its
+        # micro-batches in flight (so with any budget) is far cheaper (``near``).
+        def fits(setting: Setting, budgets: Sequence[Ranges | float]) -> Flags:
+            return fits_ranges(
+                setting.kinds,
+                budgets,
+                even_shards=setting.even_shards,
+                num_ranks=setting.num_groups,
+            )
+
+        costs = [s.busy + s.sync for s in settings]
+        surely = np.fmin.reduce(
+            [
+                np.where(fits(s, [k.micro_batches for k in s.kinds]), cost, np.inf)
+                for s, cost in zip(settings, costs, strict=True)
+            ]
+        )
+        live = [
+            np.flatnonzero(fits(s, [1.0] * len(s.kinds)) & ~(cost > surely * (1.0 + 2.0 * _NEAR)))
+            for s, cost in zip(settings, costs, strict=True)
+        ]
+        # The pairs in order of range, then setting.
+        ranges = np.concatenate(live)
+        order = np.argsort(ranges, kind="stable")
+        ranges = ranges[order]
+        setting = np.concatenate([np.full(len(at), i) for i, at in enumerate(live)])[order]
+        flat = setting * num_ranges + ranges
+
+        def stacked(values: Sequence[Ranges | float]) -> Ranges:
+            """One value per setting (per range, or one for all) at every pair."""
+            rows = [np.full(num_ranges, v) if isinstance(v, float) else v for v in values]
+            result: Ranges = np.concatenate(rows)[flat]
+            return result
+
+        def each(values: Sequence[int | Ranges]) -> Ranges:
+            per_setting = np.array(values, dtype=np.float64)
+            result: Ranges = per_setting[setting]
+            return result
+
+        kinds = tuple(
+            RankRoom(
+                count=each([s.kinds[k].count for s in settings]),
+                free_bytes=stacked([s.kinds[k].free_bytes for s in settings]),
+                per_in_flight_bytes=stacked([s.kinds[k].per_in_flight_bytes for s in settings]),
+                sharded_bytes=stacked([s.kinds[k].sharded_bytes for s in settings]),
+                micro_batches=stacked([s.kinds[k].micro_batches for s in settings]),
+            )
+            for k in range(len(devices))
+        )
+        groups = each([s.num_groups for s in settings])
+        even = each([s.even_shards for s in settings]) > 0
+        busy, sync = stacked([s.busy for s in settings]), stacked([s.sync for s in settings])
+        return cls(
+            range=ranges,
+            segments=_Segments.of(ranges),
+            busy=busy,
+            sync=sync,
+            cost=busy + sync,
+            slowest=stacked([s.slowest for s in settings]),
+            optimizer=stacked([s.optimizer for s in settings]),
+            groups=groups,
+            even=even,
+            kinds=kinds,
+            shares=tuple(stacked([s.shares[k] for s in settings]) for k in range(len(devices))),
+            fewest=FewestRounds(kinds, even_shards=even, num_ranks=groups),
+        )
+
+    def near(self, cost: Ranges) -> Positions:
+        """The pairs that may take their range at ``cost`` (inf: not at all), in order."""
+        near, whole = self.segments.near(cost)
+        return np.flatnonzero(near | (whole & np.isfinite(cost)))
+
+    def shrunk(self, littles: Sequence[Ranges], *, where: Flags) -> _Shrunk:
+        """The pairs ``where`` that may take their range at their fewest round trips
+        (``near``), with Little's budgets ``littles``."""
+        at = np.flatnonzero(where & np.isfinite(self.cost) & np.isfinite(self.fewest.low))
+        segments = _Segments.of(self.range[at])
+        little: Ranges = np.maximum.reduce(
+            [
+                num_round_trips(kind.micro_batches[at], budget[at])
+                for kind, budget in zip(self.kinds, littles, strict=True)
+            ]
+        )
+        # No fewer round trips than Little's: from there on its budget never caps the
+        # ranks' (docs/design.md, section 6).
+        low = np.maximum(little, self.fewest.low[at])
+        bound = self.busy[at] * low / little + self.sync[at]
+
+        def priced(chosen: Flags) -> tuple[Ranges, Ranges]:
+            """(cost, rounds) of the pairs ``at[chosen]``."""
+            rounds = np.maximum(little[chosen], self.fewest.at(at[chosen]))
+            stretch = rounds / little[chosen]
+            return self.busy[at[chosen]] * stretch + self.sync[at[chosen]], rounds
+
+        def where_chosen(chosen: Flags) -> Ranges:
+            """The cost of the pairs ``at[chosen]``, inf at the others."""
+            cost = np.full(len(at), np.inf)
+            cost[chosen] = priced(chosen)[0]
+            return cost
+
+        # A cost to beat in each range, the pair with the least bound's: only pairs whose
+        # bound is below it, with room for rounding, need their fewest round trips.
+        beat = segments.least(where_chosen(bound == segments.least(bound)))
+        near, whole = segments.near(where_chosen(bound < beat * (1.0 + 4.0 * _NEAR)))
+        taken = near | whole
+        cost, rounds = priced(taken)
+        return _Shrunk(at=at[taken], cost=cost, rounds=rounds, bound=bound[taken])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Segments:
+    """The runs of equal values in an ascending array (a range's pairs)."""
+
+    starts: Positions
+    index: Positions  # each element's run
+
+    @classmethod
+    def of(cls, values: Positions) -> _Segments:
+        change = np.r_[True, values[1:] != values[:-1]] if len(values) else values > 0
+        return cls(starts=np.flatnonzero(change), index=np.cumsum(change) - 1)
+
+    def least(self, values: Ranges) -> Ranges:
+        """At each element, the least of its run's ``values`` (nan ignored)."""
+        if not len(values):
+            return values
+        least: Ranges = np.fmin.reduceat(values, self.starts)[self.index]
+        return least
+
+    def near(self, cost: Ranges) -> tuple[Flags, Flags]:
+        """(the elements near their run's cheapest at ``cost``, inf: not at all; the
+        elements of runs where others are a little further, not far: those take all)."""
+        finite = np.isfinite(cost)
+        least = self.least(cost)
+        near = finite & (cost <= least * (1.0 + _NEAR))
+        further = finite & ~near & (cost < least * (1.0 + 2.0 * _NEAR))
+        if not np.any(further):
+            return near, further
+        return near, np.logical_or.reduceat(further, self.starts)[self.index]

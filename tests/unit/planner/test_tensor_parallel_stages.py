@@ -14,6 +14,8 @@ runtime runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -23,7 +25,8 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.rank_pass import input_broadcast_s, rank_pass
 from piebald.planner.stage_builder import StageRules, build_stage
-from piebald.planner.stage_costs import stage_cost
+from piebald.planner.stage_costs import StageCost, stage_cost, stage_settings
+from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.presets import load_model
@@ -45,7 +48,7 @@ def test_the_stage_matrices_price_a_members_pass_as_rank_pass_does(
         recompute=ONE_SETTING.recompute,
         tensor_parallel_degrees=(degree,),
     )
-    cost = stage_cost(
+    cost = _stage_cost(
         TWO_H100_NODES,
         model=model,
         job=job,
@@ -136,7 +139,7 @@ def test_degrees_that_do_not_divide_the_sequence_are_not_offered() -> None:
             rules=StageRules(tensor_parallel_degrees=(degree,)),
         )
         assert (choice is not None) is fits
-        cost = stage_cost(
+        cost = _stage_cost(
             TWO_H100_NODES,
             model=model,
             job=job,
@@ -149,3 +152,8 @@ def test_degrees_that_do_not_divide_the_sequence_are_not_offered() -> None:
             ranks_to_end=len(RANKS),
         )
         assert bool(np.isfinite(cost.cost_s[0, model.num_layers])) is fits
+
+
+def _stage_cost(cluster: ClusterSpec, *, ranks_to_end: int, **settings: Any) -> StageCost:
+    """The stage's matrices, its settings priced first (``stage_settings``)."""
+    return stage_cost(stage_settings(cluster, **settings), ranks_to_end=ranks_to_end)

@@ -13,7 +13,7 @@ from piebald.planner.raised_in_flight import raise_in_flight
 from piebald.planner.search.records import Candidate, ScoredPlan, Stages
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.stage_builder import StageChoice, build_stage
-from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.stage_costs import StageCost, StageSettings, stage_cost, stage_settings
 from piebald.planner.strategies import Strategy
 from piebald.planner.structure_traffic import NodeSignatures, Signature, StructureTraffic
 from piebald.specs.cluster import ClusterSpec
@@ -22,6 +22,8 @@ from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, round_robin_routes
 
 __all__ = ["SearchState"]
+
+_SETTINGS_KEPT = 128  # stages' settings kept for reuse (about 3 MB each for a 70B model)
 
 
 class SearchState:
@@ -40,6 +42,7 @@ class SearchState:
         self.cluster, self.model, self.job = cluster, model, job
         self.strategy, self.curve, self.settings = strategy, curve, settings
         self.costs: dict[tuple[Signature, int, int, int], StageCost] = {}
+        self.settings_of: dict[tuple[Signature, bool, bool, int], StageSettings] = {}
         self.candidates: dict[tuple[Stages, int], Candidate] = {}
         self.num_structures = 0
         # Identical node groups price the same: keys use each stage's node signature.
@@ -52,21 +55,31 @@ class SearchState:
     ) -> StageCost:
         # Stages with the same GPUs per node of the same groups, in the same ring order, with
         # as many ranks from them to the pipeline's end cost the same: price them once.
+        signature = self.signature(ranks)
         neighbors = (index > 0) + (index < depth - 1)
-        key = (self.signature(ranks), downstream, neighbors, size)
+        key = (signature, downstream, neighbors, size)
         if key not in self.costs:
-            self.costs[key] = stage_cost(
-                self.cluster,
-                model=self.model,
-                job=self.job,
-                ranks=ranks,
-                micro_batch_size=size,
-                stage_index=index,
-                num_stages=depth,
-                rules=self.strategy.stage_rules,
-                curve=self.curve,
-                ranks_to_end=downstream,
-            )
+            # Their settings are priced alike for any ranks to the pipeline's end: once,
+            # for the most recently used (they take memory; stages of one structure come
+            # together).
+            alike = (signature, index > 0, index < depth - 1, size)
+            settings = self.settings_of.pop(alike, None)
+            if settings is None:
+                settings = stage_settings(
+                    self.cluster,
+                    model=self.model,
+                    job=self.job,
+                    ranks=ranks,
+                    micro_batch_size=size,
+                    stage_index=index,
+                    num_stages=depth,
+                    rules=self.strategy.stage_rules,
+                    curve=self.curve,
+                )
+                if len(self.settings_of) >= _SETTINGS_KEPT:
+                    del self.settings_of[next(iter(self.settings_of))]
+            self.settings_of[alike] = settings
+            self.costs[key] = stage_cost(settings, ranks_to_end=downstream)
         return self.costs[key]
 
     def stage_costs(self, stages: Stages, size: int) -> list[StageCost]:
