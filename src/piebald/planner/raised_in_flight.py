@@ -21,12 +21,11 @@ own passes), nor under GPipe (which holds every micro-batch already).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.in_flight import chains_from, num_round_trips, stage_in_flight
-from piebald.cost.memory import plan_rank_memory
+from piebald.cost.plan_fit import stage_memory_overflow
 from piebald.specs.plan import Plan, Schedule, Stage
 
 __all__ = ["raise_in_flight"]
@@ -65,7 +64,9 @@ def _fewest_rounds(plan: Plan, index: int, *, curve: EfficiencyCurve) -> tuple[i
             max(w, math.ceil(n / rounds)) if n else w for n, w in zip(counts, current, strict=True)
         )
 
-    fits = _fits(plan, index, curve=curve)
+    def fits(budgets: tuple[int, ...]) -> bool:
+        return stage_memory_overflow(plan, index, budgets=budgets, curve=curve) is None
+
     # Memory only falls as the round trips grow: the fewest that fit, by bisection.
     low, high = 1, most
     while low < high:
@@ -75,33 +76,3 @@ def _fewest_rounds(plan: Plan, index: int, *, curve: EfficiencyCurve) -> tuple[i
         else:
             low = middle + 1
     return None if high == most else budgets_for(high)
-
-
-def _fits(plan: Plan, index: int, *, curve: EfficiencyCurve) -> Callable[[tuple[int, ...]], bool]:
-    """Whether every rank of stage ``index`` fits its GPU holding the given budgets."""
-    stage = plan.stages[index]
-    # Ranks of one GPU type, micro-batch size, budget and shard fraction need the same.
-    need_of: dict[tuple[str, int, int, float], float] = {}
-
-    def fits(budgets: tuple[int, ...]) -> bool:
-        for position, rank in enumerate(stage.ranks):
-            device = plan.cluster.device_of(rank)
-            key = (
-                device.name,
-                stage.micro_batch_size[position],
-                budgets[position],
-                stage.shard_fraction[position],
-            )
-            if key not in need_of:
-                need_of[key] = plan_rank_memory(  # the budget is passed, not read from the plan
-                    plan,
-                    stage_index=index,
-                    position=position,
-                    num_in_flight=budgets[position],
-                    curve=curve,
-                ).total_bytes
-            if need_of[key] > device.memory_bytes:
-                return False
-        return True
-
-    return fits
