@@ -11,11 +11,12 @@ more forwards before its first backward (it keeps every rank to the plan's
 70B plan's step (benchmarks/clusters/six-type-1024.yaml) from 32.0 to 28.8 s and the 14
 literature scenarios' by 0-19% (one 1.7% slower); see the README.
 
-:func:`raise_in_flight` gives each stage the fewest round trips, below Little's budget's,
-whose budgets w = ceil(n / rounds) (never below Little's) fit every rank's memory, at its
-shard fraction as built. Not in a chain of one rank per stage (Little's budget is exact
-there: more would hold memory for nothing), nor on the last stage (its round trip is its
-own passes), nor under GPipe (which holds every micro-batch already).
+:func:`raise_in_flight` gives each stage the fewest round trips, below those its budgets
+as built take, whose budgets w = ceil(n / rounds) (never below a rank's budget as built)
+fit every rank's memory, at its shard fraction as built. Not in a chain of one rank per
+stage (Little's budget is exact there: more would hold memory for nothing), nor on the
+last stage (its round trip is its own passes), nor under GPipe (which holds every
+micro-batch already).
 """
 
 from __future__ import annotations
