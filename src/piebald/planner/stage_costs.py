@@ -659,26 +659,17 @@ class _Pairs:
         num_ranges = len(settings[0].busy)
 
         # A setting takes a range only where each rank holds one micro-batch in flight
-        # (Little's budget is at least 1), and never where one fitting with all its
-        # micro-batches in flight (so with any budget) is far cheaper (``near``).
-        def fits(setting: Setting, budgets: Sequence[Ranges | float]) -> Flags:
-            return fits_ranges(
-                setting.kinds,
-                budgets,
-                even_shards=setting.even_shards,
-                num_ranks=setting.num_groups,
-            )
-
-        costs = [s.busy + s.sync for s in settings]
-        surely = np.fmin.reduce(
-            [
-                np.where(fits(s, [k.micro_batches for k in s.kinds]), cost, np.inf)
-                for s, cost in zip(settings, costs, strict=True)
-            ]
-        )
+        # (Little's budget is at least 1).
         live = [
-            np.flatnonzero(fits(s, [1.0] * len(s.kinds)) & ~(cost > surely * (1.0 + 2.0 * _NEAR)))
-            for s, cost in zip(settings, costs, strict=True)
+            np.flatnonzero(
+                fits_ranges(
+                    s.kinds,
+                    [1.0] * len(s.kinds),
+                    even_shards=s.even_shards,
+                    num_ranks=s.num_groups,
+                )
+            )
+            for s in settings
         ]
         # The pairs in order of range, then setting.
         ranges = np.concatenate(live)

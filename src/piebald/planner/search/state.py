@@ -22,7 +22,7 @@ from piebald.specs.plan import Plan, Schedule, round_robin_routes
 
 __all__ = ["SearchState"]
 
-_SETTINGS_KEPT = 128  # stages' settings kept for reuse (about 3 MB each for a 70B model)
+_SETTINGS_KEPT = 256  # stages' settings kept for reuse (about 2 MB each for a 70B model)
 
 
 class SearchState:
