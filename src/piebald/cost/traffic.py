@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from piebald.cost.link_resources import Resource, transfer_resources
 from piebald.cost.precision import activation_message_bytes
+from piebald.specs.cluster import Link
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan
 
@@ -147,6 +148,9 @@ def plan_traffic(plan: Plan) -> tuple[BoundaryTraffic, ...]:
     # Per boundary, per (sender, receiver) pair: its bytes and both ways' links and resources.
     pairs_of: list[list[tuple[float, _PairWays]]] = []
     keys_of: list[set[Hashable]] = []  # per boundary, every resource its pairs cross
+    gpus = plan.cluster.gpus
+    # Between two nodes, every pair of their GPUs takes the same link and resources.
+    between_nodes: dict[tuple[int, int], tuple[Link, tuple[Resource, ...]]] = {}
     for index in range(plan.num_stages - 1):
         pairs: dict[tuple[int, int], int] = {}
         for route in plan.routes:
@@ -168,9 +172,17 @@ def plan_traffic(plan: Plan) -> tuple[BoundaryTraffic, ...]:
                 )
             ways = []
             for a, b, forward in ((sender, receiver, True), (receiver, sender, False)):
-                resources = transfer_resources(plan.cluster, a, b)
+                nodes = (gpus[a].node_index, gpus[b].node_index)
+                found = between_nodes.get(nodes) if nodes[0] != nodes[1] else None
+                if found is None:
+                    found = (
+                        plan.cluster.link_between(a, b),
+                        transfer_resources(plan.cluster, a, b),
+                    )
+                    if nodes[0] != nodes[1]:
+                        between_nodes[nodes] = found
+                link, resources = found
                 way = (index, forward)
-                link = plan.cluster.link_between(a, b)
                 ways.append((link.latency_s, link.bandwidth_bytes_per_s, resources, way))
                 for key, capacity in resources:
                     seconds = count * num_bytes / capacity

@@ -70,6 +70,7 @@ def pipeline_proxy(
     last = len(costs) - 1
     stages = []
     for index, (cost, (a, b)) in enumerate(zip(costs, itertools.pairwise(bounds), strict=True)):
+        cost.ensure_at(a, b)
         busy_s = float(cost.busy_s[a, b])
         trip = trips[index]
         # The last stage's round trip is its own passes, which its busy time covers; the

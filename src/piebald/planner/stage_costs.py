@@ -18,14 +18,16 @@ from it, and rho in ``rounds`` for the pipeline proxy's round-trip bound.
 Only Little's budget depends on how many ranks the stage has to the pipeline's end, so the
 pricing runs in two steps: ``stage_settings`` prices every setting of the stage, once for
 stages alike but for that count (the search caches it), and ``stage_cost`` chooses among
-them for one count.
+them for one count, range by range where the DP first asks (it needs only the ranges that
+can cost less than its split's slowest stage: docs/design.md, section 6).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,10 +53,12 @@ from piebald.specs.plan import ZeroMode, tensor_degree_fits
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
+    "RangePrices",
     "Setting",
     "StageCost",
     "StageSettings",
     "memory_matrices",
+    "price_ranges",
     "stage_cost",
     "stage_settings",
 ]
@@ -74,14 +78,74 @@ _NEAR = 1e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StageCost:
-    cost_s: Matrix  # busy (x extra round trips) + sync per step for [a, b); inf: no fit
-    busy_s: Matrix  # the busiest rank's compute over the step
-    pass_s: Matrix  # one micro-batch through the stage on its slowest rank
-    sync_s: Matrix  # the end-of-step data-parallel collectives (part of cost_s)
-    optimizer_s: Matrix  # the stage's optimizer step (not part of cost_s)
+class RangePrices:
+    """A stage's prices of some layer ranges (``price_ranges``), one entry each."""
+
+    cost_s: Ranges  # busy (x extra round trips) + sync per step; inf: no fit
+    busy_s: Ranges  # the busiest rank's compute over the step
+    pass_s: Ranges  # one micro-batch through the stage on its slowest rank
+    sync_s: Ranges  # the end-of-step data-parallel collectives (part of cost_s)
+    optimizer_s: Ranges  # the stage's optimizer step (not part of cost_s)
     # Round trips per step a lowered in-flight budget forces; 0 where Little's fits.
-    rounds: Matrix
+    rounds: Ranges
+
+
+class StageCost:
+    """A stage's ``RangePrices`` of every layer range [a, b), as matrices, each range
+    priced where first asked (:meth:`ensure`): the DP needs only the ranges that can beat
+    the best split's slowest stage, known from ``lower_s``, below every range's cost
+    whether priced or not. Where not priced yet, ``cost_s`` is inf."""
+
+    __slots__ = (
+        "_price",
+        "busy_s",
+        "cost_s",
+        "lower_s",
+        "optimizer_s",
+        "pass_s",
+        "priced",
+        "priced_below",
+        "rounds",
+        "sync_s",
+    )
+
+    def __init__(self, price: Callable[[Positions], RangePrices], *, lower_s: Matrix) -> None:
+        """``price``: the prices of the given ranges (positions in ``Ranges`` order)."""
+        self._price, self.lower_s = price, lower_s
+        self.cost_s = np.full(lower_s.shape, np.inf)
+        self.busy_s = np.full(lower_s.shape, np.inf)
+        self.pass_s = np.full(lower_s.shape, np.inf)
+        self.sync_s = np.zeros(lower_s.shape)
+        self.optimizer_s = np.zeros(lower_s.shape)
+        self.rounds = np.zeros(lower_s.shape)
+        self.priced = ~_valid_ranges(len(lower_s))  # [a, b) with b <= a: nothing to price
+        self.priced_below = -math.inf  # every range whose lower bound is below it is priced
+
+    def ensure(self, where: Flags) -> None:
+        """Price the ranges ``where`` (a matrix) not priced yet."""
+        todo = where & ~self.priced
+        if np.any(todo):
+            prices = self._price(_range_positions(len(todo))[todo])
+            self.cost_s[todo] = prices.cost_s
+            self.busy_s[todo] = prices.busy_s
+            self.pass_s[todo] = prices.pass_s
+            self.sync_s[todo] = prices.sync_s
+            self.optimizer_s[todo] = prices.optimizer_s
+            self.rounds[todo] = prices.rounds
+            self.priced |= todo
+
+    def ensure_below(self, bound_s: float) -> None:
+        """Price every range whose lower bound is at most ``bound_s``."""
+        if bound_s > self.priced_below:
+            self.ensure(self.lower_s <= bound_s)
+            self.priced_below = bound_s
+
+    def ensure_at(self, layer_start: int, layer_end: int) -> None:
+        """Price layers [``layer_start``, ``layer_end``) if not priced yet."""
+        if not self.priced[layer_start, layer_end]:
+            where = np.zeros(self.priced.shape, dtype=bool)
+            where[layer_start, layer_end] = True
+            self.ensure(where)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,13 +199,25 @@ class StageSettings:
     num_ranks: int
     num_layers: int
     pairs: _Pairs | None  # None: the strategy allows the stage no setting at all
+    # Below any range's cost: the least of its settings' busy + sync (a shrunk budget only
+    # stretches the busy time); inf where none holds one micro-batch in flight.
+    lower_s: Matrix
 
     @classmethod
     def of(cls, settings: Sequence[Setting], *, num_ranks: int, num_layers: int) -> StageSettings:
         """``settings`` (each over every range of ``num_layers`` layers, all of the same
         GPU types) of a stage of ``num_ranks`` ranks."""
         pairs = _Pairs.of(settings) if settings else None
-        return cls(num_ranks=num_ranks, num_layers=num_layers, pairs=pairs)
+        valid = _valid_ranges(num_layers + 1)
+        lower = np.full(int(valid.sum()), np.inf)
+        if pairs is not None and len(pairs.range):
+            lower[pairs.range[pairs.segments.starts]] = pairs.segments.least(pairs.cost)[
+                pairs.segments.starts
+            ]
+        lower_s = np.full(valid.shape, np.inf)
+        lower_s[valid] = lower
+        lower_s.setflags(write=False)
+        return cls(num_ranks=num_ranks, num_layers=num_layers, pairs=pairs, lower_s=lower_s)
 
 
 def stage_settings(
@@ -180,10 +256,21 @@ def stage_settings(
     return StageSettings.of(settings, num_ranks=len(ranks), num_layers=model.num_layers)
 
 
+def stage_cost(stage: StageSettings, *, ranks_to_end: int) -> StageCost:
+    """The stage's prices with ``ranks_to_end`` ranks from it to the pipeline's end, each
+    range priced where first asked (``price_ranges``)."""
+
+    def price(ranges: Positions) -> RangePrices:
+        return price_ranges(stage, ranks_to_end=ranks_to_end, ranges=ranges)
+
+    return StageCost(price, lower_s=stage.lower_s)
+
+
 # inf and 0 entries (ranges that fit nowhere) divide freely; they are masked at the end.
 @np.errstate(divide="ignore", invalid="ignore")
-def stage_cost(stage: StageSettings, *, ranks_to_end: int) -> StageCost:
-    """The stage's matrices with ``ranks_to_end`` ranks from it to the pipeline's end.
+def price_ranges(stage: StageSettings, *, ranks_to_end: int, ranges: Positions) -> RangePrices:
+    """The prices of ``ranges`` (ascending positions in ``Ranges`` order) with
+    ``ranks_to_end`` ranks from the stage to the pipeline's end.
 
     Each range takes the cheapest setting; of equals, the one with the shorter optimizer
     step (ZeRO-1 syncs as much as none, a reduce-scatter and an all-gather for an
@@ -191,21 +278,22 @@ def stage_cost(stage: StageSettings, *, ranks_to_end: int) -> StageCost:
     wherever some setting fits with it, and a shrunk budget (more round trips) only where
     none does. Each choice runs over a range's settings in order, but only over those near
     its cheapest: the others cannot take it (docs/design.md, section 6)."""
-    pairs = stage.pairs
+    # Where no setting takes a range, its cost is inf.
+    prices = RangePrices(
+        cost_s=np.full(len(ranges), np.inf),
+        busy_s=np.full(len(ranges), np.inf),
+        pass_s=np.full(len(ranges), np.inf),
+        sync_s=np.zeros(len(ranges)),
+        optimizer_s=np.zeros(len(ranges)),
+        rounds=np.zeros(len(ranges)),
+    )
+    pairs = None if stage.pairs is None else stage.pairs.of_ranges(ranges)
+    if pairs is None or not len(pairs.range):
+        return prices  # no setting holds one micro-batch in flight there
     num_ranges = stage.num_layers * (stage.num_layers + 1) // 2
     best = np.full(num_ranges, np.inf)
     won = np.full(num_ranges, -1)  # the pair that takes each range
     rounds = np.zeros(num_ranges)
-    valid = _valid_ranges(stage.num_layers + 1)
-    if pairs is None:
-        return StageCost(
-            cost_s=np.full(valid.shape, np.inf),
-            busy_s=np.full(valid.shape, np.inf),
-            pass_s=np.full(valid.shape, np.inf),
-            sync_s=np.zeros(valid.shape),
-            optimizer_s=np.zeros(valid.shape),
-            rounds=np.zeros(valid.shape),
-        )
     # Little's law counts the stage's tensor groups (one pipeline lane each).
     groups_to_end = (ranks_to_end - stage.num_ranks) + pairs.groups
     littles = [
@@ -225,25 +313,19 @@ def stage_cost(stage: StageSettings, *, ranks_to_end: int) -> StageCost:
     if np.any(none_fit):
         shrunk = pairs.shrunk(littles, where=none_fit[pairs.range])
         _cheapest_shrunk(pairs, shrunk, best=best, won=won, rounds=rounds)
-    taken = np.flatnonzero(won >= 0)
+    won = won[ranges]
+    taken = won >= 0
     at = won[taken]
-
-    def matrix(values: Ranges, otherwise: float) -> Matrix:
-        """The winners' ``values`` in place in a matrix, ``otherwise`` elsewhere."""
-        ranges = np.full(num_ranges, otherwise)
-        ranges[taken] = values
-        result = np.full(valid.shape, otherwise)
-        result[valid] = ranges
-        return result
-
-    return StageCost(
-        cost_s=matrix(best[taken], np.inf),
-        busy_s=matrix(pairs.busy[at], np.inf),
-        pass_s=matrix(pairs.slowest[at], np.inf),
-        sync_s=matrix(pairs.sync[at], 0.0),
-        optimizer_s=matrix(pairs.optimizer[at], 0.0),
-        rounds=matrix(rounds[taken], 0.0),
-    )
+    for values, of_winners in (
+        (prices.cost_s, best[ranges][taken]),
+        (prices.busy_s, pairs.busy[at]),
+        (prices.pass_s, pairs.slowest[at]),
+        (prices.sync_s, pairs.sync[at]),
+        (prices.optimizer_s, pairs.optimizer[at]),
+        (prices.rounds, rounds[ranges][taken]),
+    ):
+        values[taken] = of_winners
+    return prices
 
 
 def _cheapest(
@@ -492,6 +574,15 @@ def _in_lockstep(timed: _Passes, classes: Counter[DeviceType], *, per_rank: floa
 
 
 @functools.cache
+def _range_positions(size: int) -> Positions:
+    """[a, b] -> the position of range [a, b) in ``Ranges`` order (garbage where b <= a)."""
+    positions = np.zeros((size, size), dtype=np.intp)
+    positions[_valid_ranges(size)] = np.arange(size * (size - 1) // 2)
+    positions.setflags(write=False)
+    return positions
+
+
+@functools.cache
 def _valid_ranges(size: int) -> npt.NDArray[np.bool_]:
     """[a, b] -> a < b: where the ranges lie in a matrix (read-only)."""
     valid = np.arange(size)[:, None] < np.arange(size)[None, :]
@@ -662,10 +753,11 @@ class _Shrunk:
 class _Pairs:
     """``StageSettings``' pairs: each setting's values at each range where it holds one
     micro-batch in flight, ordered by range, then setting (a range's pairs are a
-    segment of ``segments``)."""
+    segment of ``segments``); or those of some ranges (``of_ranges``)."""
 
     range: Positions
     segments: _Segments
+    origin: Positions  # each pair's position among all of the stage's (``fewest``'s)
     busy: Ranges
     sync: Ranges
     cost: Ranges  # busy + sync
@@ -685,26 +777,17 @@ class _Pairs:
         num_ranges = len(settings[0].busy)
 
         # A setting takes a range only where each rank holds one micro-batch in flight
-        # (Little's budget is at least 1), and never where one fitting with all its
-        # micro-batches in flight (so with any budget) is far cheaper (``near``).
-        def fits(setting: Setting, budgets: Sequence[Ranges | float]) -> Flags:
-            return fits_ranges(
-                setting.kinds,
-                budgets,
-                even_shards=setting.even_shards,
-                num_ranks=setting.num_groups,
-            )
-
-        costs = [s.busy + s.sync for s in settings]
-        surely = np.fmin.reduce(
-            [
-                np.where(fits(s, [k.micro_batches for k in s.kinds]), cost, np.inf)
-                for s, cost in zip(settings, costs, strict=True)
-            ]
-        )
+        # (Little's budget is at least 1).
         live = [
-            np.flatnonzero(fits(s, [1.0] * len(s.kinds)) & ~(cost > surely * (1.0 + 2.0 * _NEAR)))
-            for s, cost in zip(settings, costs, strict=True)
+            np.flatnonzero(
+                fits_ranges(
+                    s.kinds,
+                    [1.0] * len(s.kinds),
+                    even_shards=s.even_shards,
+                    num_ranks=s.num_groups,
+                )
+            )
+            for s in settings
         ]
         # The pairs in order of range, then setting.
         ranges = np.concatenate(live)
@@ -740,6 +823,7 @@ class _Pairs:
         return cls(
             range=ranges,
             segments=_Segments.of(ranges),
+            origin=np.arange(len(ranges)),
             busy=busy,
             sync=sync,
             cost=busy + sync,
@@ -752,6 +836,34 @@ class _Pairs:
             fewest=FewestRounds(kinds, even_shards=even, num_ranks=groups),
         )
 
+    def of_ranges(self, ranges: Positions) -> _Pairs:
+        """The pairs of ``ranges`` (ascending positions) only."""
+        starts = self.segments.starts
+        of_run = self.range[starts]  # each run's range, ascending
+        runs = np.searchsorted(of_run, ranges)
+        inside = runs < len(starts)
+        runs = runs[inside][of_run[runs[inside]] == ranges[inside]]
+        if len(runs) == len(starts):
+            return self
+        lengths = np.r_[starts[1:], len(self.range)][runs] - starts[runs]
+        before = np.cumsum(lengths) - lengths
+        at = np.repeat(starts[runs] - before, lengths) + np.arange(int(lengths.sum()))
+        return _Pairs(
+            range=self.range[at],
+            segments=_Segments.of(self.range[at]),
+            origin=self.origin[at],
+            busy=self.busy[at],
+            sync=self.sync[at],
+            cost=self.cost[at],
+            slowest=self.slowest[at],
+            optimizer=self.optimizer[at],
+            groups=self.groups[at],
+            even=self.even[at],
+            kinds=tuple(kind.at(at) for kind in self.kinds),
+            shares=tuple(share[at] for share in self.shares),
+            fewest=self.fewest,
+        )
+
     def near(self, cost: Ranges) -> Positions:
         """The pairs that may take their range at ``cost`` (inf: not at all), in order."""
         near, whole = self.segments.near(cost)
@@ -760,7 +872,8 @@ class _Pairs:
     def shrunk(self, littles: Sequence[Ranges], *, where: Flags) -> _Shrunk:
         """The pairs ``where`` that may take their range at their fewest round trips
         (``near``), with Little's budgets ``littles``."""
-        at = np.flatnonzero(where & np.isfinite(self.cost) & np.isfinite(self.fewest.low))
+        low_bound = self.fewest.low[self.origin]
+        at = np.flatnonzero(where & np.isfinite(self.cost) & np.isfinite(low_bound))
         segments = _Segments.of(self.range[at])
         little: Ranges = np.maximum.reduce(
             [
@@ -770,12 +883,12 @@ class _Pairs:
         )
         # No fewer round trips than Little's: from there on its budget never caps the
         # ranks' (docs/design.md, section 6).
-        low = np.maximum(little, self.fewest.low[at])
+        low = np.maximum(little, low_bound[at])
         bound = self.busy[at] * low / little + self.sync[at]
 
         def priced(chosen: Flags) -> tuple[Ranges, Ranges]:
             """(cost, rounds) of the pairs ``at[chosen]``."""
-            rounds = np.maximum(little[chosen], self.fewest.at(at[chosen]))
+            rounds = np.maximum(little[chosen], self.fewest.at(self.origin[at[chosen]]))
             stretch = rounds / little[chosen]
             return self.busy[at[chosen]] * stretch + self.sync[at[chosen]], rounds
 

@@ -1,7 +1,8 @@
 """The DP's stage prices choose as the rule says, setting after setting.
 
-``stage_cost`` runs over the pairs (setting, range) of a ``StageSettings`` all at once,
-and takes in order only the settings near each range's cheapest. Against brute force on
+``price_ranges`` runs over the pairs (setting, range) of a ``StageSettings`` all at once,
+and takes in order only the settings near each range's cheapest; ``stage_cost`` prices a
+range where first asked, some ranges at a time. Against brute force on
 random settings, range by range in plain Python: Little's budget per rank, the memory
 check, the tie rule (within 1e-9, the shorter optimizer step), and where no setting fits
 with Little's budget the fewest round trips from Little's on that fit, by linear scan,
@@ -172,9 +173,18 @@ def test_stage_cost_chooses_as_brute_force() -> None:
         settings = _random_settings(rng, num_ranks)
         stage = StageSettings.of(settings, num_ranks=num_ranks, num_layers=NUM_LAYERS)
         for ranks_to_end in (num_ranks, num_ranks + 3, 10 * num_ranks):
-            got = _entries(stage_cost(stage, ranks_to_end=ranks_to_end))
+            cost = stage_cost(stage, ranks_to_end=ranks_to_end)
+            # Priced a few ranges at a time, in any order, the unpriced inf.
+            shape = cost.cost_s.shape
+            for _ in range(3):
+                some = np.array([rng.random() < 0.2 for _ in range(shape[0] * shape[1])])
+                cost.ensure(some.reshape(shape))
+            assert np.all(np.isinf(cost.cost_s[~cost.priced]))
+            cost.ensure(np.ones(shape, dtype=bool))
+            got = _entries(cost)
             expected = _brute_force(
                 settings, num_ranks=num_ranks, ranks_to_end=ranks_to_end, seen=seen
             )
             assert got == expected, f"seed {seed}, {ranks_to_end} ranks to the end"
+            assert np.all(cost.lower_s <= cost.cost_s)
     assert seen["tie"] > 100 and seen["shrunk"] > 100, seen

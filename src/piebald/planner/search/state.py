@@ -3,17 +3,26 @@ signature), the candidates priced so far, and the exact build of a candidate int
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.traffic import BoundaryTraffic
+from piebald.planner.partition import split_layers, uniform_bounds
 from piebald.planner.proxy import ShareTrips, pipeline_proxy, polish_bounds, share_round_trips
 from piebald.planner.raised_in_flight import raise_in_flight
 from piebald.planner.search.records import Candidate, ScoredPlan, Stages
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.stage_builder import StageChoice, build_stage
-from piebald.planner.stage_costs import StageCost, StageSettings, stage_cost, stage_settings
+from piebald.planner.stage_costs import (
+    Positions,
+    RangePrices,
+    StageCost,
+    StageSettings,
+    price_ranges,
+    stage_settings,
+)
 from piebald.planner.strategies import Strategy
 from piebald.planner.structure_traffic import NodeSignatures, Signature, StructureTraffic
 from piebald.specs.cluster import ClusterSpec
@@ -23,7 +32,11 @@ from piebald.specs.plan import Plan, Schedule, round_robin_routes
 
 __all__ = ["SearchState"]
 
-_SETTINGS_KEPT = 128  # stages' settings kept for reuse (about 3 MB each for a 70B model)
+# The DP prices the ranges whose lower bound is within this factor of its lower bounds'
+# split's bottleneck first (a wider guess prices more ranges at once, a narrower one
+# misses the split more often).
+_GUESS = 1.5
+_SETTINGS_KEPT = 256  # stages' settings kept for reuse (about 2 MB each for a 70B model)
 
 
 class SearchState:
@@ -60,27 +73,41 @@ class SearchState:
         key = (signature, downstream, neighbors, size)
         if key not in self.costs:
             # Their settings are priced alike for any ranks to the pipeline's end: once,
-            # for the most recently used (they take memory; stages of one structure come
-            # together).
+            # kept for the most recently used (they take memory; stages of one structure
+            # come together), priced again where a range is asked for after that.
             alike = (signature, index > 0, index < depth - 1, size)
-            settings = self.settings_of.pop(alike, None)
-            if settings is None:
-                settings = stage_settings(
-                    self.cluster,
-                    model=self.model,
-                    job=self.job,
-                    ranks=ranks,
-                    micro_batch_size=size,
-                    stage_index=index,
-                    num_stages=depth,
-                    rules=self.strategy.stage_rules,
-                    curve=self.curve,
-                )
-                if len(self.settings_of) >= _SETTINGS_KEPT:
-                    del self.settings_of[next(iter(self.settings_of))]
-            self.settings_of[alike] = settings
-            self.costs[key] = stage_cost(settings, ranks_to_end=downstream)
+
+            def price(ranges: Positions) -> RangePrices:
+                settings = self._stage_settings(alike, ranks, index, depth, size)
+                return price_ranges(settings, ranks_to_end=downstream, ranges=ranges)
+
+            lower_s = self._stage_settings(alike, ranks, index, depth, size).lower_s
+            self.costs[key] = StageCost(price, lower_s=lower_s)
         return self.costs[key]
+
+    def _stage_settings(
+        self, alike: tuple[Signature, bool, bool, int], ranks: tuple[int, ...], *shape: int
+    ) -> StageSettings:
+        """The settings of a stage of ``ranks`` at (index, depth, micro-batch size)
+        ``shape``, alike for every stage with the key ``alike``."""
+        settings = self.settings_of.pop(alike, None)
+        if settings is None:
+            index, depth, size = shape
+            settings = stage_settings(
+                self.cluster,
+                model=self.model,
+                job=self.job,
+                ranks=ranks,
+                micro_batch_size=size,
+                stage_index=index,
+                num_stages=depth,
+                rules=self.strategy.stage_rules,
+                curve=self.curve,
+            )
+            if len(self.settings_of) >= _SETTINGS_KEPT:
+                del self.settings_of[next(iter(self.settings_of))]
+        self.settings_of[alike] = settings
+        return settings
 
     def stage_costs(self, stages: Stages, size: int) -> list[StageCost]:
         depth = len(stages)
@@ -93,9 +120,39 @@ class SearchState:
         """The DP's step-time estimate of a structure (inf if nothing fits); remembered."""
         self.num_structures += 1
         costs = self.stage_costs(stages, size)
-        value, bounds = self.strategy.split_layers(
-            [c.cost_s for c in costs], num_layers=self.model.num_layers
-        )
+        num_layers = self.model.num_layers
+        if self.strategy.uniform_layers:
+            for cost, (a, b) in zip(
+                costs, itertools.pairwise(uniform_bounds(num_layers, len(stages))), strict=True
+            ):
+                cost.ensure_at(a, b)
+            value, bounds = self.strategy.split_layers(
+                [c.cost_s for c in costs], num_layers=num_layers
+            )
+        else:
+            # The DP's split takes no range that costs more than its bottleneck: where the
+            # ranges priced so far give a split whose bottleneck every stage has priced all
+            # ranges below (by their lower bounds), it is the split. Otherwise price the
+            # ranges below a guess a little above the lower bounds' split's bottleneck, and
+            # where the split found then exceeds the guess, those below it
+            # (docs/design.md, section 6).
+            priced_below = min(c.priced_below for c in costs)
+            value, bounds = (
+                split_layers([c.cost_s for c in costs])
+                if math.isfinite(priced_below)
+                else (math.inf, ())
+            )
+            if not value <= priced_below:
+                bound, _ = split_layers([c.lower_s for c in costs])
+                if not math.isfinite(bound):
+                    return math.inf  # nothing fits where even the bounds do not
+                for cost in costs:
+                    cost.ensure_below(bound * _GUESS)
+                value, bounds = split_layers([c.cost_s for c in costs])
+                if not value <= min(c.priced_below for c in costs):
+                    for cost in costs:
+                        cost.ensure_below(value)
+                    value, bounds = split_layers([c.cost_s for c in costs])
         if not math.isfinite(value):
             return math.inf
         proxy = pipeline_proxy(costs, bounds, *self.shape(stages, size))
