@@ -14,6 +14,7 @@ runtime runs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -155,5 +156,8 @@ def test_degrees_that_do_not_divide_the_sequence_are_not_offered() -> None:
 
 
 def _stage_cost(cluster: ClusterSpec, *, ranks_to_end: int, **settings: Any) -> StageCost:
-    """The stage's matrices, its settings priced first (``stage_settings``)."""
-    return stage_cost(stage_settings(cluster, **settings), ranks_to_end=ranks_to_end)
+    """The stage's matrices, every range priced (``stage_cost`` prices a range where first
+    asked), its settings priced first (``stage_settings``)."""
+    cost = stage_cost(stage_settings(cluster, **settings), ranks_to_end=ranks_to_end)
+    cost.ensure_below(math.inf)
+    return cost
