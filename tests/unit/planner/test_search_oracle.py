@@ -441,17 +441,19 @@ def test_canonical_structures_by_hand() -> None:
     [
         pytest.param(
             lambda: _cluster(
-                "l4x2-t4x2-v100",
+                "l4x2-t4-v100",
                 _group("l4", "L4", 2, intra="32GB/s", nic=("ethernet", "25Gb/s")),
-                _group("t4", "T4", 1, count=2, nic=("ethernet", "10Gb/s")),
+                _group("t4", "T4", 1, nic=("ethernet", "10Gb/s")),
                 _group("v100", "V100-16GB", 1, nic=("ethernet", "25Gb/s")),
             ),
             # gpt2, not tiny: tiny's passes are mostly kernel launches, which one
-            # data-parallel stage pays least often, so its optimum is no pipeline.
+            # data-parallel stage pays least often, so its optimum is no pipeline. One T4
+            # node, not two: the interchangeable nodes are the llama case's, and with a
+            # fifth GPU the unreduced enumeration took minutes (near the test timeout).
             "gpt2",
             8,
             256,
-            id="gpt2@l4x2-t4x2-v100",
+            id="gpt2@l4x2-t4-v100",
         ),
         pytest.param(CLUSTERS["t4x2-v100-16x2"], "llama-3.2-1b", 8, 256, id="llama@t4x2-v100x2"),
     ],
