@@ -36,6 +36,7 @@ from piebald.planner.partition import uniform_bounds
 from piebald.planner.search.exact import build_exactly
 from piebald.planner.search.finish import distinct_runners_up, finished_plan, why_infeasible
 from piebald.planner.search.idle import idle_subsets
+from piebald.planner.search.parallel import available_workers, run_tasks
 from piebald.planner.search.records import Infeasible, Scan, ScoredPlan, SearchResult
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.search.state import SearchState
@@ -69,6 +70,7 @@ def search(
     seeds: Sequence[ScoredPlan] | None = None,
     zero: ZeroMode | None = None,
     tensor_parallel: int | None = None,
+    workers: int | None = None,
 ) -> SearchResult:
     """The plan with the highest predicted tokens/s that fits every GPU's memory.
 
@@ -81,16 +83,26 @@ def search(
     seed the search too; a strategy that cannot express it is a ``ValueError``.
     ``tensor_parallel`` likewise restricts every stage to that tensor-parallel degree
     (``plan --tensor-parallel``).
+
+    ``workers``: processes the scan phases of a large cluster run on (``parallel``; the
+    same plans with any number); default every core this process may use.
     """
     started = time.perf_counter()
+    workers = available_workers() if workers is None else workers
     check_job_fits_model(job, model)
     strategy = _restricted(strategy, zero, tensor_parallel)
     degrees = strategy.stage_rules.tensor_parallel_degrees
     if strategy.uniform_tensor_parallel and len(degrees) > 1:
         return _best_uniform_degree(
-            cluster, model=model, job=job, strategy=strategy, curve=curve, progress=progress
+            cluster,
+            model=model,
+            job=job,
+            strategy=strategy,
+            curve=curve,
+            progress=progress,
+            workers=workers,
         )
-    settings = SearchSettings.for_cluster(cluster.num_gpus)
+    settings = SearchSettings.for_cluster(cluster.num_gpus, workers=workers)
     if seeds is None:
         seeds = seed_with_baselines(
             cluster,
@@ -100,6 +112,7 @@ def search(
             curve=curve,
             zero=zero,
             tensor_parallel=tensor_parallel,
+            workers=workers,
         )
     state = SearchState(
         cluster, model=model, job=job, strategy=strategy, curve=curve, settings=settings
@@ -128,6 +141,7 @@ def _best_uniform_degree(
     strategy: Strategy,
     curve: EfficiencyCurve,
     progress: Progress | None,
+    workers: int,
 ) -> SearchResult:
     """The best of one search per tensor-parallel degree, every stage at that degree
     (``Strategy.uniform_tensor_parallel``)."""
@@ -141,7 +155,15 @@ def _best_uniform_degree(
         share = None if progress is None else _scaled(progress, index, len(degrees))
         try:
             results.append(
-                search(cluster, model=model, job=job, strategy=fixed, curve=curve, progress=share)
+                search(
+                    cluster,
+                    model=model,
+                    job=job,
+                    strategy=fixed,
+                    curve=curve,
+                    progress=share,
+                    workers=workers,
+                )
             )
         except Infeasible as failure:
             failures.append(failure)
@@ -187,6 +209,7 @@ def seed_with_baselines(
     curve: EfficiencyCurve,
     zero: ZeroMode | None,
     tensor_parallel: int | None = None,
+    workers: int = 1,
 ) -> list[ScoredPlan]:
     """Phase 1. The best plan of every baseline that can express ``zero`` and
     ``tensor_parallel`` and finds one, where ``strategy`` seeds with baselines on this
@@ -203,7 +226,13 @@ def seed_with_baselines(
         try:
             seeds.append(
                 search(
-                    cluster, model=model, job=job, strategy=restricted, curve=curve, seeds=()
+                    cluster,
+                    model=model,
+                    job=job,
+                    strategy=restricted,
+                    curve=curve,
+                    seeds=(),
+                    workers=workers,
                 ).best
             )
         except Infeasible:
@@ -222,43 +251,57 @@ def scan_structures(
     state: SearchState, orders: Sequence[tuple[Unit, ...]], ticker: _Ticker
 ) -> list[Scan]:
     """Phase 2. Every order at micro-batch sizes from the smallest, over depths with
-    speed-quantile cuts, priced; per order, the sizes stop at the first that fits nowhere
-    (activations grow with the micro-batch: larger ones cannot fit either) or is
-    ``size_patience`` slower than the best (past it, bubbles and memory only grow)."""
-    scans: list[Scan] = []
-    for order_index, order in enumerate(orders):
+    speed-quantile cuts, priced, each order its own task (``parallel``); per order, the
+    sizes stop at the first that fits nowhere (activations grow with the micro-batch:
+    larger ones cannot fit either) or is ``size_patience`` slower than the best (past it,
+    bubbles and memory only grow)."""
+
+    def scan_order(state: SearchState, order_index: int) -> list[Scan]:
+        scans: list[Scan] = []
         best_of_order = math.inf
         for size in _sizes(state):
-            tried = scan_depths(state, order, size, refine=False)
+            tried = scan_depths(state, orders[order_index], size, refine=False)
             scans += [
                 Scan(
                     proxy_s=t.proxy_s, order_index=order_index, micro_batch_size=size, depth=t.depth
                 )
                 for t in tried
             ]
-            ticker.tick()
             best_of_size = min((t.proxy_s for t in tried), default=math.inf)
             if not math.isfinite(best_of_size):
                 break
             if best_of_size > state.settings.size_patience * best_of_order:
                 break
             best_of_order = min(best_of_order, best_of_size)
-    return scans
+        return scans
+
+    def scanned() -> None:
+        # An order's sizes count as done together (a worker cannot report them one by one).
+        for _ in _sizes(state):
+            ticker.tick()
+
+    per_order = run_tasks(
+        state, range(len(orders)), scan_order, workers=state.settings.workers, done=scanned
+    )
+    return [scan for scans in per_order for scan in scans]
 
 
 def refine_best(
     state: SearchState, orders: Sequence[tuple[Unit, ...]], scans: Sequence[Scan]
 ) -> Scan | None:
     """Phase 3. A local search of the cuts of the ``top_refined`` best scans (at their
-    neighbouring depths too in small clusters); returns the best scan (None where nothing
-    fits)."""
+    neighbouring depths too in small clusters), each its own task; returns the best scan
+    (None where nothing fits)."""
     best = sorted((s for s in scans if math.isfinite(s.proxy_s)), key=Scan.key)
     best = best[: state.settings.top_refined]
-    for scan in best:
+
+    def refine(state: SearchState, scan: Scan) -> None:
         depths = state.settings.refined_depths(scan.depth)
         scan_depths(
             state, orders[scan.order_index], scan.micro_batch_size, refine=True, depths=depths
         )
+
+    run_tasks(state, best, refine, workers=state.settings.workers)
     return best[0] if best else None
 
 
@@ -269,13 +312,14 @@ def try_idle_subsets(
     subsets: Sequence[frozenset[int]],
     ticker: _Ticker,
 ) -> None:
-    """Phase 4. For each subset of nodes that take part, the structures near the best one
-    without the idle nodes, priced, and the best of them refined: depths near the best
-    (one stage always); in small clusters every order and micro-batch size of the subset's
-    own units (fewer GPUs may favour larger micro-batches), else the winning order without
-    the idle nodes at the winning size."""
+    """Phase 4. For each subset of nodes that take part, its own task: the structures near
+    the best one without the idle nodes, priced, and the best of them refined: depths near
+    the best (one stage always); in small clusters every order and micro-batch size of the
+    subset's own units (fewer GPUs may favour larger micro-batches), else the winning
+    order without the idle nodes at the winning size."""
     small = state.settings.small_cluster
-    for nodes in subsets:
+
+    def try_subset(state: SearchState, nodes: frozenset[int]) -> None:
         if small:
             subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
             subset_orders = unit_orders(subset_units)
@@ -303,7 +347,8 @@ def try_idle_subsets(
                 refine=True,
                 depths=(won.depth,),
             )
-        ticker.tick()
+
+    run_tasks(state, subsets, try_subset, workers=state.settings.workers, done=ticker.tick)
 
 
 def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:

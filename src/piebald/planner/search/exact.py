@@ -8,7 +8,8 @@ import math
 from piebald.cost.memory import stage_memory_bytes
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
-from piebald.planner.search.records import ScoredPlan
+from piebald.planner.search.parallel import run_tasks
+from piebald.planner.search.records import Candidate, ScoredPlan
 from piebald.planner.search.state import SearchState
 from piebald.specs.devices import DeviceType
 
@@ -24,17 +25,17 @@ def build_exactly(state: SearchState) -> list[ScoredPlan]:
     ranked = sorted(c for c in state.candidates.values() if math.isfinite(c.proxy_s))
     settings = state.settings
     wanted = settings.num_exact_plans
+    tried = ranked[: wanted * settings.exact_tries_per_plan]
     scored: list[ScoredPlan] = []
-    for candidate in (state.polished(c) for c in ranked[: wanted * settings.exact_tries_per_plan]):
-        plan = state.assemble(candidate)
-        if plan is not None:
-            scored.append(plan)
-        if state.strategy.mixes_micro_batch_sizes(len(candidate.stages)):
-            mixed = state.assemble(candidate, _per_rank_sizes(state, candidate.stages[0]))
-            if mixed is not None:
-                scored.append(mixed)
-        if len(scored) >= wanted:
-            break
+    # Built a batch at a time on the search's workers (``parallel``), each batch as many as
+    # are still wanted, taken in order up to where enough fit: the plans building them one
+    # by one gives.
+    while tried and len(scored) < wanted:
+        batch, tried = tried[: wanted - len(scored)], tried[wanted - len(scored) :]
+        for built in run_tasks(state, batch, _built, workers=settings.workers):
+            scored += built
+            if len(scored) >= wanted:
+                break
     if scored and all(s.plan.idle_ranks for s in scored):
         # The best structure that uses every GPU, built too: the plan then says how much
         # slower using them all would be, not that nothing fits (it may be the faster).
@@ -45,6 +46,17 @@ def build_exactly(state: SearchState) -> list[ScoredPlan]:
                 scored.append(plan)
                 break
     return scored
+
+
+def _built(state: SearchState, candidate: Candidate) -> list[ScoredPlan]:
+    """The candidate's plans that fit, its layer split polished: as it is, and for a
+    one-stage candidate where the strategy allows it, with a micro-batch size per GPU
+    type."""
+    candidate = state.polished(candidate)
+    plans = [state.assemble(candidate)]
+    if state.strategy.mixes_micro_batch_sizes(len(candidate.stages)):
+        plans.append(state.assemble(candidate, _per_rank_sizes(state, candidate.stages[0])))
+    return [plan for plan in plans if plan is not None]
 
 
 def _per_rank_sizes(state: SearchState, ranks: tuple[int, ...]) -> dict[int, int]:

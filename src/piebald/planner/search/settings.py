@@ -45,10 +45,18 @@ class SearchSettings:
     num_runners_up: int = 4
     # A bigger per-GPU micro-batch must be this much faster per token to pay for its memory.
     size_gain: float = 1.01
+    # Processes the scan, refinement and idle subsets run on (``search.parallel``): small
+    # clusters price in a fraction of a second, less than forking costs, so one there.
+    workers: int = 1
 
     @classmethod
-    def for_cluster(cls, num_gpus: int) -> SearchSettings:
-        return cls(num_gpus=num_gpus, small_cluster=num_gpus <= ALL_SIZES_UP_TO)
+    def for_cluster(cls, num_gpus: int, *, workers: int = 1) -> SearchSettings:
+        """The settings for ``num_gpus`` GPUs, using up to ``workers`` processes where the
+        cluster is large."""
+        if workers < 1:
+            raise ValueError(f"workers = {workers}; expected at least 1")
+        small = num_gpus <= ALL_SIZES_UP_TO
+        return cls(num_gpus=num_gpus, small_cluster=small, workers=1 if small else workers)
 
     def most_exhaustive_cuts(self, depth: int) -> int:
         """Cut combinations of a pipeline of ``depth`` stages tried one by one."""

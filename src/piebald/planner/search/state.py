@@ -163,6 +163,14 @@ class SearchState:
             )
         return proxy
 
+    def absorb(self, found: dict[tuple[Stages, int], Candidate], *, num_structures: int) -> None:
+        """Candidates another process priced (``parallel.run_tasks``), and its count of
+        structures priced: each kept where new or faster, as ``price`` keeps its own."""
+        self.num_structures += num_structures
+        for key, candidate in found.items():
+            if key not in self.candidates or candidate.proxy_s < self.candidates[key].proxy_s:
+                self.candidates[key] = candidate
+
     def polished(self, candidate: Candidate) -> Candidate:
         """The candidate with its layer split polished against the full step proxy."""
         if not self.strategy.moves_layer_bounds:

@@ -1,0 +1,147 @@
+"""The search's independent tasks spread over processes: the orders the coarse scan
+prices, the scans the refinement searches around, the idle subsets tried, the candidates
+built exactly.
+
+Pricing a structure is pure Python and numpy over small arrays, one core's work, and at a
+thousand GPUs a search prices about a thousand structures (issue 17's target: 1,024 GPUs
+in seconds). The tasks of a phase share nothing but the ``SearchState``'s caches. They are
+dealt in turn: this process runs the first share itself, keeping what it caches for later
+phases, and a process forked with a copy of the state (copy on write, nothing pickled on
+the way in) runs each other share and sends back each task's result, the candidates it
+priced anew or improved, and how many structures it priced. The candidates are merged in
+task order, each keeping the lowest proxy and the place of its first finding, as running
+the tasks one after another does: the search finds the same plans with any number of
+workers (``tests/unit/planner/test_search_workers.py``). What the forked processes cached
+is lost with them; later phases price again what they need.
+
+Where ``fork`` is not available (not Linux), or one worker is asked for, the tasks run one
+after another in this process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any, Generic, TypeVar
+
+from piebald.planner.search.records import Candidate, Stages
+from piebald.planner.search.state import SearchState
+
+__all__ = ["available_workers", "run_tasks"]
+
+Task = TypeVar("Task")
+Result = TypeVar("Result")
+
+
+class _Job(Generic[Task, Result]):
+    """A phase's tasks, the function that runs one, and the state it runs on."""
+
+    def __init__(
+        self,
+        state: SearchState,
+        tasks: Sequence[Task],
+        work: Callable[[SearchState, Task], Result],
+    ) -> None:
+        self.state, self.tasks, self.work = state, tasks, work
+
+    def run(self, index: int) -> tuple[Result, dict[tuple[Stages, int], Candidate], int]:
+        """Task ``index`` on this process's state: its result, the candidates it priced
+        anew or improved (in the order found), and the structures it priced."""
+        state = self.state
+        before, structures = dict(state.candidates), state.num_structures
+        result = self.work(state, self.tasks[index])
+        found = {
+            key: candidate
+            for key, candidate in state.candidates.items()
+            if before.get(key) is not candidate
+        }
+        return result, found, state.num_structures - structures
+
+
+def available_workers() -> int:
+    """The cores this process may run on (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_tasks(
+    state: SearchState,
+    tasks: Sequence[Task],
+    work: Callable[[SearchState, Task], Result],
+    *,
+    workers: int,
+    done: Callable[[], None] | None = None,
+) -> list[Result]:
+    """``work(state, task)`` for every task, the results in task order, on up to
+    ``workers`` processes (module docstring): the tasks dealt in turn, this process taking
+    the first share itself (its caches then outlive the phase) and a forked one each of the
+    others. ``done`` is called once per task as its result arrives."""
+    count = min(workers, len(tasks))
+    if count <= 1 or not _can_fork():
+        results = []
+        for task in tasks:
+            results.append(work(state, task))
+            if done is not None:
+                done()
+        return results
+    job = _Job(state, tasks, work)
+    context = multiprocessing.get_context("fork")
+    children = []
+    for share in range(1, count):
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(
+            target=_run_share, args=(job, range(share, len(tasks), count), sender)
+        )
+        child.start()
+        sender.close()
+        children.append((child, receiver))
+    before, structures = dict(state.candidates), state.num_structures
+    outcomes: dict[int, tuple[Any, dict[tuple[Stages, int], Candidate], int]] = {}
+    try:
+        for index in range(0, len(tasks), count):
+            outcomes[index] = job.run(index)
+            if done is not None:
+                done()
+        for _, receiver in children:
+            status, payload = receiver.recv()
+            if status != "ok":
+                raise RuntimeError(f"a search worker failed:\n{payload}")
+            outcomes.update(payload)
+            if done is not None:
+                for _ in payload:
+                    done()
+    finally:
+        for child, receiver in children:
+            receiver.close()
+            child.join()
+    # Merged in task order from the state before, as one process running them in turn
+    # would have kept them (the first finding's place, the lowest proxy).
+    state.candidates, state.num_structures = before, structures
+    results = []
+    for index in range(len(tasks)):
+        result, found, priced = outcomes[index]
+        state.absorb(found, num_structures=priced)
+        results.append(result)
+    return results
+
+
+def _run_share(job: _Job[Any, Any], indices: range, sender: Connection) -> None:
+    """In a forked worker: the tasks ``indices``, their outcomes sent back as one message
+    (or the error's traceback)."""
+    try:
+        sender.send(("ok", {index: job.run(index) for index in indices}))
+    except BaseException:  # the parent raises it, with this traceback
+        sender.send(("error", traceback.format_exc()))
+    finally:
+        sender.close()
+
+
+def _can_fork() -> bool:
+    # Forking is safe for the planner's pure-Python and numpy work, and only Linux makes
+    # it the platform's way (macOS's frameworks are not fork-safe).
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()

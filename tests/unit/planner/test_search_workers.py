@@ -1,0 +1,83 @@
+"""The search finds the same plans on any number of worker processes.
+
+A large cluster's scan, refinement, idle subsets and exact build run as tasks on forked
+workers (``planner/search/parallel.py``), whose caches are lost with them and whose
+candidates the search merges. The oracle is the search run in one process: the best plan,
+its runners-up, their estimates and the count of structures priced must be identical.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cluster_builders import cluster as _cluster
+from cluster_builders import group as _group
+from piebald.cost.compute import DEFAULT_CURVE
+from piebald.planner.search import search
+from piebald.planner.search.parallel import run_tasks
+from piebald.planner.search.settings import ALL_SIZES_UP_TO, SearchSettings
+from piebald.planner.search.state import SearchState
+from piebald.planner.strategies import PIEBALD
+from piebald.specs.job import JobSpec
+from piebald.specs.plan_io import plan_to_dict
+from piebald.specs.presets import load_model
+
+
+def test_one_and_two_workers_find_the_same_plans() -> None:
+    # Four GPU types on 40 GPUs: a large cluster (past ALL_SIZES_UP_TO), several orders
+    # and idle subsets, so every phase has several tasks.
+    cluster = _cluster(
+        "four-types",
+        _group("h", "H100-SXM", 4, count=2, nic=("infiniband", "400Gb/s")),
+        _group("a", "A100-80GB", 4, count=3, nic=("infiniband", "200Gb/s")),
+        _group("l", "L40S", 4, count=3, nic=("ethernet", "100Gb/s")),
+        _group("v", "V100-32GB", 4, count=2, nic=("ethernet", "25Gb/s")),
+    )
+    assert cluster.num_gpus > ALL_SIZES_UP_TO
+    model, job = load_model("llama-3.2-1b"), JobSpec(global_batch_size=64, seq_len=1024)
+    alone = search(cluster, model=model, job=job, workers=1)
+    shared = search(cluster, model=model, job=job, workers=2)
+    assert shared.num_structures == alone.num_structures
+    for one, two in zip(
+        (alone.best, *alone.runners_up), (shared.best, *shared.runners_up), strict=True
+    ):
+        assert two.estimate.step_time_s == one.estimate.step_time_s
+        assert plan_to_dict(two.plan) == plan_to_dict(one.plan)
+
+
+def test_tasks_run_in_workers_and_come_back_in_order() -> None:
+    # Results return in task order wherever each ran, every task reported done, the
+    # count of structures (none here) merged.
+    cluster = _cluster("two", _group("a", "A100-80GB", 8, count=4))
+    settings = SearchSettings.for_cluster(cluster.num_gpus, workers=2)
+    assert settings.workers == 2
+    state = SearchState(
+        cluster,
+        model=load_model("tiny"),
+        job=JobSpec(global_batch_size=8, seq_len=64),
+        strategy=PIEBALD,
+        curve=DEFAULT_CURVE,
+        settings=settings,
+    )
+    ticks: list[int] = []
+    results = run_tasks(
+        state,
+        list(range(6)),
+        lambda _, task: (task * task, os.getpid()),
+        workers=2,
+        done=lambda: ticks.append(1),
+    )
+    assert [square for square, _ in results] == [t * t for t in range(6)]
+    # Dealt in turn: this process runs every other task, a forked one the rest.
+    assert {pid for _, pid in results[0::2]} == {os.getpid()}
+    assert os.getpid() not in {pid for _, pid in results[1::2]}
+    assert len(ticks) == 6 and state.num_structures == 0
+
+
+def test_small_clusters_search_in_one_process() -> None:
+    assert SearchSettings.for_cluster(ALL_SIZES_UP_TO, workers=8).workers == 1
+    assert SearchSettings.for_cluster(ALL_SIZES_UP_TO + 1, workers=8).workers == 8
+    with pytest.raises(ValueError, match="workers = 0"):
+        SearchSettings.for_cluster(64, workers=0)
