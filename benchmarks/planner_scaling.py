@@ -8,7 +8,8 @@ structures the DP priced and the predicted throughput of the winner.
 
 ``--cluster FILE`` plans one cluster file instead of the synthetic sizes (issue 17's
 1,024-GPU two-site cluster: ``benchmarks/clusters/six-type-1024.yaml`` with
-``--global-batch 2048``) and prints the chosen structure stage by stage.
+``--global-batch 2048``) and prints the chosen structure stage by stage. ``--workers N``
+limits the processes a search uses (default: every core; the plans are the same).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, help="default: max(512, GPUs) sequences")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument(
+        "--workers", type=int, help="processes the search may use; default: every core"
+    )
     args = parser.parse_args()
     model = load_model(args.model)
     if args.cluster is not None:
@@ -74,7 +78,7 @@ def _plan(
     try:
         for _ in range(args.repeats):
             started = time.perf_counter()
-            result = search(cluster, model=model, job=job)
+            result = search(cluster, model=model, job=job, workers=args.workers)
             times.append(time.perf_counter() - started)
     except Infeasible as error:
         seconds = time.perf_counter() - started

@@ -163,6 +163,7 @@ def plan(
     profiles: Profiles | None = None,
     verify_by_simulation: bool = False,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> Plan:
     """The fastest plan for ``model`` on ``cluster`` that fits every GPU's memory, as
     ``piebald plan`` makes it (the same plan for the same inputs).
@@ -176,8 +177,9 @@ def plan(
     activation memory and links from its measurements (the plan records them);
     ``verify_by_simulation``: simulate the top candidates and keep the fastest simulated
     (``piebald plan --simulate``); ``progress(fraction, message)``: called as the search
-    goes. The plan's ``predicted`` holds ``step_time_s``, ``tokens_per_s`` and peak memory
-    per rank. Raises :class:`Infeasible` when no plan fits.
+    goes; ``workers``: processes the search of a large cluster may use (default: every
+    core; the plan is the same). The plan's ``predicted`` holds ``step_time_s``,
+    ``tokens_per_s`` and peak memory per rank. Raises :class:`Infeasible` when no plan fits.
 
     >>> job = build_job(global_batch=32, seq_len=1024)
     >>> best = plan("src/piebald/examples/lab-mix.yaml", "gpt2", job)
@@ -200,6 +202,7 @@ def plan(
         progress=progress,
         zero=zero_mode,
         tensor_parallel=degree,
+        workers=workers,
     )
     best = (
         verify.verify_by_simulation(result, curve=curve).chosen

@@ -146,6 +146,14 @@ def plan(
         bool, typer.Option("--simulate", help="Verify the top candidates in the simulator.")
     ] = False,
     profiles: ProfilesOption = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes the search of a large cluster may use (the plan is the same); "
+            "default: every core.",
+        ),
+    ] = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     chosen = strategy_named(strategy)
@@ -165,6 +173,7 @@ def plan(
             curve=curve,
             zero=zero_mode,
             tensor_parallel=degree,
+            workers=workers,
         )
     best = result.best
     if simulate:
