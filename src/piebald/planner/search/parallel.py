@@ -4,11 +4,12 @@ built exactly.
 
 Pricing a structure is pure Python and numpy over small arrays, one core's work, and at a
 thousand GPUs a search prices about a thousand structures (issue 17's target: 1,024 GPUs
-in seconds). The tasks of a phase share nothing but the ``SearchState``'s caches. They are
-dealt in turn: this process runs the first share itself, keeping what it caches for later
-phases, and a process forked with a copy of the state (copy on write, nothing pickled on
-the way in) runs each other share and sends back each task's result, the candidates it
-priced anew or improved, and how many structures it priced. The candidates are merged in
+in seconds). The tasks of a phase share nothing but the ``SearchState``'s caches. This
+process and processes forked with a copy of the state (copy on write, nothing pickled on
+the way in) each take the next task as they finish one (tasks differ in cost several
+fold); this one keeps what it caches for later phases, the forked ones send back each
+task's result, the candidates it priced anew or improved, and how many structures it
+priced. The candidates are merged in
 task order, each keeping the lowest proxy and the place of its first finding, as running
 the tasks one after another does: the search finds the same plans with any number of
 workers (``tests/unit/planner/test_search_workers.py``). What the forked processes cached
@@ -23,8 +24,9 @@ import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
 from typing import Any, Generic, TypeVar
 
 from piebald.planner.search.records import Candidate, Stages
@@ -78,9 +80,9 @@ def run_tasks(
     done: Callable[[], None] | None = None,
 ) -> list[Result]:
     """``work(state, task)`` for every task, the results in task order, on up to
-    ``workers`` processes (module docstring): the tasks dealt in turn, this process taking
-    the first share itself (its caches then outlive the phase) and a forked one each of the
-    others. ``done`` is called once per task as its result arrives."""
+    ``workers`` processes (module docstring): this one (its caches then outlive the phase)
+    and forked ones, each taking the next task as it finishes one. ``done`` is called once
+    per task as its result arrives."""
     count = min(workers, len(tasks))
     if count <= 1 or not _can_fork():
         results = []
@@ -91,19 +93,18 @@ def run_tasks(
         return results
     job = _Job(state, tasks, work)
     context = multiprocessing.get_context("fork")
+    taken = context.Value("l", 0)  # tasks handed out so far, to whichever process asks
     children = []
-    for share in range(1, count):
+    for _ in range(1, count):
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(
-            target=_run_share, args=(job, range(share, len(tasks), count), sender)
-        )
+        child = context.Process(target=_run_share, args=(job, taken, sender))
         child.start()
         sender.close()
         children.append((child, receiver))
     before, structures = dict(state.candidates), state.num_structures
     outcomes: dict[int, tuple[Any, dict[tuple[Stages, int], Candidate], int]] = {}
     try:
-        for index in range(0, len(tasks), count):
+        for index in _next_tasks(taken, len(tasks)):
             outcomes[index] = job.run(index)
             if done is not None:
                 done()
@@ -130,11 +131,23 @@ def run_tasks(
     return results
 
 
-def _run_share(job: _Job[Any, Any], indices: range, sender: Connection) -> None:
-    """In a forked worker: the tasks ``indices``, their outcomes sent back as one message
-    (or the error's traceback)."""
+def _next_tasks(taken: Synchronized[int], count: int) -> Iterator[int]:
+    """The tasks this process takes, one at a time, until all ``count`` are taken."""
+    while True:
+        with taken.get_lock():
+            index = taken.value
+            taken.value += 1
+        if index >= count:
+            return
+        yield index
+
+
+def _run_share(job: _Job[Any, Any], taken: Synchronized[int], sender: Connection) -> None:
+    """In a forked worker: tasks until none are left, their outcomes sent back as one
+    message (or the error's traceback)."""
     try:
-        sender.send(("ok", {index: job.run(index) for index in indices}))
+        outcomes = {index: job.run(index) for index in _next_tasks(taken, len(job.tasks))}
+        sender.send(("ok", outcomes))
     except BaseException:  # the parent raises it, with this traceback
         sender.send(("error", traceback.format_exc()))
     finally:
