@@ -79,6 +79,29 @@ def test_tasks_run_in_workers_and_come_back_in_order() -> None:
     assert len(ticks) == 6 and state.num_structures == 0
 
 
+def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
+    cluster = _cluster("two", _group("a", "A100-80GB", 8, count=4))
+    state = SearchState(
+        cluster,
+        model=load_model("tiny"),
+        job=JobSpec(global_batch_size=8, seq_len=64),
+        strategy=PIEBALD,
+        curve=DEFAULT_CURVE,
+        settings=SearchSettings.for_cluster(cluster.num_gpus, workers=2),
+    )
+    meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
+    parent = os.getpid()
+
+    def work(_: SearchState, task: int) -> int:
+        meet.wait()  # tasks 0 and 1 in different processes
+        if os.getpid() != parent:
+            raise ValueError(f"task {task} failed in a worker")
+        return task
+
+    with pytest.raises(RuntimeError, match=r"(?s)search worker failed.*ValueError: task"):
+        run_tasks(state, [0, 1], work, workers=2)
+
+
 def test_small_clusters_search_in_one_process() -> None:
     assert SearchSettings.for_cluster(ALL_SIZES_UP_TO, workers=8).workers == 1
     assert SearchSettings.for_cluster(ALL_SIZES_UP_TO + 1, workers=8).workers == 8

@@ -116,6 +116,11 @@ def run_tasks(
             if done is not None:
                 for _ in payload:
                     done()
+    except BaseException:
+        # Interrupted, or a worker failed: the others' work is of no use any more.
+        for child, _ in children:
+            child.terminate()
+        raise
     finally:
         for child, receiver in children:
             receiver.close()
