@@ -4,19 +4,22 @@ A large cluster's scan, refinement, idle subsets and exact build run as tasks on
 workers (``planner/search/parallel.py``), whose caches are lost with them and whose
 candidates the search merges. The oracle is the search run in one process: the best plan,
 its runners-up, their estimates and the count of structures priced must be identical.
+The task runner itself: results in task order wherever each ran, a worker's failure
+raised with its traceback, and every task run here where no process can be spared.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from typing import Any
 
 import pytest
 
 from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.compute import DEFAULT_CURVE
-from piebald.planner.search import search
+from piebald.planner.search import parallel, search
 from piebald.planner.search.parallel import run_tasks
 from piebald.planner.search.settings import ALL_SIZES_UP_TO, SearchSettings
 from piebald.planner.search.state import SearchState
@@ -51,17 +54,7 @@ def test_one_and_two_workers_find_the_same_plans() -> None:
 def test_tasks_run_in_workers_and_come_back_in_order() -> None:
     # Results return in task order wherever each ran, every task reported done, the
     # count of structures (none here) merged.
-    cluster = _cluster("two", _group("a", "A100-80GB", 8, count=4))
-    settings = SearchSettings.for_cluster(cluster.num_gpus, workers=2)
-    assert settings.workers == 2
-    state = SearchState(
-        cluster,
-        model=load_model("tiny"),
-        job=JobSpec(global_batch_size=8, seq_len=64),
-        strategy=PIEBALD,
-        curve=DEFAULT_CURVE,
-        settings=settings,
-    )
+    state = _state(workers=2)
     # Tasks 0 and 1 meet at a barrier for two, so no process can run both: one runs in
     # this process (it takes the first task it asks for), the other in a forked one.
     meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
@@ -80,15 +73,7 @@ def test_tasks_run_in_workers_and_come_back_in_order() -> None:
 
 
 def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
-    cluster = _cluster("two", _group("a", "A100-80GB", 8, count=4))
-    state = SearchState(
-        cluster,
-        model=load_model("tiny"),
-        job=JobSpec(global_batch_size=8, seq_len=64),
-        strategy=PIEBALD,
-        curve=DEFAULT_CURVE,
-        settings=SearchSettings.for_cluster(cluster.num_gpus, workers=2),
-    )
+    state = _state(workers=2)
     meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
     parent = os.getpid()
 
@@ -102,8 +87,59 @@ def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
         run_tasks(state, [0, 1], work, workers=2)
 
 
+class _NoSpareProcess:
+    """A fork context whose processes cannot start (the system is out of them)."""
+
+    real = multiprocessing.get_context("fork")  # taken before any test patches it
+
+    def Value(self, *args: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        return self.real.Value(*args)
+
+    def Pipe(self, *, duplex: bool) -> Any:  # noqa: N802 - multiprocessing's name
+        return self.real.Pipe(duplex=duplex)
+
+    def Process(self, **_: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        class Unstartable:
+            def start(self) -> None:
+                raise OSError("Resource temporarily unavailable")
+
+        return Unstartable()
+
+
+class _NoSemaphores(_NoSpareProcess):
+    """A fork context without POSIX semaphores (some containers)."""
+
+    def Value(self, *args: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        raise OSError("Function not implemented")
+
+
+@pytest.mark.parametrize("context", [_NoSpareProcess, _NoSemaphores])
+def test_without_processes_to_spare_this_one_runs_every_task(
+    context: type[_NoSpareProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(workers=2)
+    monkeypatch.setattr(parallel.multiprocessing, "get_context", lambda _: context())
+    results = run_tasks(state, list(range(4)), lambda _, task: (task, os.getpid()), workers=2)
+    assert results == [(task, os.getpid()) for task in range(4)]
+
+
 def test_small_clusters_search_in_one_process() -> None:
     assert SearchSettings.for_cluster(ALL_SIZES_UP_TO, workers=8).workers == 1
     assert SearchSettings.for_cluster(ALL_SIZES_UP_TO + 1, workers=8).workers == 8
     with pytest.raises(ValueError, match="workers = 0"):
         SearchSettings.for_cluster(64, workers=0)
+
+
+def _state(*, workers: int) -> SearchState:
+    """A search's state on 32 A100s (large: past ALL_SIZES_UP_TO), for ``workers``."""
+    cluster = _cluster("a100x32", _group("a", "A100-80GB", 8, count=4))
+    settings = SearchSettings.for_cluster(cluster.num_gpus, workers=workers)
+    assert settings.workers == workers
+    return SearchState(
+        cluster,
+        model=load_model("tiny"),
+        job=JobSpec(global_batch_size=8, seq_len=64),
+        strategy=PIEBALD,
+        curve=DEFAULT_CURVE,
+        settings=settings,
+    )

@@ -84,7 +84,14 @@ def run_tasks(
     and forked ones, each taking the next task as it finishes one. ``done`` is called once
     per task as its result arrives."""
     count = min(workers, len(tasks))
-    if count <= 1 or not _can_fork():
+    context = multiprocessing.get_context("fork") if _can_fork() else None
+    try:
+        # Tasks handed out so far, to whichever process asks (its lock is a POSIX
+        # semaphore, which some containers lack: then one process does it all).
+        taken = None if context is None or count <= 1 else context.Value("l", 0)
+    except OSError:
+        taken = None
+    if context is None or taken is None:
         results = []
         for task in tasks:
             results.append(work(state, task))
@@ -92,14 +99,17 @@ def run_tasks(
                 done()
         return results
     job = _Job(state, tasks, work)
-    context = multiprocessing.get_context("fork")
-    taken = context.Value("l", 0)  # tasks handed out so far, to whichever process asks
     children = []
     for _ in range(1, count):
         receiver, sender = context.Pipe(duplex=False)
         child = context.Process(target=_run_share, args=(job, taken, sender))
-        child.start()
-        sender.close()
+        try:
+            child.start()
+        except OSError:  # no process to spare: those started, and this one, take every task
+            receiver.close()
+            break
+        finally:
+            sender.close()
         children.append((child, receiver))
     before, structures = dict(state.candidates), state.num_structures
     outcomes: dict[int, tuple[Any, dict[tuple[Stages, int], Candidate], int]] = {}
