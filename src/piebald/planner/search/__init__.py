@@ -20,7 +20,8 @@
 
 The work grows with the orders x micro-batch sizes x depths scanned and the cut
 combinations of each (exhaustive while few, ``settings.SearchSettings``), not with the
-GPUs: units merge nodes in large clusters.
+GPUs: units merge nodes in large clusters. In a large cluster phases 2-5 spread their
+independent tasks (orders, scans, subsets, candidates) over the cores (``parallel``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def search(
     ``tensor_parallel`` likewise restricts every stage to that tensor-parallel degree
     (``plan --tensor-parallel``).
 
-    ``workers``: processes the scan phases of a large cluster run on (``parallel``; the
-    same plans with any number); default every core this process may use.
+    ``workers``: processes phases 2-5 run their tasks on in a large cluster
+    (``parallel``; the same plans with any number); default every core this process may
+    use.
     """
     started = time.perf_counter()
     workers = available_workers() if workers is None else workers

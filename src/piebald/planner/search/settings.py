@@ -45,8 +45,9 @@ class SearchSettings:
     num_runners_up: int = 4
     # A bigger per-GPU micro-batch must be this much faster per token to pay for its memory.
     size_gain: float = 1.01
-    # Processes the scan, refinement and idle subsets run on (``search.parallel``): small
-    # clusters price in a fraction of a second, less than forking costs, so one there.
+    # Processes the scan, refinement, idle subsets and exact build run on
+    # (``search.parallel``): small clusters price in a fraction of a second, less than
+    # forking costs, so one there.
     workers: int = 1
 
     @classmethod
