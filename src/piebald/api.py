@@ -219,11 +219,12 @@ def compare(
     *,
     profiles: Profiles | None = None,
     strategies: Sequence[str] | None = None,
+    workers: int | None = None,
 ) -> Comparison:
     """piebald against every baseline (or the named ``strategies``), each planned under
     the same cost model, and the upper bound, as ``piebald compare`` reports them. Each
     row has ``strategy``, ``feasible``, ``tokens_per_s``, ``step_time_s``, ``reason`` and
-    its ``plan`` (None where nothing fits).
+    its ``plan`` (None where nothing fits). ``workers``: as in :func:`plan`.
 
     >>> job = build_job(global_batch=32, seq_len=1024)
     >>> compare("src/piebald/examples/lab-mix.yaml", "gpt2", job).rows[0].strategy
@@ -239,7 +240,12 @@ def compare(
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
     priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
     return compare_strategies(
-        priced_cluster, model=model_spec, job=job, strategies=chosen, curve=curve
+        priced_cluster,
+        model=model_spec,
+        job=job,
+        strategies=chosen,
+        curve=curve,
+        workers=workers,
     )
 
 

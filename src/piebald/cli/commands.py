@@ -25,6 +25,7 @@ from piebald.cli.common import (
     ModelOption,
     PrecisionOption,
     SeqOption,
+    WorkersOption,
     comparison_title,
     console,
     inputs_from,
@@ -146,14 +147,7 @@ def plan(
         bool, typer.Option("--simulate", help="Verify the top candidates in the simulator.")
     ] = False,
     profiles: ProfilesOption = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Processes the search of a large cluster may use (the plan is the same); "
-            "default: every core.",
-        ),
-    ] = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     chosen = strategy_named(strategy)
@@ -218,13 +212,14 @@ def compare(
     plot: Annotated[Path | None, typer.Option(help="Draw a bar chart (PNG) here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --plot file.")] = False,
     profiles: ProfilesOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """piebald against every baseline (as modelled) and the upper bound."""
     if plot is not None:
         check_figure_file(plot, flag="--plot", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
     cluster_spec, curve, _ = with_profiles(profiles, cluster_spec, model_spec, job)
-    comparison = run_comparison(cluster_spec, model_spec, job, curve=curve)
+    comparison = run_comparison(cluster_spec, model_spec, job, curve=curve, workers=workers)
     if plot is not None:
         plot_comparison(
             comparison, plot, title=comparison_title(cluster_spec, model_spec, job), force=force

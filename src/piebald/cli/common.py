@@ -183,7 +183,12 @@ def inputs_from(
 
 
 def run_comparison(
-    cluster: ClusterSpec, model: ModelSpec, job: JobSpec, *, curve: EfficiencyCurve = DEFAULT_CURVE
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    job: JobSpec,
+    *,
+    curve: EfficiencyCurve = DEFAULT_CURVE,
+    workers: int | None = None,
 ) -> Comparison:
     """Every strategy on the same inputs, with a progress bar."""
     names = list(STRATEGIES)
@@ -194,6 +199,7 @@ def run_comparison(
             job=job,
             on_strategy=lambda name: progress(names.index(name) / len(names), name),
             curve=curve,
+            workers=workers,
         )
 
 
@@ -208,4 +214,12 @@ ClusterOption = Annotated[Path, typer.Option(help="Cluster YAML file.")]
 ModelOption = Annotated[str, typer.Option(help="Preset name or Hugging Face config.json path.")]
 BatchOption = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
 SeqOption = Annotated[int, typer.Option(min=1, help="Tokens per sequence.")]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Processes the search of a large cluster may use (the plans are the same); "
+        "default: every core.",
+    ),
+]
 PrecisionOption = Annotated[Dtype, typer.Option(help="Requested training precision.")]

@@ -43,8 +43,10 @@ def compare_strategies(
     strategies: Sequence[Strategy] = tuple(STRATEGIES.values()),
     curve: EfficiencyCurve = DEFAULT_CURVE,
     on_strategy: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Comparison:
-    """Plan with every strategy under one cost model; infeasible ones say why."""
+    """Plan with every strategy under one cost model; infeasible ones say why. ``workers``:
+    processes each search may use (``search``)."""
     rows = []
     seeds: list[ScoredPlan] = []
     # Baselines first: their plans lie in piebald's plan space and seed its search.
@@ -60,6 +62,7 @@ def compare_strategies(
                 strategy=strategy,
                 curve=curve,
                 seeds=seeds if strategy is PIEBALD else (),
+                workers=workers,
             )
             if strategy is not PIEBALD:
                 seeds.append(result.best)

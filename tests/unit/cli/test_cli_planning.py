@@ -187,6 +187,7 @@ def test_plan_tensor_parallel_errors_are_one_line() -> None:
     assert code == 2 and "--tensor-parallel" in output and "sequence length (62)" in output
 
 
-def test_plan_workers_must_be_at_least_one() -> None:
-    code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--workers", "0")
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_workers_must_be_at_least_one(command: str) -> None:
+    code, output = run_cli(command, "--cluster", str(example_path()), *SMALL, "--workers", "0")
     assert code == 2 and "--workers" in output and "Traceback" not in output
