@@ -5,7 +5,8 @@ workers (``planner/search/parallel.py``), whose caches are lost with them and wh
 candidates the search merges. The oracle is the search run in one process: the best plan,
 its runners-up, their estimates and the count of structures priced must be identical.
 The task runner itself: results in task order wherever each ran, a worker's failure
-raised with its traceback, and every task run here where no process can be spared.
+raised with its traceback (its death with its exit code), and every task run here where
+no process can be spared.
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
         return task
 
     with pytest.raises(RuntimeError, match=r"(?s)search worker failed.*ValueError: task"):
+        run_tasks(state, [0, 1], work, workers=2)
+
+
+def test_a_worker_that_dies_fails_the_search_with_its_exit_code() -> None:
+    state = _state(workers=2)
+    meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
+    parent = os.getpid()
+
+    def work(_: SearchState, task: int) -> int:
+        meet.wait()  # tasks 0 and 1 in different processes
+        if os.getpid() != parent:
+            os._exit(9)  # as the kernel's OOM killer leaves it: no word sent
+        return task
+
+    with pytest.raises(RuntimeError, match=r"search worker died \(exit code 9\)"):
         run_tasks(state, [0, 1], work, workers=2)
 
 

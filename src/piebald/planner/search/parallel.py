@@ -9,11 +9,11 @@ process and processes forked with a copy of the state (copy on write, nothing pi
 the way in) each take the next task as they finish one (tasks differ in cost several
 fold); this one keeps what it caches for later phases, the forked ones send back each
 task's result, the candidates it priced anew or improved, and how many structures it
-priced. The candidates are merged in
-task order, each keeping the lowest proxy and the place of its first finding, as running
-the tasks one after another does: the search finds the same plans with any number of
-workers (``tests/unit/planner/test_search_workers.py``). What the forked processes cached
-is lost with them; later phases price again what they need.
+priced. The candidates are merged in task order, each keeping the lowest proxy and the
+place of its first finding, as running the tasks one after another does: the search finds
+the same plans with any number of workers (``tests/unit/planner/test_search_workers.py``).
+What the forked processes cached is lost with them; later phases price again what they
+need.
 
 Where ``fork`` is not available (not Linux), or one worker is asked for, the tasks run one
 after another in this process."""
@@ -102,7 +102,7 @@ def run_tasks(
     children = []
     for _ in range(1, count):
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_run_share, args=(job, taken, sender))
+        child = context.Process(target=_worker, args=(job, taken, sender))
         try:
             child.start()
         except OSError:  # no process to spare: those started, and this one, take every task
@@ -118,8 +118,12 @@ def run_tasks(
             outcomes[index] = job.run(index)
             if done is not None:
                 done()
-        for _, receiver in children:
-            status, payload = receiver.recv()
+        for child, receiver in children:
+            try:
+                status, payload = receiver.recv()
+            except EOFError:  # it died without a word (killed, out of memory)
+                child.join()
+                raise RuntimeError(f"a search worker died (exit code {child.exitcode})") from None
             if status != "ok":
                 raise RuntimeError(f"a search worker failed:\n{payload}")
             outcomes.update(payload)
@@ -157,8 +161,8 @@ def _next_tasks(taken: Synchronized[int], count: int) -> Iterator[int]:
         yield index
 
 
-def _run_share(job: _Job[Any, Any], taken: Synchronized[int], sender: Connection) -> None:
-    """In a forked worker: tasks until none are left, their outcomes sent back as one
+def _worker(job: _Job[Any, Any], taken: Synchronized[int], sender: Connection) -> None:
+    """A forked worker: tasks until none are left, their outcomes sent back as one
     message (or the error's traceback)."""
     try:
         outcomes = {index: job.run(index) for index in _next_tasks(taken, len(job.tasks))}
