@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -137,6 +138,29 @@ def test_without_processes_to_spare_this_one_runs_every_task(
     monkeypatch.setattr(parallel.multiprocessing, "get_context", lambda _: context())
     results = run_tasks(state, list(range(4)), lambda _, task: (task, os.getpid()), workers=2)
     assert results == [(task, os.getpid()) for task in range(4)]
+
+
+def test_a_containers_cpu_quota_caps_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def quota(*lines: str) -> float | None:
+        files = []
+        for index, text in enumerate(lines):
+            (tmp_path / f"f{index}").write_text(text)
+        if len(lines) == 1:  # cgroup v2: one file
+            files.append((str(tmp_path / "f0"), None))
+        else:  # cgroup v1: quota and period
+            files.append((str(tmp_path / "f0"), str(tmp_path / "f1")))
+        return parallel._cgroup_cpu_quota((("/nonexistent/cpu.max", None), *files))
+
+    assert quota("200000 100000\n") == 2.0
+    assert quota("max 100000\n") is None
+    assert quota("150000\n", "100000\n") == 1.5
+    assert quota("-1\n", "100000\n") is None
+    monkeypatch.setattr(parallel, "_cgroup_cpu_quota", lambda: 1.5)
+    assert parallel.available_workers() == min(2, len(os.sched_getaffinity(0)))
+    monkeypatch.setattr(parallel, "_cgroup_cpu_quota", lambda: 0.5)
+    assert parallel.available_workers() == 1
 
 
 def test_small_clusters_search_in_one_process() -> None:

@@ -20,6 +20,7 @@ after another in this process."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import sys
@@ -64,11 +65,42 @@ class _Job(Generic[Task, Result]):
 
 
 def available_workers() -> int:
-    """The cores this process may run on (at least 1)."""
+    """The cores this process may run on (at least 1): those it may be scheduled on, and
+    no more than a container's CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``)
+    lets it use at once."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, cores if quota is None else min(cores, math.ceil(quota)))
+
+
+# Where a container's CPU quota is read: cgroup v2's "QUOTA PERIOD" (or "max PERIOD"), and
+# cgroup v1's quota (-1: none) and period in two files.
+_CGROUP_QUOTA_FILES: tuple[tuple[str, str | None], ...] = (
+    ("/sys/fs/cgroup/cpu.max", None),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+)
+
+
+def _cgroup_cpu_quota(
+    files: tuple[tuple[str, str | None], ...] = _CGROUP_QUOTA_FILES,
+) -> float | None:
+    """CPUs' worth of time per second the cgroup may use; None where unlimited or unknown."""
+    for path, period_path in files:
+        try:
+            with open(path) as file:
+                fields = file.read().split()
+            if period_path is not None:
+                with open(period_path) as file:
+                    fields.append(file.read().strip())
+            quota, period = float(fields[0]), float(fields[1])
+        except (OSError, ValueError, IndexError):  # absent, "max", or unreadable
+            continue
+        if quota > 0 and period > 0:
+            return quota / period
+    return None
 
 
 def run_tasks(
