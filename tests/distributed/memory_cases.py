@@ -1,6 +1,7 @@
 """Plans for checking the memory prediction against the runtime.
 
-A state-heavy case: a 3.2 M-parameter Llama on four A100s (``STATE_HEAVY``, ``FOUR_A100``).
+A state-heavy case: a 3.2 M-parameter Llama on four A100s (``STATE_HEAVY``, ``FOUR_A100``);
+a small GPT-2 at any sequence length (``small_gpt2``).
 
 Tensor-parallel plans (``tensor_parallel_plan``): a width-256 Llama or GPT-2 at 256 tokens
 whose first stage (the embedding and the four blocks) is split two ways, sequence parallel
@@ -113,6 +114,23 @@ def random_plan(rng: random.Random) -> Plan:
         gpu_types=gpu_types,
         seq_len=rng.choice((32, 128)),
     )
+
+
+def small_gpt2(*, max_seq_len: int, name: str) -> ModelSpec:
+    """A small GPT-2 (2 blocks of width 64, 4 heads): fused QKV, biases everywhere, learned
+    positions, tied head."""
+    arch = ModelArch(
+        family=Family.GPT2,
+        num_blocks=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=256,
+        vocab_size=256,
+        max_seq_len=max_seq_len,
+        tie_embeddings=True,
+    )
+    return ModelSpec(name=name, arch=arch)
 
 
 TP_SEQ_LEN = 256

@@ -9,6 +9,7 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+from memory_cases import small_gpt2
 from torch import nn
 from torch.nn import functional
 
@@ -24,7 +25,7 @@ from piebald.runtime.models.tensor_ops import (
     sequence_parallel_norm,
 )
 from piebald.runtime.models.tensor_parallel import split_stage_part
-from piebald.specs.model import Family, ModelArch, ModelSpec
+from piebald.specs.model import ModelSpec
 from piebald.specs.presets import PRESETS
 from piebald.specs.tensor_layout import TensorLayout
 
@@ -164,18 +165,10 @@ def _saved_bytes_per_row(part: StagePart, dtype: torch.dtype) -> int:
 
 def _memory_models() -> dict[str, ModelSpec]:
     llama = dataclasses.replace(PRESETS["tiny"], max_seq_len=S_MEMORY)
-    gpt2 = ModelArch(
-        family=Family.GPT2,
-        num_blocks=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=4,
-        ffn_hidden_size=256,
-        vocab_size=256,
-        max_seq_len=S_MEMORY,
-        tie_embeddings=True,
-    )
-    return {"llama": ModelSpec(name="tiny", arch=llama), "gpt2": ModelSpec(name="g", arch=gpt2)}
+    return {
+        "llama": ModelSpec(name="tiny", arch=llama),
+        "gpt2": small_gpt2(max_seq_len=S_MEMORY, name="g"),
+    }
 
 
 def block_keeps_its_share(rank: int, world_size: int) -> None:

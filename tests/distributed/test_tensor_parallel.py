@@ -30,10 +30,11 @@ from pathlib import Path
 import pytest
 from dist_harness import StageSpec, make_plan
 from equivalence import CONFIG, assert_trains_like_one_process
+from memory_cases import small_gpt2
 from safetensors.torch import load_file
 
 from piebald.runtime.training.emulate import emulate
-from piebald.specs.model import Family, ModelArch, ModelSpec
+from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import PRESETS
 from piebald.specs.tensor_layout import TensorLayout
@@ -181,22 +182,6 @@ def _two_stages_whole_then_split_zero3() -> Plan:
     )
 
 
-def _gpt2_tiny() -> ModelSpec:
-    """A small GPT-2: fused QKV, biases everywhere, learned positions, tied head."""
-    arch = ModelArch(
-        family=Family.GPT2,
-        num_blocks=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=4,
-        ffn_hidden_size=256,
-        vocab_size=256,
-        max_seq_len=64,
-        tie_embeddings=True,
-    )
-    return ModelSpec(name="gpt2-tiny", arch=arch)
-
-
 def _gpt2_two_ways() -> Plan:
     """The small GPT-2 split two ways, replicated optimizer (ZeRO none), recompute."""
     return make_plan(
@@ -212,7 +197,7 @@ def _gpt2_two_ways() -> Plan:
             )
         ],
         num_gpus=2,
-        model=_gpt2_tiny(),
+        model=small_gpt2(max_seq_len=64, name="gpt2-tiny"),
     )
 
 
@@ -231,7 +216,7 @@ def _gpt2_four_ways_zero3() -> Plan:
             )
         ],
         num_gpus=4,
-        model=_gpt2_tiny(),
+        model=small_gpt2(max_seq_len=64, name="gpt2-tiny"),
     )
 
 

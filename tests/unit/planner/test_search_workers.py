@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,23 @@ def test_tasks_run_in_workers_and_come_back_in_order() -> None:
     assert len(ticks) == 6 and state.num_structures == 0
 
 
-def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
+def _raise(task: int) -> None:
+    raise ValueError(f"task {task} failed in a worker")
+
+
+def _die(task: int) -> None:
+    os._exit(9)  # as the kernel's OOM killer leaves it: no word sent
+
+
+@pytest.mark.parametrize(
+    ("fail", "message"),
+    [
+        (_raise, r"(?s)search worker failed.*ValueError: task"),
+        (_die, r"search worker died \(exit code 9\)"),
+    ],
+    ids=["raises: its traceback", "dies: its exit code"],
+)
+def test_a_worker_that_fails_fails_the_search(fail: Callable[[int], None], message: str) -> None:
     state = _state(workers=2)
     meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
     parent = os.getpid()
@@ -82,25 +99,10 @@ def test_a_failing_worker_fails_the_search_with_its_traceback() -> None:
     def work(_: SearchState, task: int) -> int:
         meet.wait()  # tasks 0 and 1 in different processes
         if os.getpid() != parent:
-            raise ValueError(f"task {task} failed in a worker")
+            fail(task)
         return task
 
-    with pytest.raises(RuntimeError, match=r"(?s)search worker failed.*ValueError: task"):
-        run_tasks(state, [0, 1], work, workers=2)
-
-
-def test_a_worker_that_dies_fails_the_search_with_its_exit_code() -> None:
-    state = _state(workers=2)
-    meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
-    parent = os.getpid()
-
-    def work(_: SearchState, task: int) -> int:
-        meet.wait()  # tasks 0 and 1 in different processes
-        if os.getpid() != parent:
-            os._exit(9)  # as the kernel's OOM killer leaves it: no word sent
-        return task
-
-    with pytest.raises(RuntimeError, match=r"search worker died \(exit code 9\)"):
+    with pytest.raises(RuntimeError, match=message):
         run_tasks(state, [0, 1], work, workers=2)
 
 

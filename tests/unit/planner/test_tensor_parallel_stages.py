@@ -25,10 +25,11 @@ from piebald.cost.compute import DEFAULT_CURVE
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.rank_pass import input_broadcast_s, rank_pass
-from piebald.planner.stage_builder import StageRules, build_stage
+from piebald.planner.stage_builder import StageChoice, StageRules, build_stage
 from piebald.planner.stage_costs import StageCost, stage_cost, stage_settings
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
+from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.presets import load_model
 from piebald.specs.tensor_layout import TensorLayout
@@ -99,21 +100,8 @@ def test_the_stage_matrices_price_a_members_pass_as_rank_pass_does(
 
 @pytest.mark.parametrize("degree", [1, 2, 4])
 def test_built_stages_are_sequence_parallel_above_degree_one(degree: int) -> None:
-    model = load_model("gpt2")
-    job = JobSpec(global_batch_size=16, seq_len=1024)
-    rules = StageRules(tensor_parallel_degrees=(degree,))
-    choice = build_stage(
-        TWO_H100_NODES,
-        model=model,
-        job=job,
-        ranks=RANKS,
-        layer_start=0,
-        layer_end=model.num_layers,
-        micro_batch_sizes=(1,) * len(RANKS),
-        stage_index=0,
-        num_stages=1,
-        widths=(len(RANKS),),
-        rules=rules,
+    choice = _whole_model_stage(
+        load_model("gpt2"), JobSpec(global_batch_size=16, seq_len=1024), degree=degree
     )
     assert choice is not None
     stage = choice.stage
@@ -126,19 +114,7 @@ def test_degrees_that_do_not_divide_the_sequence_are_not_offered() -> None:
     model = load_model("gpt2")
     job = JobSpec(global_batch_size=16, seq_len=1022)  # 2 divides it, 4 does not
     for degree, fits in ((2, True), (4, False)):
-        choice = build_stage(
-            TWO_H100_NODES,
-            model=model,
-            job=job,
-            ranks=RANKS,
-            layer_start=0,
-            layer_end=model.num_layers,
-            micro_batch_sizes=(1,) * len(RANKS),
-            stage_index=0,
-            num_stages=1,
-            widths=(len(RANKS),),
-            rules=StageRules(tensor_parallel_degrees=(degree,)),
-        )
+        choice = _whole_model_stage(model, job, degree=degree)
         assert (choice is not None) is fits
         cost = _stage_cost(
             TWO_H100_NODES,
@@ -153,6 +129,23 @@ def test_degrees_that_do_not_divide_the_sequence_are_not_offered() -> None:
             ranks_to_end=len(RANKS),
         )
         assert bool(np.isfinite(cost.cost_s[0, model.num_layers])) is fits
+
+
+def _whole_model_stage(model: ModelSpec, job: JobSpec, *, degree: int) -> StageChoice | None:
+    """Every layer on node 0's eight H100s at tensor-parallel ``degree``, built exactly."""
+    return build_stage(
+        TWO_H100_NODES,
+        model=model,
+        job=job,
+        ranks=RANKS,
+        layer_start=0,
+        layer_end=model.num_layers,
+        micro_batch_sizes=(1,) * len(RANKS),
+        stage_index=0,
+        num_stages=1,
+        widths=(len(RANKS),),
+        rules=StageRules(tensor_parallel_degrees=(degree,)),
+    )
 
 
 def _stage_cost(cluster: ClusterSpec, *, ranks_to_end: int, **settings: Any) -> StageCost:
