@@ -455,7 +455,7 @@ def _settings(
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
         passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
-        for zero in rules.zero_modes:
+        for zero in _priced_zero_modes(rules.zero_modes, num_groups=len(leaders)):
             # Per-pass ZeRO puts the ranks in lockstep: equal counts, one stage only
             # (``specs.plan``), each pass as long as the slowest rank's.
             lockstep = zero.per_pass and len(leaders) > 1
@@ -517,6 +517,24 @@ def _settings(
                 )
             )
     return settings
+
+
+def _priced_zero_modes(
+    zero_modes: tuple[ZeroMode, ...], *, num_groups: int
+) -> tuple[ZeroMode, ...]:
+    """The ZeRO modes worth pricing for a stage of ``num_groups`` data-parallel ranks: all
+    of ``zero_modes`` but NONE where ZeRO-1 is among them and the group has two ranks or
+    more. ZeRO-1 then takes every range NONE could: its passes are the same (neither
+    moves anything during them), its sync is the same (a reduce-scatter and an all-gather
+    over even shards price exactly as the all-reduce, ``cost.comm``), its memory is no
+    more at any shard fraction (only the optimizer state differs, sharded), so it fits
+    with at least NONE's in-flight budget and in no more round trips, and its optimizer
+    step is shorter, which wins every tie (``_cheapest``). Pricing NONE as well only made
+    pairs that never win. The exact build still tries NONE (``stage_builder``): there the
+    shards are uneven, and ZeRO-1's collectives can be slower than an all-reduce."""
+    if num_groups < 2 or ZeroMode.OPTIMIZER not in zero_modes:
+        return zero_modes
+    return tuple(zero for zero in zero_modes if zero is not ZeroMode.NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
