@@ -154,9 +154,16 @@ LLAMA_W256 = ModelSpec(
 )
 
 
-def tensor_parallel_plan(model: ModelSpec, *, layout: TensorLayout, recompute: bool) -> Plan:
-    """Stage 0 (embedding and blocks) at TP 2 in ``layout`` on two A100s, stage 1 (the head)
-    on a third; GPipe, four micro-batches of two sequences."""
+def tensor_parallel_plan(
+    model: ModelSpec,
+    *,
+    layout: TensorLayout,
+    recompute: bool,
+    zero: ZeroMode = ZeroMode.OPTIMIZER,
+) -> Plan:
+    """Stage 0 (embedding and blocks) at TP 2 in ``layout`` under ``zero`` on two A100s,
+    stage 1 (the head) on a third; GPipe (so ZeRO-2/3 may run), four micro-batches of two
+    sequences."""
     return make_plan(
         [
             StageSpec(
@@ -165,6 +172,7 @@ def tensor_parallel_plan(model: ModelSpec, *, layout: TensorLayout, recompute: b
                 num_micro_batches=(4, 4),
                 fractions=(0.5, 0.5),
                 micro_batch_sizes=(2, 2),
+                zero=zero,
                 recompute=recompute,
                 tensor_parallel_degree=2,
                 tensor_layout=layout,

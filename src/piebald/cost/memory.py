@@ -167,6 +167,9 @@ class _LayerRanges:
 
     num_layers: int
     params: npt.NDArray[np.float64]  # stored parameters, tied head replica included
+    # Of those, the stage's own (not tied) that its tensor groups do not split
+    # (``LayerSpec.num_whole_params``).
+    whole_params: npt.NDArray[np.float64]
     largest_params: npt.NDArray[np.float64]  # the largest single layer (with tied weight)
     # Kept per token for the backward pass, without and with recompute: fp32/int64 bytes
     # and training-dtype values (``LayerSpec``).
@@ -219,6 +222,7 @@ def _ranges(
     block = next((layer for layer in layers if layer.kind is LayerKind.BLOCK), None)
     head = layers[-1]
     params = prefix_sums([x.num_params for x in layers])
+    whole = prefix_sums([x.num_whole_params for x in layers])
     sums = {
         name: prefix_sums([getattr(x, name) for x in layers])
         for name in (
@@ -246,6 +250,7 @@ def _ranges(
     return _LayerRanges(
         num_layers=last,
         params=params[end] - params[start] + tied,
+        whole_params=whole[end] - whole[start],
         largest_params=largest,
         activation_fixed=over_range("activation_fixed_bytes_per_token"),
         activation_values=over_range("activation_values_per_token"),
@@ -418,10 +423,11 @@ def _activations_and_working(
     group_shares: Sequence[float] | None,
     receive_share: float | None,
     tied_group: tuple[int, int, float] | None,
+    replica: bool = False,
 ) -> tuple[Any, Any, Any]:
     """(activations, working buffers during the passes, buffers at the step's end);
     ``shard_fraction``: the rank's (1.0 gives the largest buffers, which is how the
-    planner's matrices bound every fraction)."""
+    planner's matrices bound every fraction); ``replica``: as :func:`rank_memory` says."""
     dtype, seq_len, recompute = shape.dtype, shape.seq_len, shape.recompute
     tokens = float(shape.num_tokens)  # a float: products with it never wrap
     if measured is None:
@@ -473,6 +479,8 @@ def _activations_and_working(
     # layer under ZeRO-2/3.
     optimizer_share = shard_fraction if zero.shards_optimizer else 1.0
     own = r.params[index] - r.tied_params[index]
+    # A replica steps none of the weights its group holds whole where the state is sharded.
+    stepped_own = own - r.whole_params[index] if replica and zero.shards_optimizer else own
     rounds = 0.0 * largest
     if not zero.per_pass:  # streamed layer buckets reduce in the passes
         rounds = _round_bytes(
@@ -484,7 +492,7 @@ def _activations_and_working(
         )
     stage_end = _bucket_step_end_bytes(
         rounds_bytes=rounds,
-        stepped_numel=(largest if zero.per_pass else own) * optimizer_share,
+        stepped_numel=(largest if zero.per_pass else stepped_own) * optimizer_share,
         chunk_numel=chunk,
         adamw=adamw,
     )
@@ -502,7 +510,7 @@ def _activations_and_working(
             largest_share=tied_share,
             wire_bytes=tied_wire_bytes,
         ),
-        stepped_numel=tied * TIED_SHARE * shard_fraction,
+        stepped_numel=tied * TIED_SHARE * (0.0 if replica else shard_fraction),
         chunk_numel=tied_chunk,
         adamw=adamw,
     )
@@ -617,6 +625,7 @@ def rank_memory(
     group_shares: Sequence[float] | None = None,
     receive_share: float | None = None,
     tied_group: tuple[int, int, float] | None = None,
+    replica: bool = False,
     curve: EfficiencyCurve = DEFAULT_CURVE,
 ) -> MemoryBreakdown:
     """Peak memory of a rank holding layers [layer_start, layer_end) of ``model`` and
@@ -630,15 +639,26 @@ def rank_memory(
 
     At tensor-parallel degree t (``shape``) the rank holds its slice of the layers
     (``ModelSpec.layers_at``), and ``shard_fraction`` and ``group_shares`` are its and
-    its data-parallel group's shares of that slice (summing to 1 over the group)."""
+    its data-parallel group's shares of that slice (summing to 1 over the group).
+    ``replica``: a member of a tensor group other than its leader, which owns the weights
+    the group holds whole (``runtime.distributed.group_layout``): of those (and of the
+    tied weight) the rank keeps no sharded state -- no optimizer state under ZeRO-1, no
+    gradient shard under ZeRO-2, no weights at rest under ZeRO-3 -- while whatever a mode
+    does not shard it holds whole, as the leader does."""
     r = _ranges(model, shape.tensor_parallel_degree, shape.tensor_layout)
     dtype = shape.dtype
     index = (layer_start, layer_end)
     tied = float(r.tied_params[index])
     params = float(r.params[index]) - tied  # the stage's own buffers
+    whole = float(r.whole_params[index]) if replica else 0.0  # of those, owned elsewhere
     weight_b, grad_b, optim_b = bytes_per_param(dtype=dtype, optimizer=optimizer, zero=zero)
     tied_weight_b, tied_grad_b, tied_optim_b = _tied_bytes_per_param(dtype, optimizer)
     weight_f, grad_f, optim_f = (shard_fraction if sharded else 1.0 for sharded in _sharded(zero))
+    # A replica's share of what it does not own: nothing where sharded, all where not.
+    whole_weight_f, whole_grad_f, whole_optim_f = (
+        0.0 if sharded else 1.0 for sharded in _sharded(zero)
+    )
+    tied_share = 0.0 if replica else shard_fraction
     activations, working, step_end = _activations_and_working(
         r,
         index,
@@ -653,12 +673,14 @@ def rank_memory(
         group_shares=group_shares,
         receive_share=receive_share,
         tied_group=tied_group,
+        replica=replica,
     )
+    split = params - whole
     return MemoryBreakdown(
-        weights_bytes=params * weight_b * weight_f + tied * tied_weight_b,
-        gradients_bytes=params * grad_b * grad_f + tied * tied_grad_b,
-        optimizer_bytes=params * optim_b * optim_f
-        + tied * tied_optim_b * TIED_SHARE * shard_fraction,
+        weights_bytes=(split * weight_f + whole * whole_weight_f) * weight_b + tied * tied_weight_b,
+        gradients_bytes=(split * grad_f + whole * whole_grad_f) * grad_b + tied * tied_grad_b,
+        optimizer_bytes=(split * optim_f + whole * whole_optim_f) * optim_b
+        + tied * tied_optim_b * TIED_SHARE * tied_share,
         activations_bytes=float(activations),
         pass_working_bytes=float(working),
         step_end_bytes=float(step_end),
@@ -705,6 +727,7 @@ def plan_rank_memory(
         group_shares=shares,
         receive_share=receive_share,
         tied_group=_tied_group(plan),
+        replica=rank not in stage.leaders,
         curve=curve,
     )
 

@@ -242,6 +242,11 @@ class LayerSpec:
     # Parameters this layer uses but another layer owns (the LM head tied to the
     # embedding): a stage holding this layer without its owner keeps a replica.
     num_tied_params: int
+    # Of ``num_params``, those a tensor group does not split: every member holds them whole
+    # (norms, row-parallel biases, the embedding and head unless the vocabulary is split).
+    # A group's leader owns their sharded state for it; its other members keep replicas
+    # (``runtime.distributed.group_layout``).
+    num_whole_params: int
     matmul_flops_per_token: float
     attention_flops_per_token_per_position: float  # x seq_len
     # Kept for the backward pass, per token: bytes in fp32 or int64 whatever the training
@@ -358,20 +363,18 @@ class _BlockWidths:
         )
 
 
-def _block_params(arch: ModelArch, widths: _BlockWidths) -> tuple[int, int]:
-    """(all parameters, matmul weights) of one block, per rank of its tensor group: split
-    weights and column biases, whole norms and row biases."""
+def _block_params(arch: ModelArch, widths: _BlockWidths) -> tuple[int, int, int]:
+    """(all parameters, matmul weights, whole parameters) of one block, per rank of its
+    tensor group: split weights and column biases, whole norms and row biases."""
     h, q, kv, f = widths.hidden, widths.q, widths.kv, widths.ffn
     if arch.family is Family.GPT2:
         weights = 4 * h * q + 2 * h * f  # fused QKV and proj (q = h unsplit), the MLP
-        return weights + (3 * q + h + f + h) + 4 * h, weights  # biases, two LayerNorms
+        whole = 2 * h + 4 * h  # the two row biases, two LayerNorms
+        return weights + (3 * q + f) + whole, weights, whole
     weights = 2 * h * q + 2 * h * kv + 3 * h * f
-    biases = (
-        (q + 2 * kv if arch.attention_qkv_bias else 0)
-        + (h if arch.attention_out_bias else 0)
-        + (2 * f + h if arch.mlp_bias else 0)
-    )
-    return weights + biases + 2 * h, weights
+    whole = 2 * h + (h if arch.attention_out_bias else 0) + (h if arch.mlp_bias else 0)
+    column_biases = (q + 2 * kv if arch.attention_qkv_bias else 0) + (2 * f if arch.mlp_bias else 0)
+    return weights + column_biases + whole, weights, whole
 
 
 def _block_activations(
@@ -409,11 +412,13 @@ def _build_layers(
     sequence_share = 1.0 / t if layout.splits_sequence else 1.0
     widths = _BlockWidths.of(arch, t)
     positions = arch.max_seq_len * h if arch.family is Family.GPT2 else 0
+    split_vocabulary = layout.splits_vocabulary and t > 1
     embedding = LayerSpec(
         index=0,
         kind=LayerKind.EMBEDDING,
         num_params=vocab * h + positions,
         num_tied_params=0,
+        num_whole_params=positions + (0 if split_vocabulary else vocab * h),
         matmul_flops_per_token=0.0,
         attention_flops_per_token_per_position=0.0,
         activation_fixed_bytes_per_token=8.0,  # the int64 token ids
@@ -432,7 +437,7 @@ def _build_layers(
         ffn_hidden=widths.ffn,
         sequence_share=sequence_share,
     )
-    block_params, block_weights = _block_params(arch, widths)
+    block_params, block_weights, block_whole = _block_params(arch, widths)
     block_fixed, block_values = _block_activations(arch, widths, sequence_share=sequence_share)
     # The final norm runs on the sequence shards only where the head is split too; a
     # whole head (``sequence``) sees the sequence gathered at the stage's exit.
@@ -444,6 +449,7 @@ def _build_layers(
             kind=LayerKind.BLOCK,
             num_params=block_params,
             num_tied_params=0,
+            num_whole_params=block_whole,
             matmul_flops_per_token=2.0 * block_weights,
             attention_flops_per_token_per_position=4.0 * widths.q,
             activation_fixed_bytes_per_token=block_fixed,
@@ -462,6 +468,8 @@ def _build_layers(
         kind=LayerKind.HEAD,
         num_params=norm_params + (0 if arch.tie_embeddings else head_weight),
         num_tied_params=head_weight if arch.tie_embeddings else 0,
+        num_whole_params=norm_params
+        + (0 if arch.tie_embeddings or split_vocabulary else head_weight),
         matmul_flops_per_token=2.0 * head_weight,
         attention_flops_per_token_per_position=0.0,
         activation_fixed_bytes_per_token=head_fixed,

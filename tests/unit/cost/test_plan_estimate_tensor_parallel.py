@@ -20,10 +20,13 @@ import pytest
 from piebald.cost.comm import BUS_EFFICIENCY
 from piebald.cost.compute import optimizer_step_time_s
 from piebald.cost.in_flight import stage_in_flight
-from piebald.cost.memory import plan_rank_memory
+from piebald.cost.memory import bytes_per_param, plan_rank_memory
 from piebald.cost.plan_estimate import estimate_plan
+from piebald.specs.devices import Dtype
+from piebald.specs.job import Optimizer
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import load_model
+from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import TWO_H100_NODES, collapsed, tp_plan, tp_stage, two_node_plan
 
 E = BUS_EFFICIENCY
@@ -102,18 +105,32 @@ def test_a_tp2_rank_keeps_the_parameters_less_half_of_the_block_matmuls(zero: Ze
         )
         return tp_plan(model, [stage])
 
+    # What a group keeps whole (norms, embedding, head): its leader owns their sharded
+    # state, its other members none of it (``runtime.distributed.group_layout``).
+    whole = sum(layer.num_whole_params for layer in model.layers_at(2, TensorLayout.SEQUENCE))
+    _, _, optimizer_bytes = bytes_per_param(dtype=Dtype.BF16, optimizer=Optimizer.ADAMW)
     for num_groups in (1, 2):
         plain = plan_rank_memory(
             one_stage(1, num_groups), stage_index=0, position=0, num_in_flight=1
         )
-        split = plan_rank_memory(
-            one_stage(2, num_groups), stage_index=0, position=1, num_in_flight=1
+        leader, member = (
+            plan_rank_memory(
+                one_stage(2, num_groups), stage_index=0, position=position, num_in_flight=1
+            )
+            for position in (0, 1)
         )
         for part in ("weights_bytes", "gradients_bytes", "optimizer_bytes"):
-            assert getattr(split, part) == pytest.approx(
+            assert getattr(leader, part) == pytest.approx(
                 expected_ratio * getattr(plain, part), rel=1e-9
             ), part
-        assert split.total_bytes < plain.total_bytes
+        assert member.weights_bytes == leader.weights_bytes
+        assert member.gradients_bytes == leader.gradients_bytes
+        owned = 2 / (2 * num_groups)  # a leader's share: its group's fractions
+        replica_saves = whole * optimizer_bytes * owned if zero.shards_optimizer else 0.0
+        assert member.optimizer_bytes == pytest.approx(
+            leader.optimizer_bytes - replica_saves, rel=1e-9
+        )
+        assert member.total_bytes <= leader.total_bytes < plain.total_bytes
         # The estimate reports that memory for the rank (its budget: one in flight here).
         peaks = estimate_plan(one_stage(2, num_groups)).prediction().peak_memory_bytes
         assert peaks[1] < estimate_plan(one_stage(1, num_groups)).prediction().peak_memory_bytes[0]

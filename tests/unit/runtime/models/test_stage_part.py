@@ -3,16 +3,21 @@ model (weights, forward, gradients, tied embeddings), deterministic initialisati
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from typing import cast
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from piebald.runtime.models import build_layer_module, build_stage_part, token_loss_sum
 from piebald.runtime.models.stage_part import StagePart
+from piebald.runtime.models.tensor_parallel import split_stage_part
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.tensor_layout import TensorLayout
 
 
 def small_model(family: Family, *, tied: bool, head_dim: int = 0) -> ModelSpec:
@@ -73,6 +78,33 @@ def test_parts_store_what_the_spec_says_a_stage_stores(model: ModelSpec) -> None
             # The head of a part without the embedding holds a replica of the tied table.
             replica = spec.num_tied_params if start > 0 else 0
             assert count(part.layer(index)) == spec.num_params + replica
+
+
+BIASED_LLAMA = ModelSpec(
+    name="small-llama-biases",
+    arch=dataclasses.replace(
+        MODELS[3].arch, attention_qkv_bias=True, attention_out_bias=True, mlp_bias=True
+    ),
+)
+
+
+@pytest.mark.parametrize("model", [*MODELS[:4], BIASED_LLAMA], ids=lambda m: m.name)
+def test_a_members_slice_stores_what_the_spec_says(model: ModelSpec) -> None:
+    # Member 1 of a tensor group of 2: every layer as ``layers_at(2)`` counts it, and what
+    # it keeps whole (not split: norms, row biases, embedding, head) is ``num_whole_params``.
+    part = build_stage_part(model, layer_start=0, layer_end=model.num_layers)
+    # No collective runs while splitting; the group is only kept for the passes.
+    group = cast(dist.ProcessGroup, object())
+    split = split_stage_part(
+        part, degree=2, position=1, positions=(0, 1), group=group, layout=TensorLayout.SEQUENCE
+    )
+    for spec in model.layers_at(2, TensorLayout.SEQUENCE):
+        named = dict(part.layer(spec.index).named_parameters())
+        prefix = f"layers.{spec.index}."
+        whole = sum(p.numel() for n, p in named.items() if prefix + n not in split.params)
+        # The part holds the embedding: a tied head uses its table, no replica.
+        assert sum(p.numel() for p in named.values()) == spec.num_params
+        assert whole == spec.num_whole_params, spec.kind
 
 
 SPLITS = [[0, 2, 5], [0, 1, 4, 5], [0, 3, 5]]  # boundaries of the 5 layers of a 3-block model
