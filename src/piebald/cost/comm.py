@@ -57,6 +57,16 @@ def p2p_time_s(*, num_bytes: float, link: Link) -> float:
     return link.latency_s + num_bytes / link.bandwidth_bytes_per_s
 
 
+def broadcast_time_s(*, num_bytes: float, link: Link, num_ranks: int) -> float:
+    """One rank's message of ``num_bytes`` to ``num_ranks - 1`` others over ``link``
+    (the ranks of one node): a pipelined broadcast moves every byte over each of the
+    chain's hops once, with chunks in flight on all of them, so alpha per hop plus one
+    message's S / B; nothing for a group of one."""
+    if num_ranks <= 1:
+        return 0.0
+    return p2p_time_s(num_bytes=num_bytes, link=link) + (num_ranks - 2) * link.latency_s
+
+
 def ring_time_s(
     kind: Collective,
     *,

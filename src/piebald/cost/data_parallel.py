@@ -17,8 +17,11 @@ parameters from here, so both price them alike (and the planner can too).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.precision import stage_wire_dtype
+from piebald.cost.replica_broadcast import broadcasts_per_step, layer_broadcasts_s
 from piebald.cost.zero_comm import StageComm, stage_comm
 from piebald.specs.plan import Plan, Stage
 
@@ -58,10 +61,19 @@ def data_parallel_shares(stage: Stage, rank: int) -> tuple[float, ...]:
 
 def owned_params(plan: Plan, stage_index: int, position: int) -> float:
     """Parameters the rank at ``position`` of the stage steps in its optimizer: its share of
-    its slice where the optimizer state is sharded, the whole slice otherwise."""
+    its slice where the optimizer state is sharded, the whole slice otherwise. A tensor
+    group's member other than its leader owns nothing of what the group holds whole, nor
+    of the tied weight (``runtime.distributed.group_layout``): its share is of the split
+    weights alone."""
     stage = plan.stages[stage_index]
-    share = stage.shard_fraction[position] * stage.tensor_parallel_degree
-    return stage_slice_params(plan, stage_index) * (share if stage.zero.shards_optimizer else 1.0)
+    t = stage.tensor_parallel_degree
+    if not stage.zero.shards_optimizer:
+        return stage_slice_params(plan, stage_index)
+    share = stage.shard_fraction[position] * t
+    if stage.ranks[position] in stage.leaders:
+        return stage_slice_params(plan, stage_index) * share
+    layers = plan.model.layers_at(t, stage.tensor_layout)[stage.layer_start : stage.layer_end]
+    return float(sum(layer.num_params - layer.num_whole_params for layer in layers)) * share
 
 
 def data_parallel_ring(plan: Plan, stage_index: int) -> RingProfile:
@@ -78,15 +90,37 @@ def data_parallel_ring(plan: Plan, stage_index: int) -> RingProfile:
 def plan_stage_comm(plan: Plan, stage_index: int) -> StageComm:
     """The stage's data-parallel collectives (``zero_comm.stage_comm``), each run by every
     one of its data-parallel groups at once: the slice's bytes in the group's wire dtype
-    over one group's ring, with that group's shares."""
+    over one group's ring, with that group's shares; under ZeRO-2 at degree > 1 the
+    step-end gather is followed by the leaders' broadcast of the weights their groups
+    hold whole (``cost.replica_broadcast``), priced in ``all_gather_s``."""
     stage = plan.stages[stage_index]
     group = stage.data_parallel_group(stage.ranks[0])
     # A tensor group sits in one node, so every data-parallel group has one member on each
     # node the stage spans: the same GPU types, hence the stage's wire dtype.
     wire = stage_wire_dtype(plan.cluster, stage.ranks, precision=plan.job.precision)
-    return stage_comm(
+    comm = stage_comm(
         data_parallel_ring(plan, stage_index),
         shard_fractions=data_parallel_shares(stage, group[0]),
         zero=stage.zero,
         state_bytes=stage_slice_params(plan, stage_index) * wire.num_bytes,
     )
+    t = stage.tensor_parallel_degree
+    if not broadcasts_per_step(stage.zero, t):
+        return comm
+    # ZeRO-2 under tensor parallelism: after the step-end gather among the leaders, each
+    # hands the layers its group holds whole on to its members (``cost.replica_broadcast``);
+    # the stage waits for its slowest group.
+    cluster = plan.cluster
+    broadcast_s = max(
+        sum(
+            layer_broadcasts_s(
+                plan.model,
+                degree=t,
+                layout=stage.tensor_layout,
+                dtype=cluster.device_of(tensor_group[0]).training_dtype(plan.job.precision),
+                link=cluster.link_between(tensor_group[0], tensor_group[1]),
+            )[stage.layer_start : stage.layer_end]
+        )
+        for tensor_group in stage.tensor_groups
+    )
+    return replace(comm, all_gather_s=comm.all_gather_s + broadcast_s)

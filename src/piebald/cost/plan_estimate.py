@@ -26,7 +26,7 @@ from piebald.cost.rank_pass import plan_rank_pass
 from piebald.cost.step_model import Bottleneck, RoundTrip, StageTerms, settle
 from piebald.cost.traffic import plan_traffic
 from piebald.specs.devices import DeviceType
-from piebald.specs.plan import Plan, Prediction
+from piebald.specs.plan import Plan, Prediction, Schedule
 
 __all__ = ["PlanEstimate", "StageEstimate", "estimate_plan", "model_flops_utilization"]
 
@@ -84,11 +84,12 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
     # a kind repeat: each distinct trip once).
     trips: dict[RoundTrip, None] = {}
     memory: dict[int, MemoryBreakdown] = {}
-    pass_s = optimizer_s = 0.0
+    pass_s = optimizer_s = forward_pass_s = forward_busy_s = backward_busy_s = 0.0
     # Ranks of one type and node group with the same shares cost the same: price each kind
     # once (the node group sets a tensor group's link).
     pass_of: dict[tuple[DeviceType, int, int], float] = {}
-    memory_of: dict[tuple[DeviceType, int, int, float], MemoryBreakdown] = {}
+    forward_of: dict[tuple[DeviceType, int, int], float] = {}
+    memory_of: dict[tuple[DeviceType, int, int, float, bool], MemoryBreakdown] = {}
     for index, rank in enumerate(stage.ranks):
         device = plan.cluster.device_of(rank)
         size, count = stage.micro_batch_size[index], stage.num_micro_batches[index]
@@ -99,7 +100,10 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
             forward_s = max(one.forward_s, before_forward_s)
             backward_s = max(one.backward_s, during_backward_s)
             pass_of[kind] = forward_s + backward_s
+            forward_of[kind] = forward_s
         compute[rank] = count * pass_of[kind]
+        forward_busy_s = max(forward_busy_s, count * forward_of[kind])
+        backward_busy_s = max(backward_busy_s, count * (pass_of[kind] - forward_of[kind]))
         optimizer_s = max(
             optimizer_s,
             optimizer_step_time_s(
@@ -111,15 +115,18 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
         )
         in_flight = budgets[index]
         if count:
-            pass_s = max(pass_s, pass_of[kind])
+            if pass_of[kind] > pass_s:
+                pass_s, forward_pass_s = pass_of[kind], forward_of[kind]
             trip = RoundTrip(rounds=num_round_trips(count, in_flight), pass_s=pass_of[kind])
             trips[trip] = None
-        key = (device, size, in_flight, fraction)
+        # A tensor group's members hold less than its leader (``plan_rank_memory``).
+        key = (device, size, in_flight, fraction, rank in stage.leaders)
         if key not in memory_of:
             memory_of[key] = plan_rank_memory(
                 plan, stage_index=stage_index, position=index, num_in_flight=in_flight, curve=curve
             )
         memory[rank] = memory_of[key]
+    gpipe = plan.schedule is Schedule.GPIPE
     terms = StageTerms(
         busy_s=max(compute.values()),
         pass_s=pass_s,
@@ -128,6 +135,10 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
         round_trips=tuple(trips),
         sync_s=comm.sync_s,
         optimizer_s=optimizer_s,
+        # GPipe's phases, each a pipeline of its own (``step_model``).
+        forward_busy_s=forward_busy_s if gpipe else None,
+        forward_pass_s=forward_pass_s if gpipe else None,
+        backward_busy_s=backward_busy_s if gpipe else None,
     )
     return _StageParts(terms=terms, compute_s=compute, memory=memory)
 

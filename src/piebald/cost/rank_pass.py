@@ -12,11 +12,13 @@ identical copies after their last block's all-reduce, or sequence parallel the g
 its output, so only one of them sends). The broadcast runs on the node's link: a
 pipelined broadcast moves every byte over each of the group's t - 1 hops once, with
 chunks in flight on all of them, so alpha per hop plus one message's S / B
-(:func:`group_broadcast_s`). The first stage reads its rows from the data on every
-member, and the last stage's loss is whole on every member (the head is not split):
-neither broadcasts.
+(:func:`group_broadcast_s`, ``comm.broadcast_time_s``). The first stage reads its rows
+from the data on every member, and the last stage's loss is whole on every member (the
+head is not split): neither broadcasts.
 
-At degree 1 a pass is its compute alone. The plan estimate, the simulator's prices and
+Under ZeRO-3 each pass also waits for the leader's broadcast of the gathered weights the
+group holds whole, layer by layer (``cost.replica_broadcast``). At degree 1 a pass is its
+compute alone. The plan estimate, the simulator's prices and
 (at given layer bounds) the planner price a rank's pass with :func:`rank_pass`; the
 planner's stage matrices add up the same terms for every layer range at once, with
 ``cost.tensor_comm.tensor_comm_s`` and :func:`input_broadcast_s`.
@@ -27,11 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from piebald.cost.comm import RingProfile, p2p_time_s, ring_profile
+from piebald.cost.comm import RingProfile, broadcast_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import PassTimes, pass_times
 from piebald.cost.precision import activation_message_bytes
+from piebald.cost.replica_broadcast import broadcasts_per_pass, layer_broadcasts_s
 from piebald.cost.tensor_comm import TensorComm, tensor_comm
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
@@ -50,16 +53,19 @@ class RankPass:
     tensor: TensorComm  # the block all-reduces
     broadcast_forward_s: float  # the received activation, leader to members
     broadcast_backward_s: float  # the received output gradient, leader to members
+    # Under ZeRO-3, the gathered weights the group holds whole, leader to members, layer by
+    # layer before each pass (``cost.replica_broadcast``).
+    weights_broadcast_s: float = 0.0
 
     @property
     def tensor_forward_s(self) -> float:
-        """The forward's tensor-parallel communication: all-reduces and broadcast."""
-        return self.tensor.forward_s + self.broadcast_forward_s
+        """The forward's tensor-parallel communication: all-reduces and broadcasts."""
+        return self.tensor.forward_s + self.broadcast_forward_s + self.weights_broadcast_s
 
     @property
     def tensor_backward_s(self) -> float:
-        """The backward's tensor-parallel communication: all-reduces and broadcast."""
-        return self.tensor.backward_s + self.broadcast_backward_s
+        """The backward's tensor-parallel communication: all-reduces and broadcasts."""
+        return self.tensor.backward_s + self.broadcast_backward_s + self.weights_broadcast_s
 
     @property
     def forward_s(self) -> float:
@@ -80,7 +86,7 @@ def group_broadcast_s(cluster: ClusterSpec, group: Sequence[int], *, num_bytes: 
     if len(group) <= 1:
         return 0.0
     link = cluster.link_between(group[0], group[1])
-    return p2p_time_s(num_bytes=num_bytes, link=link) + (len(group) - 2) * link.latency_s
+    return broadcast_time_s(num_bytes=num_bytes, link=link, num_ranks=len(group))
 
 
 def input_broadcast_s(
@@ -114,17 +120,20 @@ def rank_pass(
     broadcast_s: float,
     receives_activation: bool,
     receives_gradient: bool,
+    weights_broadcast_s: float = 0.0,
 ) -> RankPass:
     """The passes through layers [start, end) of a rank of shape ``shape`` (its degree
     included), ``times`` its ``pass_times``, on a tensor group whose ring is ``ring`` and
     whose leader broadcasts a received input in ``broadcast_s`` (``group_broadcast_s``),
-    an activation where the stage has one before it, a gradient where it has one after."""
+    an activation where the stage has one before it, a gradient where it has one after,
+    and the layers' whole weights in ``weights_broadcast_s`` before each pass (ZeRO-3)."""
     return RankPass(
         compute_forward_s=times.forward_s(start, end),
         compute_backward_s=times.backward_s(start, end),
         tensor=tensor_comm(model, start=start, end=end, shape=shape, ring=ring),
         broadcast_forward_s=broadcast_s if receives_activation else 0.0,
         broadcast_backward_s=broadcast_s if receives_gradient else 0.0,
+        weights_broadcast_s=weights_broadcast_s,
     )
 
 
@@ -145,6 +154,17 @@ def plan_rank_pass(
         tensor_layout=stage.tensor_layout,
     )
     group = stage.tensor_groups[position // stage.tensor_parallel_degree]
+    weights_broadcast_s = 0.0
+    if broadcasts_per_pass(stage.zero, stage.tensor_parallel_degree):
+        weights_broadcast_s = sum(
+            layer_broadcasts_s(
+                plan.model,
+                degree=stage.tensor_parallel_degree,
+                layout=stage.tensor_layout,
+                dtype=shape.dtype,
+                link=plan.cluster.link_between(group[0], group[1]),
+            )[stage.layer_start : stage.layer_end]
+        )
     return rank_pass(
         plan.model,
         start=stage.layer_start,
@@ -157,4 +177,5 @@ def plan_rank_pass(
         ),
         receives_activation=stage_index > 0,
         receives_gradient=stage_index < plan.num_stages - 1,
+        weights_broadcast_s=weights_broadcast_s,
     )

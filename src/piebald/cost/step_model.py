@@ -15,7 +15,9 @@ finds running (:func:`residual_wait_s`), except in a chain of one rank per stage
 priced with the other traffic of their resources spread over the pipeline
 (``cost.traffic``), which the hops lengthen: :func:`settle` iterates to the fixed point.
 The part of each stage's gradient sync not hidden behind the drain of the earlier stages
-is exposed, then the slowest optimizer step follows.
+is exposed, then the slowest optimizer step follows. Under GPipe, where every rank runs
+all its forwards before its backwards, each phase is also a pipeline of its own, whose
+busiest stages may differ (:func:`_gpipe_phases_s`).
 
 What the closed form leaves out: round trips are sums of service times and the waits are
 means, and a Little's budget that exactly covers the mean round trip starves a little (one
@@ -67,6 +69,11 @@ class StageTerms:
     round_trips: tuple[RoundTrip, ...]  # those its ranks' in-flight budgets force
     sync_s: float  # data-parallel collectives at the end of the step
     optimizer_s: float
+    # Under GPipe, each phase on its own (None: a 1F1B pipeline, or not known): the
+    # busiest rank's forwards over the step and the slowest working rank's forward.
+    forward_busy_s: float | None = None
+    forward_pass_s: float | None = None
+    backward_busy_s: float | None = None  # and its backwards
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +184,8 @@ def step_at(
         later_s = hop_s[index] + sum(later[index + 1 :])
         for trip in stage.round_trips:
             pipeline_s = max(pipeline_s, trip.rounds * (trip.pass_s + later_s) + before_s[index])
+    if all(stage.forward_busy_s is not None for stage in stages):
+        pipeline_s = max(pipeline_s, _gpipe_phases_s(stages, hop_s))
     # Stage s finishes its last backward before stages 0..s-1 drain theirs.
     drain_s = before_s if drain_hops else (0.0, *itertools.accumulate(s.pass_s for s in stages))
     exposed_sync_s = max(
@@ -192,6 +201,25 @@ def step_at(
         optimizer_s=optimizer_s,
         step_s=pipeline_s + exposed_sync_s + optimizer_s,
     )
+
+
+def _gpipe_phases_s(stages: Sequence[StageTerms], hop_s: Sequence[float]) -> float:
+    """GPipe's step: every rank runs all its forwards, then all its backwards, so the
+    forwards form a pipeline of their own, and then the backwards: each phase its busiest
+    stage's time plus one micro-batch through the others and over every boundary. Where
+    the two phases' busiest stages differ this exceeds the bottleneck form, which takes
+    one stage busiest for both; for p equal stages it is the same (m + p - 1)(F + B)."""
+    hops_s = sum(hop_s)
+
+    def phase_s(busy: Sequence[float], one: Sequence[float]) -> float:
+        slowest = max(range(len(busy)), key=lambda index: (busy[index], index))
+        return busy[slowest] + sum(one) - one[slowest] + hops_s
+
+    forward_busy = [stage.forward_busy_s or 0.0 for stage in stages]
+    forward_one = [stage.forward_pass_s or 0.0 for stage in stages]
+    backward_busy = [stage.backward_busy_s or 0.0 for stage in stages]
+    backward_one = [stage.pass_s - one for stage, one in zip(stages, forward_one, strict=True)]
+    return phase_s(forward_busy, forward_one) + phase_s(backward_busy, backward_one)
 
 
 def settle(

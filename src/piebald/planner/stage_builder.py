@@ -36,6 +36,11 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.rank_pass import input_broadcast_s, rank_pass
+from piebald.cost.replica_broadcast import (
+    broadcasts_per_pass,
+    broadcasts_per_step,
+    layer_broadcasts_s,
+)
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
@@ -248,8 +253,8 @@ def _build_at_degree(
     for recompute in rules.recompute:
         # Groups of one device type and micro-batch size pass alike: one shape and one
         # lookup each (a stage may have thousands of ranks).
-        of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
-        shapes, compute_s = [], []
+        of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float], float]] = {}
+        shapes, compute_s, broadcasts_s = [], [], []
         for key in zip(devices, sizes, strict=True):
             if key not in of_kind:
                 device, size = key
@@ -275,10 +280,24 @@ def _build_at_degree(
                     receives_activation=stage_index > 0,
                     receives_gradient=stage_index < num_stages - 1,
                 )
-                of_kind[key] = (shape, (passes.forward_s, passes.backward_s))
-            shape, compute = of_kind[key]
+                # The leader's broadcast of the weights the group holds whole, under
+                # ZeRO-2/3 (``cost.replica_broadcast``): before each pass, or once a step.
+                weights_broadcast_s = sum(
+                    layer_broadcasts_s(
+                        model,
+                        degree=degree,
+                        layout=layout,
+                        dtype=shape.dtype,
+                        link=cluster.link_between(*group[:2]),
+                    )[layer_start:layer_end]
+                    if degree > 1
+                    else ()
+                )
+                of_kind[key] = (shape, (passes.forward_s, passes.backward_s), weights_broadcast_s)
+            shape, compute, weights_broadcast_s = of_kind[key]
             shapes.append(shape)
             compute_s.append(compute)
+            broadcasts_s.append(weights_broadcast_s)
         # Each group's pass takes at least its compute, so no allocation of the sequences
         # keeps every group busy for less than the continuous one's: where even that is
         # not faster than the best so far, no ZeRO mode is (with room for rounding).
@@ -298,7 +317,11 @@ def _build_at_degree(
             before_s, during_s = comm_of_zero.before_forward_s, comm_of_zero.during_backward_s
             # A pass never takes zero time (a stage of only the embedding of a tiny model
             # comes close); the allocation needs positive times.
-            pass_s = [max(max(f, before_s) + max(b, during_s), 1e-12) for f, b in compute_s]
+            per_pass = broadcasts_per_pass(zero, degree)
+            pass_s = [
+                max(max(f + w * per_pass, before_s) + max(b + w * per_pass, during_s), 1e-12)
+                for (f, b), w in zip(compute_s, broadcasts_s, strict=True)
+            ]
             counts = _counts(
                 pass_s,
                 sizes,
@@ -341,7 +364,7 @@ def _build_at_degree(
             )
             sync = stage_comm(
                 profile, shard_fractions=fractions, zero=zero, state_bytes=wire_bytes
-            ).sync_s
+            ).sync_s + (max(broadcasts_s) if broadcasts_per_step(zero, degree) else 0.0)
             busy = max(c * t for c, t in zip(counts, pass_s, strict=True))
             working = [t for c, t in zip(counts, pass_s, strict=True) if c]
             optimizer = max(

@@ -41,11 +41,16 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
 from piebald.cost.rank_pass import input_broadcast_s
+from piebald.cost.replica_broadcast import (
+    broadcasts_per_pass,
+    broadcasts_per_step,
+    layer_broadcasts_s,
+)
 from piebald.cost.tensor_comm import tensor_comm_s
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.range_memory import FewestRounds, RankRoom, fits_ranges
 from piebald.planner.stage_builder import StageRules, tensor_group_of_each_type
-from piebald.specs.cluster import ClusterSpec
+from piebald.specs.cluster import ClusterSpec, Link
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec, Optimizer
 from piebald.specs.model import LayerKind, ModelSpec
@@ -452,9 +457,23 @@ def _settings(
                     + comm_backward_s
                     + broadcast_s * (stage_index < num_stages - 1)
                 )
+        # Under ZeRO-2/3 each group's leader hands the weights the group holds whole on to
+        # its members (``cost.replica_broadcast``): ZeRO-3 before every pass, ZeRO-2 once
+        # per step, after the gather.
+        weights_broadcast = {
+            device: _broadcast_ranges(
+                model,
+                degree=degree,
+                layout=layout,
+                dtype=shape.dtype,
+                link=cluster.link_between(*tensor_group[device][:2]),
+            )
+            for device, shape in shapes.items()
+            if degree > 1
+        }
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
-        passes: dict[tuple[float, float, float, float, bool], _Passes] = {}
+        passes: dict[tuple[float, float, float, float, bool, bool], _Passes] = {}
         for zero in _priced_zero_modes(rules.zero_modes, num_groups=len(leaders)):
             # Per-pass ZeRO puts the ranks in lockstep: equal counts, one stage only
             # (``specs.plan``), each pass as long as the slowest rank's.
@@ -465,11 +484,16 @@ def _settings(
             (pre_a, pre_b), (during_a, during_b), (sync_a, sync_b) = _affine_comm(
                 profile, len(leaders), zero
             )
-            key = (pre_a, pre_b, during_a, during_b, lockstep)
+            per_pass = broadcasts_per_pass(zero, degree)
+            key = (pre_a, pre_b, during_a, during_b, lockstep, per_pass)
             if key not in passes:
                 passes[key] = _passes(
-                    forward,
-                    backward,
+                    {d: forward[d] + weights_broadcast[d] for d in classes}
+                    if per_pass
+                    else forward,
+                    {d: backward[d] + weights_broadcast[d] for d in classes}
+                    if per_pass
+                    else backward,
                     classes,
                     # Per-pass traffic overlaps the pass, as in the exact stage and plan
                     # estimate.
@@ -504,7 +528,12 @@ def _settings(
             settings.append(
                 Setting(
                     busy=timed.busy,
-                    sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0),
+                    sync=np.where(has_params, sync_a + sync_b * on_wire, 0.0)
+                    + (
+                        np.maximum.reduce(list(weights_broadcast.values()))
+                        if broadcasts_per_step(zero, degree)
+                        else 0.0
+                    ),
                     slowest=timed.slowest,
                     # The optimizer step stays out of the DP's cost: the step pays the
                     # slowest stage's once, a max of its own, which the pipeline proxy adds.
@@ -639,6 +668,18 @@ def _ends(model: ModelSpec) -> tuple[Ranges, Ranges]:
 def _blocks(model: ModelSpec) -> Ranges:
     """Transformer blocks in each layer range (read-only)."""
     prefix = prefix_sums([float(layer.kind is LayerKind.BLOCK) for layer in model.layers])
+    return _read_only_ranges(prefix[None, :] - prefix[:, None])
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcast_ranges(
+    model: ModelSpec, *, degree: int, layout: TensorLayout, dtype: Dtype, link: Link
+) -> Ranges:
+    """The leader's broadcasts of the whole weights of every layer range
+    (``cost.replica_broadcast.layer_broadcasts_s``, summed; read-only)."""
+    prefix = prefix_sums(
+        list(layer_broadcasts_s(model, degree=degree, layout=layout, dtype=dtype, link=link))
+    )
     return _read_only_ranges(prefix[None, :] - prefix[:, None])
 
 

@@ -64,8 +64,10 @@ class Prices:
         self._memory: dict[int, tuple[float, float, int]] = {}
         self._transfers: dict[tuple[int, int], Transfer] = {}
         pass_of: dict[tuple[DeviceType, int, int, int], RankPass] = {}
-        optimizer_of: dict[tuple[DeviceType, int, float], float] = {}
-        memory_of: dict[tuple[DeviceType, int, int, float, int], tuple[float, float, int]] = {}
+        optimizer_of: dict[tuple[DeviceType, int, float, bool], float] = {}
+        memory_of: dict[
+            tuple[DeviceType, int, int, float, int, bool], tuple[float, float, int]
+        ] = {}
         for index, stage in enumerate(plan.stages):
             for position, rank in enumerate(stage.ranks):
                 device = plan.cluster.device_of(rank)
@@ -78,16 +80,18 @@ class Prices:
                         plan, stage_index=index, position=position, curve=curve
                     )
                 self._passes[rank] = pass_of[kind]
-                if (device, index, fraction) not in optimizer_of:
-                    optimizer_of[device, index, fraction] = optimizer_step_time_s(
+                stepped = (device, index, fraction, rank in stage.leaders)
+                if stepped not in optimizer_of:
+                    optimizer_of[stepped] = optimizer_step_time_s(
                         num_params=owned_params(plan, index, position),
                         device=device,
                         optimizer=plan.job.optimizer,
                         curve=curve,
                     )
-                self._optimizer[rank] = optimizer_of[device, index, fraction]
+                self._optimizer[rank] = optimizer_of[stepped]
                 count = stage.num_micro_batches[position]
-                key = (device, size, index, fraction, count)
+                # A tensor group's members hold less than its leader (``plan_rank_memory``).
+                key = (device, size, index, fraction, count, rank in stage.leaders)
                 if key not in memory_of:
                     memory_of[key] = self._rank_memory(index, position)
                 self._memory[rank] = memory_of[key]

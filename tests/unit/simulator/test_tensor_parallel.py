@@ -7,7 +7,7 @@
   mode and schedule a plan may take.
 - A tensor group's members run each pass together: every follower's passes start when its
   leader's do, each ending in its tensor-parallel share, and every member reports its
-  memory (a follower's peak equal to its leader's, at most the estimate's).
+  memory (a follower's peak below its leader's, at most the estimate's).
 - The Chrome trace names a rank's tensor group and shows the tensor-parallel share.
 """
 
@@ -82,8 +82,10 @@ def test_members_run_each_pass_together_and_report_their_memory() -> None:
     assert set(peaks) == set(plan.used_ranks)
     estimated = estimate_plan(plan).prediction().peak_memory_bytes
     for rank in stage.ranks:
-        assert peaks[rank] == peaks[stage.leader_of(rank)]
+        # A member owns none of the sharded state of what its group holds whole.
+        assert peaks[rank] <= peaks[stage.leader_of(rank)]
         assert peaks[rank] <= estimated[rank] * (1 + 1e-12)
+    assert any(peaks[rank] < peaks[stage.leader_of(rank)] for rank in stage.ranks)
 
 
 def test_the_trace_names_tensor_groups_and_shows_their_communication() -> None:
