@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -177,3 +178,40 @@ def test_the_drain_that_hides_a_sync_counts_the_hops_unless_told_not_to() -> Non
     link = BoundaryTraffic(busy_s=0.0, pairs=(pair,))
     assert settle(stages, [link]).exposed_sync_s == pytest.approx(1.5, rel=1e-12)
     assert settle(stages, [link], drain_hops=False).exposed_sync_s == pytest.approx(2.0, rel=1e-12)
+
+
+def _gpipe_stage(*, m: int, forward_s: float, backward_s: float) -> StageTerms:
+    """One rank of m micro-batches under GPipe: all its forwards, then its backwards."""
+    return StageTerms(
+        busy_s=m * (forward_s + backward_s),
+        pass_s=forward_s + backward_s,
+        num_working_ranks=1,
+        round_trips=(),
+        sync_s=0.0,
+        optimizer_s=0.0,
+        forward_busy_s=m * forward_s,
+        forward_pass_s=forward_s,
+        backward_busy_s=m * backward_s,
+    )
+
+
+def test_gpipe_equal_stages_take_m_plus_p_minus_one_passes_too() -> None:
+    p, m, forward_s, backward_s = 4, 6, 0.1, 0.2
+    stages = [_gpipe_stage(m=m, forward_s=forward_s, backward_s=backward_s)] * p
+    step = settle(stages, [QUIET] * (p - 1))
+    assert step.pipeline_s == pytest.approx((m + p - 1) * (forward_s + backward_s), rel=1e-12)
+
+
+def test_gpipe_phases_with_different_busiest_stages_take_longer() -> None:
+    # Stage 0 is the busiest in the forwards, stage 1 in the backwards: each phase is a
+    # pipeline of its own (m forwards of 0.3 then one of 0.2; m backwards of 0.5 then one
+    # of 0.3), longer than one stage bounding both (the 1F1B form: 2.8 + 0.6).
+    m = 4
+    stages = [
+        _gpipe_stage(m=m, forward_s=0.3, backward_s=0.3),
+        _gpipe_stage(m=m, forward_s=0.2, backward_s=0.5),
+    ]
+    step = settle(stages, [QUIET])
+    assert step.pipeline_s == pytest.approx((m * 0.3 + 0.2) + (m * 0.5 + 0.3), rel=1e-12)
+    one_f_one_b = [replace(stage, forward_busy_s=None) for stage in stages]
+    assert settle(one_f_one_b, [QUIET]).pipeline_s == pytest.approx(m * 0.7 + 0.6, rel=1e-12)
