@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from piebald.cost.comm import RingProfile, ring_profile
 from piebald.cost.precision import stage_wire_dtype
-from piebald.cost.replica_broadcast import broadcasts_per_step, layer_broadcasts_s
+from piebald.cost.replica_broadcast import broadcasts_per_step, weights_broadcast_s
 from piebald.cost.zero_comm import StageComm, stage_comm
 from piebald.specs.plan import Plan, Stage
 
@@ -112,14 +112,13 @@ def plan_stage_comm(plan: Plan, stage_index: int) -> StageComm:
     # the stage waits for its slowest group.
     cluster = plan.cluster
     broadcast_s = max(
-        sum(
-            layer_broadcasts_s(
-                plan.model,
-                degree=t,
-                layout=stage.tensor_layout,
-                dtype=cluster.device_of(tensor_group[0]).training_dtype(plan.job.precision),
-                link=cluster.link_between(tensor_group[0], tensor_group[1]),
-            )[stage.layer_start : stage.layer_end]
+        weights_broadcast_s(
+            cluster,
+            tensor_group,
+            model=plan.model,
+            layers=(stage.layer_start, stage.layer_end),
+            layout=stage.tensor_layout,
+            dtype=cluster.device_of(tensor_group[0]).training_dtype(plan.job.precision),
         )
         for tensor_group in stage.tensor_groups
     )

@@ -34,7 +34,7 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import PassTimes, pass_times
 from piebald.cost.precision import activation_message_bytes
-from piebald.cost.replica_broadcast import broadcasts_per_pass, layer_broadcasts_s
+from piebald.cost import replica_broadcast
 from piebald.cost.tensor_comm import TensorComm, tensor_comm
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
@@ -154,16 +154,15 @@ def plan_rank_pass(
         tensor_layout=stage.tensor_layout,
     )
     group = stage.tensor_groups[position // stage.tensor_parallel_degree]
-    weights_broadcast_s = 0.0
-    if broadcasts_per_pass(stage.zero, stage.tensor_parallel_degree):
-        weights_broadcast_s = sum(
-            layer_broadcasts_s(
-                plan.model,
-                degree=stage.tensor_parallel_degree,
-                layout=stage.tensor_layout,
-                dtype=shape.dtype,
-                link=plan.cluster.link_between(group[0], group[1]),
-            )[stage.layer_start : stage.layer_end]
+    broadcast_weights_s = 0.0
+    if replica_broadcast.broadcasts_per_pass(stage.zero, stage.tensor_parallel_degree):
+        broadcast_weights_s = replica_broadcast.weights_broadcast_s(
+            plan.cluster,
+            group,
+            model=plan.model,
+            layers=(stage.layer_start, stage.layer_end),
+            layout=stage.tensor_layout,
+            dtype=shape.dtype,
         )
     return rank_pass(
         plan.model,
@@ -177,5 +176,5 @@ def plan_rank_pass(
         ),
         receives_activation=stage_index > 0,
         receives_gradient=stage_index < plan.num_stages - 1,
-        weights_broadcast_s=weights_broadcast_s,
+        weights_broadcast_s=broadcast_weights_s,
     )

@@ -22,15 +22,21 @@ simulator (``rank_pass``, ``data_parallel``) and the planner's stage matrices
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from piebald.cost.comm import broadcast_time_s
-from piebald.specs.cluster import Link
+from piebald.specs.cluster import ClusterSpec, Link
 from piebald.specs.devices import Dtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.tensor_layout import TensorLayout
 
-__all__ = ["broadcasts_per_pass", "broadcasts_per_step", "layer_broadcasts_s"]
+__all__ = [
+    "broadcasts_per_pass",
+    "broadcasts_per_step",
+    "layer_broadcasts_s",
+    "weights_broadcast_s",
+]
 
 
 def broadcasts_per_pass(zero: ZeroMode, degree: int) -> bool:
@@ -59,3 +65,22 @@ def layer_broadcasts_s(
         else 0.0
         for layer in model.layers_at(degree, layout)
     )
+
+
+def weights_broadcast_s(
+    cluster: ClusterSpec,
+    group: Sequence[int],
+    *,
+    model: ModelSpec,
+    layers: tuple[int, int],
+    layout: TensorLayout,
+    dtype: Dtype,
+) -> float:
+    """The broadcasts of layers [start, end) by ``group``'s leader, one after another (0 for
+    a group of one)."""
+    if len(group) <= 1:
+        return 0.0
+    start, end = layers
+    link = cluster.link_between(group[0], group[1])
+    per_layer = layer_broadcasts_s(model, degree=len(group), layout=layout, dtype=dtype, link=link)
+    return sum(per_layer[start:end])

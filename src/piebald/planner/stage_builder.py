@@ -39,7 +39,7 @@ from piebald.cost.rank_pass import input_broadcast_s, rank_pass
 from piebald.cost.replica_broadcast import (
     broadcasts_per_pass,
     broadcasts_per_step,
-    layer_broadcasts_s,
+    weights_broadcast_s,
 )
 from piebald.cost.zero_comm import stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
@@ -282,22 +282,19 @@ def _build_at_degree(
                 )
                 # The leader's broadcast of the weights the group holds whole, under
                 # ZeRO-2/3 (``cost.replica_broadcast``): before each pass, or once a step.
-                weights_broadcast_s = sum(
-                    layer_broadcasts_s(
-                        model,
-                        degree=degree,
-                        layout=layout,
-                        dtype=shape.dtype,
-                        link=cluster.link_between(*group[:2]),
-                    )[layer_start:layer_end]
-                    if degree > 1
-                    else ()
+                broadcast_s = weights_broadcast_s(
+                    cluster,
+                    group,
+                    model=model,
+                    layers=layers,
+                    layout=layout,
+                    dtype=shape.dtype,
                 )
-                of_kind[key] = (shape, (passes.forward_s, passes.backward_s), weights_broadcast_s)
-            shape, compute, weights_broadcast_s = of_kind[key]
+                of_kind[key] = (shape, (passes.forward_s, passes.backward_s), broadcast_s)
+            shape, compute, broadcast_s = of_kind[key]
             shapes.append(shape)
             compute_s.append(compute)
-            broadcasts_s.append(weights_broadcast_s)
+            broadcasts_s.append(broadcast_s)
         # Each group's pass takes at least its compute, so no allocation of the sequences
         # keeps every group busy for less than the continuous one's: where even that is
         # not faster than the best so far, no ZeRO mode is (with room for rounding).
