@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from piebald.cost import replica_broadcast
 from piebald.cost.comm import RingProfile, broadcast_time_s, ring_profile
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import PassTimes, pass_times
 from piebald.cost.precision import activation_message_bytes
-from piebald.cost import replica_broadcast
 from piebald.cost.tensor_comm import TensorComm, tensor_comm
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
