@@ -573,7 +573,8 @@ def stage_memory_bytes(
     how the planner prices every split at once; :func:`rank_memory` is the same formula,
     told more where it knows more: AdamW's step-end temporaries, which shrink with a shard
     smaller than two chunks (priced here at fraction 1, their most), and the stage's and
-    the tied weight's groups (here an even pair, and the widest tied group).
+    the tied weight's groups (here an even pair, and the widest tied group), and a tensor
+    group's members (here its leader, who holds the most: ``replica``).
     ``shape``: the rank's passes; ``wire_dtype``: the stage group's (``cost.precision``;
     default the shape's dtype). ``curve``: the measured activations, if any (see the module
     docstring)."""

@@ -18,10 +18,10 @@ head is not split): neither broadcasts.
 
 Under ZeRO-3 each pass also waits for the leader's broadcast of the gathered weights the
 group holds whole, layer by layer (``cost.replica_broadcast``). At degree 1 a pass is its
-compute alone. The plan estimate, the simulator's prices and
-(at given layer bounds) the planner price a rank's pass with :func:`rank_pass`; the
-planner's stage matrices add up the same terms for every layer range at once, with
-``cost.tensor_comm.tensor_comm_s`` and :func:`input_broadcast_s`.
+compute alone. The plan estimate, the simulator's prices and (at given layer bounds) the
+planner price a rank's pass with :func:`rank_pass`; the planner's stage matrices add up
+the same terms for every layer range at once, with ``cost.tensor_comm.tensor_comm_s``,
+:func:`input_broadcast_s` and ``replica_broadcast.layer_broadcasts_s``.
 """
 
 from __future__ import annotations
