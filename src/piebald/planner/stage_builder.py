@@ -249,12 +249,26 @@ def _build_at_degree(
     # One data-parallel group; the stage's t of them run at once, sharing the NICs.
     profile = ring_profile(cluster, leaders, rings_per_nic=degree)
     tensor_group = tensor_group_of_each_type(cluster, ranks, degree)
+    # The leader's broadcast of the weights the group holds whole, under ZeRO-2/3
+    # (``cost.replica_broadcast``): before each pass, or once a step.
+    broadcast_of = {
+        device: weights_broadcast_s(
+            cluster,
+            group,
+            model=model,
+            layers=layers,
+            layout=layout,
+            dtype=device.training_dtype(job.precision),
+        )
+        for device, group in tensor_group.items()
+    }
+    broadcasts_s = [broadcast_of[device] for device in devices]
     best: StageChoice | None = None
     for recompute in rules.recompute:
         # Groups of one device type and micro-batch size pass alike: one shape and one
         # lookup each (a stage may have thousands of ranks).
-        of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float], float]] = {}
-        shapes, compute_s, broadcasts_s = [], [], []
+        of_kind: dict[tuple[DeviceType, int], tuple[PassShape, tuple[float, float]]] = {}
+        shapes, compute_s = [], []
         for key in zip(devices, sizes, strict=True):
             if key not in of_kind:
                 device, size = key
@@ -280,21 +294,10 @@ def _build_at_degree(
                     receives_activation=stage_index > 0,
                     receives_gradient=stage_index < num_stages - 1,
                 )
-                # The leader's broadcast of the weights the group holds whole, under
-                # ZeRO-2/3 (``cost.replica_broadcast``): before each pass, or once a step.
-                broadcast_s = weights_broadcast_s(
-                    cluster,
-                    group,
-                    model=model,
-                    layers=layers,
-                    layout=layout,
-                    dtype=shape.dtype,
-                )
-                of_kind[key] = (shape, (passes.forward_s, passes.backward_s), broadcast_s)
-            shape, compute, broadcast_s = of_kind[key]
+                of_kind[key] = (shape, (passes.forward_s, passes.backward_s))
+            shape, compute = of_kind[key]
             shapes.append(shape)
             compute_s.append(compute)
-            broadcasts_s.append(broadcast_s)
         # Each group's pass takes at least its compute, so no allocation of the sequences
         # keeps every group busy for less than the continuous one's: where even that is
         # not faster than the best so far, no ZeRO mode is (with room for rounding).

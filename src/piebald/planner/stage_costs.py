@@ -421,6 +421,19 @@ def _settings(
         optimizer_step_time_s(num_params=1.0, device=d, optimizer=job.optimizer, curve=curve)
         for d in classes
     )
+    # Under ZeRO-2/3 each group's leader hands the weights the group holds whole on to its
+    # members (``cost.replica_broadcast``): ZeRO-3 before every pass, ZeRO-2 once per step,
+    # after the gather.
+    weights_broadcast = {
+        device: _broadcast_ranges(
+            model,
+            degree=degree,
+            layout=layout,
+            dtype=device.training_dtype(job.precision),
+            link=cluster.link_between(*group[:2]),
+        )
+        for device, group in tensor_group.items()
+    }
     settings: list[Setting] = []
     for recompute in rules.recompute:
         shapes = {
@@ -457,20 +470,6 @@ def _settings(
                     + comm_backward_s
                     + broadcast_s * (stage_index < num_stages - 1)
                 )
-        # Under ZeRO-2/3 each group's leader hands the weights the group holds whole on to
-        # its members (``cost.replica_broadcast``): ZeRO-3 before every pass, ZeRO-2 once
-        # per step, after the gather.
-        weights_broadcast = {
-            device: _broadcast_ranges(
-                model,
-                degree=degree,
-                layout=layout,
-                dtype=shape.dtype,
-                link=cluster.link_between(*tensor_group[device][:2]),
-            )
-            for device, shape in shapes.items()
-            if degree > 1
-        }
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
         passes: dict[tuple[float, float, float, float, bool, bool], _Passes] = {}
