@@ -132,7 +132,7 @@ def describe(plan: Plan) -> str:
             f"{n}x{b}" for n, b in zip(stage.num_micro_batches, stage.micro_batch_size, strict=True)
         )
         extras = ("" if stage.zero.value == "none" else f", ZeRO {stage.zero.value}") + (
-            ", recompute" if stage.recompute else ""
+            f", recompute {stage.recompute.value}" if stage.recompute.checkpoints else ""
         )
         parts.append(
             f"layers {stage.layer_start}-{stage.layer_end} on ranks "

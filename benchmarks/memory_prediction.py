@@ -1,5 +1,5 @@
 """Measured against predicted memory on random plans: for each of the first 30 random plans
-of ``tests/distributed/memory_cases.py`` (1-4 stages, every ZeRO mode, recompute on and off,
+of ``tests/distributed/memory_cases.py`` (1-4 stages, every ZeRO mode, every recompute mode,
 GPipe and 1F1B, uneven shards, bf16 and fp16 GPUs), one unpaced emulated step in the GPUs'
 own dtypes, and every rank's measured peak of live tensor bytes beside ``predicted_bytes``
 (the memory model's peak for the micro-batches the rank's schedule holds and this backend's

@@ -108,7 +108,7 @@ def _print_structure(result: SearchResult) -> None:
         print(
             f"| {index} | {stage.layer_start}-{stage.layer_end - 1} | {gpus} | "
             f"{stage.tensor_parallel_degree} | {stage.zero.value} | "
-            f"{'yes' if stage.recompute else 'no'} | {max(stage.num_micro_batches)} |"
+            f"{stage.recompute.value} | {max(stage.num_micro_batches)} |"
         )
     idle = Counter(cluster.device_of(rank).name for rank in plan.idle_ranks)
     print("\nidle:", ", ".join(f"{count} {name}" for name, count in idle.items()) or "none")

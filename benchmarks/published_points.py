@@ -29,6 +29,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
@@ -269,19 +270,24 @@ def tensor_layout_as_run(point: PublishedPoint) -> tuple[TensorLayout, str | Non
     return TensorLayout.SEQUENCE, "tensor layout not stated: priced as piebald's (sequence)"
 
 
-def recompute_as_run(point: PublishedPoint) -> tuple[bool | None, str | None]:
-    """(whether the run recomputed whole blocks, a note when piebald cannot say it exactly);
-    None when the source does not say.
+def recompute_as_run(point: PublishedPoint) -> tuple[Recompute | None, str | None]:
+    """(the recomputation the run used, a note when piebald cannot say it exactly); None
+    when the source does not say.
 
-    piebald recomputes a whole block or nothing. Selective checkpointing (torchtitan's
-    per-op policy saves most matmul outputs) is priced as no recomputation, and said so."""
+    Selective checkpointing is torchtitan's per-op policy (attention outputs and every
+    other matmul's kept), which is piebald's selective recompute (``specs.recompute``);
+    torchtitan also keeps the outputs of its tensor groups' reduce-scatters, which
+    piebald's runtime runs again."""
     text = point.parallelism
     if re.search(r"selective|SAC", text, flags=re.IGNORECASE):
-        return False, "selective activation checkpointing priced as none (piebald: whole blocks)"
+        note = None
+        if tensor_parallel_degree(point) > 1:
+            note = "selective recompute: its reduce-scatters priced as run again (piebald's)"
+        return Recompute.SELECTIVE, note
     if re.search(r"no recompute|-r 0|(checkpointing|recomputation) off", text, re.IGNORECASE):
-        return False, None
+        return Recompute.NONE, None
     if re.search(r"full AC|(checkpointing|recomputation)( on)?\b", text, flags=re.IGNORECASE):
-        return True, None
+        return Recompute.FULL, None
     return None, None
 
 

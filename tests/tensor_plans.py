@@ -14,6 +14,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 TWO_H100_NODES = cluster(
@@ -30,7 +31,7 @@ def tp_stage(
     num_micro_batches: int,
     zero: ZeroMode = ZeroMode.NONE,
     micro_batch_size: int = 1,
-    recompute: bool = False,
+    recompute: Recompute = Recompute.NONE,
     layout: TensorLayout | None = None,
 ) -> Stage:
     """A stage of consecutive tensor groups of ``degree``, each running

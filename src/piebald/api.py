@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING
 
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.errors import ArgumentError
-from piebald.planner.choices import strategy_named, tensor_parallel_degree, zero_mode_named
+from piebald.planner.choices import (
+    recompute_modes,
+    strategy_named,
+    tensor_parallel_degree,
+    zero_mode_named,
+)
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible, search
 from piebald.planner.strategies import STRATEGIES
@@ -160,6 +165,7 @@ def plan(
     strategy: str = "piebald",
     zero: str | ZeroMode | None = None,
     tensor_parallel: int | None = None,
+    recompute: str | Sequence[str] | None = None,
     profiles: Profiles | None = None,
     verify_by_simulation: bool = False,
     progress: Progress | None = None,
@@ -172,7 +178,9 @@ def plan(
     Face config path or a ModelSpec; ``strategy``: piebald, or a baseline to plan as;
     ``zero``: every stage in this ZeRO mode (none, optimizer, gradients, full);
     ``tensor_parallel``: every stage at this tensor-parallel degree (1, 2, 4, 8; default:
-    searched per stage);
+    searched per stage); ``recompute``: the recompute modes a stage may take, one or
+    several of none, selective, full (a comma-separated string or a sequence; default:
+    the strategy's, selective only on clusters up to 256 GPUs);
     ``profiles``: a profile DB directory (or a loaded ``ProfileDB``) to price compute,
     activation memory and links from its measurements (the plan records them);
     ``verify_by_simulation``: simulate the top candidates and keep the fastest simulated
@@ -190,6 +198,7 @@ def plan(
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
     degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=job.seq_len)
+    modes = recompute_modes(recompute, strategy=chosen)
     check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
     priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
@@ -202,6 +211,7 @@ def plan(
         progress=progress,
         zero=zero_mode,
         tensor_parallel=degree,
+        recompute=modes,
         workers=workers,
     )
     best = (

@@ -28,6 +28,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, Stage, ZeroMode, weighted_round_robin
 from piebald.specs.presets import PRESETS
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 PG_TIMEOUT_S = 30.0  # a hang becomes a failure well inside pytest's timeout
@@ -90,7 +91,7 @@ class StageSpec:
     fractions: tuple[float, ...]
     zero: ZeroMode = ZeroMode.OPTIMIZER
     micro_batch_sizes: tuple[int, ...] | None = None  # None: 1 per rank
-    recompute: bool = False
+    recompute: Recompute = Recompute.NONE
     tensor_parallel_degree: int = 1  # consecutive runs of this many ranks: tensor groups
     # What the tensor groups split besides the blocks' heads and width; None: sequence
     # parallel at degree > 1 (the layout the planner makes), blocks at degree 1.

@@ -9,7 +9,7 @@ or not, and whose head sits alone on a third rank, so that the split stage's pea
 blocks' backward, not the loss's.
 
 Random plans (``random_plan``): 1-4 stages, every
-ZeRO mode, recompute on and off, GPipe and 1F1B, uneven shards and micro-batch counts,
+ZeRO mode, every recompute mode, GPipe and 1F1B, uneven shards and micro-batch counts,
 bf16 and fp16 GPUs mixed, ``tiny`` at full width with sequences of 32 or 128 tokens (some
 plans dominated by the training state, others by activations).
 
@@ -29,6 +29,7 @@ from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode
 from piebald.specs.presets import PRESETS
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 FOUR_A100 = parse_cluster(
@@ -103,7 +104,7 @@ def random_plan(rng: random.Random) -> Plan:
                 fractions=(1 / width,) * width if zero is ZeroMode.NONE else _fractions(width, rng),
                 zero=zero,
                 micro_batch_sizes=sizes,
-                recompute=rng.random() < 0.5,
+                recompute=tuple(Recompute)[int(rng.random() * len(Recompute))],
             )
         )
     return make_plan(
@@ -158,7 +159,7 @@ def tensor_parallel_plan(
     model: ModelSpec,
     *,
     layout: TensorLayout,
-    recompute: bool,
+    recompute: Recompute,
     zero: ZeroMode = ZeroMode.OPTIMIZER,
 ) -> Plan:
     """Stage 0 (embedding and blocks) at TP 2 in ``layout`` under ``zero`` on two A100s,

@@ -6,6 +6,9 @@ seeded tensors), and the activation bytes a split block keeps against the whole 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -13,7 +16,10 @@ from memory_cases import small_gpt2
 from torch import nn
 from torch.nn import functional
 
+from piebald.cost.pass_shape import PassShape
+from piebald.cost.tensor_comm import ALL_REDUCES_PER_BLOCK_PASS, rerun_share
 from piebald.runtime.distributed.sequence_chunks import own_chunk
+from piebald.runtime.models import tensor_ops
 from piebald.runtime.models.norms import RMSNorm
 from piebald.runtime.models.stage_part import StagePart, build_stage_part
 from piebald.runtime.models.tensor_ops import (
@@ -25,8 +31,11 @@ from piebald.runtime.models.tensor_ops import (
     sequence_parallel_norm,
 )
 from piebald.runtime.models.tensor_parallel import split_stage_part
+from piebald.runtime.training.memory_meter import MemoryMeter
+from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import ModelSpec
 from piebald.specs.presets import PRESETS
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 B, S, H, F = 2, 8, 6, 8  # batch, sequence, hidden, inner width (split over the group)
@@ -178,7 +187,7 @@ def block_keeps_its_share(rank: int, world_size: int) -> None:
     group = dist.new_group(list(range(world_size)))
     for name, model in _memory_models().items():
         for dtype in (torch.float32, torch.bfloat16):
-            for recompute in (False, True):
+            for recompute in (Recompute.NONE, Recompute.FULL):
                 whole = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
                 split = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
                 split_stage_part(
@@ -195,3 +204,138 @@ def block_keeps_its_share(rank: int, world_size: int) -> None:
                     _saved_bytes_per_row(whole, dtype),
                 )
                 assert mine * world_size == theirs, (name, dtype, recompute, mine, theirs)
+
+
+# --- recompute on a tensor group --------------------------------------------------------------
+
+
+class _CountedCollectives:
+    """Counts the tensor group's collectives a block runs, patched where
+    ``models.tensor_ops`` calls them: all-reduces, and the sequence's gathers and
+    reduce-scatters (blocking or started)."""
+
+    NAMES = (
+        "gather_sequence",
+        "reduce_scatter_sequence",
+        "start_gather_sequence",
+        "start_reduce_scatter_sequence",
+    )
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._originals: dict[tuple[object, str], object] = {}
+
+    def __enter__(self) -> _CountedCollectives:
+        targets = [(tensor_ops, name) for name in self.NAMES] + [(tensor_ops.dist, "all_reduce")]
+        for module, name in targets:
+            original = getattr(module, name)
+            self._originals[(module, name)] = original
+
+            def counted(*args: object, _original: Any = original, **kwargs: object) -> Any:
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            setattr(module, name, counted)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for (module, name), original in self._originals.items():
+            setattr(module, name, original)
+
+
+def _split_part(
+    model: ModelSpec,
+    *,
+    rank: int,
+    world_size: int,
+    group: Any,
+    layout: TensorLayout,
+    dtype: torch.dtype = torch.float32,
+) -> StagePart:
+    part = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
+    split_stage_part(
+        part,
+        degree=world_size,
+        position=rank,
+        positions=tuple(range(world_size)),
+        group=group,
+        layout=layout,
+    )
+    return part
+
+
+def _backward_collectives(part: StagePart, recompute: Recompute) -> int:
+    part.recompute = recompute
+    x = torch.randn(2, S_MEMORY, part.model.arch.hidden_size).requires_grad_()
+    out = part(x)
+    with _CountedCollectives() as counted:
+        out.backward(torch.ones_like(out))
+    return counted.count
+
+
+def _settle() -> None:
+    """Let go of what is already dead: gloo's background work holds a collective's tensors
+    a little after the call returns (seen as up to two [s, h] tensors more or fewer in the
+    window), and cycles wait for the collector."""
+    dist.barrier()
+    gc.collect()
+    time.sleep(0.05)
+
+
+def _kept_per_row(part: StagePart, dtype: torch.dtype) -> int:
+    """Bytes of live tensors one block's forward leaves for its backward per row of the
+    micro-batch (2 rows less 1), its input and output aside, by the memory meter."""
+    kept = []
+    for rows in (1, 2):
+        x = torch.randn(rows, S_MEMORY, part.model.arch.hidden_size).to(dtype).requires_grad_()
+        rope = part.rope(x)
+        meter = MemoryMeter(torch.device("cpu"))
+        _settle()
+        with meter:
+            meter.track([x, *part.parameters(), *(rope or ())])
+            before = meter.live_bytes()
+            out = part(x)
+            _settle()
+            kept.append(meter.live_bytes() - before - out.numel() * out.element_size())
+            out.backward(torch.ones_like(out))
+    return kept[1] - kept[0]
+
+
+def recomputed_block_on_a_tensor_group(rank: int, world_size: int) -> None:
+    """Under full and selective recompute a split block's backward runs again all but the
+    last of its forward's collectives (``cost.tensor_comm.rerun_share``), and under
+    selective it keeps what ``ModelSpec.layers_at`` says a member keeps."""
+    group = dist.new_group(list(range(world_size)))
+    for name, model in _memory_models().items():
+        for layout in (TensorLayout.BLOCKS, TensorLayout.SEQUENCE):
+            per_pass = ALL_REDUCES_PER_BLOCK_PASS * (2 if layout.splits_sequence else 1)
+            part = _split_part(model, rank=rank, world_size=world_size, group=group, layout=layout)
+            plain = _backward_collectives(part, Recompute.NONE)
+            for recompute in (Recompute.SELECTIVE, Recompute.FULL):
+                shape = PassShape(
+                    device=builtin_catalog()["H100-SXM"],
+                    dtype=Dtype.FP32,
+                    micro_batch_size=1,
+                    seq_len=S_MEMORY,
+                    recompute=recompute,
+                    tensor_parallel_degree=world_size,
+                    tensor_layout=layout,
+                )
+                again = _backward_collectives(part, recompute) - plain
+                assert again == rerun_share(shape) * per_pass, (name, layout, recompute, again)
+            for dtype in (torch.float32, torch.bfloat16):
+                part = _split_part(
+                    model, rank=rank, world_size=world_size, group=group, layout=layout, dtype=dtype
+                )
+                part.recompute = Recompute.SELECTIVE
+                dtype_bytes = torch.finfo(dtype).bits // 8
+                block = model.layers_at(world_size, layout)[1]
+                per_token = block.activation_bytes_per_token(
+                    dtype_bytes=dtype_bytes, recompute=Recompute.SELECTIVE
+                )
+                mine = _kept_per_row(part, dtype)
+                # The block's input is the caller's, except sequence parallel: there the
+                # part cuts the member's chunk from it, a tensor of its own.
+                caller_input = 0 if layout.splits_sequence else model.arch.hidden_size
+                expected = S_MEMORY * (per_token - caller_input * dtype_bytes)
+                assert mine == expected, (name, layout, dtype, mine, expected)

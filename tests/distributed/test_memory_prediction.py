@@ -1,11 +1,12 @@
 """Measured against predicted memory on random plans (issue 13): for each of the
-``NUM_PLANS`` random plans of ``memory_cases`` (1-4 stages, every ZeRO mode, recompute on
-and off, GPipe and 1F1B, uneven shards and counts, bf16 and fp16 GPUs, ``tiny`` at full
+``NUM_PLANS`` random plans of ``memory_cases`` (1-4 stages, every ZeRO mode, every
+recompute mode, GPipe and 1F1B, uneven shards and counts, bf16 and fp16 GPUs, ``tiny`` at full
 width), one emulated step in the GPUs' own dtypes, and every rank's measured peak of live
 tensor bytes within [0.75, 1.05] of its ``predicted_bytes``; and the same for the members of
-tensor-parallel stages, sequence parallel and not, under ZeRO-1, 2 and 3
-(``memory_cases.tensor_parallel_plan``), each member predicted as well as its leader (within
-0.02): it owns none of the sharded state of the weights its group holds whole.
+tensor-parallel stages, sequence parallel and not, under ZeRO-1, 2 and 3, full and
+selective recompute (``memory_cases.tensor_parallel_plan``), each member predicted as well
+as its leader (within 0.02): it owns none of the sharded state of the weights its group
+holds whole.
 ``benchmarks/memory_prediction.py`` prints the random plans' ratios as a table."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from piebald.runtime.training.emulate import emulate
 from piebald.runtime.training.precision import ComputeDtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -54,22 +56,22 @@ def test_every_rank_peaks_near_its_prediction(seed: int) -> None:
 @pytest.mark.parametrize(
     ("model", "layout", "recompute", "zero"),
     [
-        (GPT2_W256, TensorLayout.SEQUENCE, False, ZeroMode.OPTIMIZER),
-        (LLAMA_W256, TensorLayout.SEQUENCE, True, ZeroMode.OPTIMIZER),
-        (LLAMA_W256, TensorLayout.BLOCKS, False, ZeroMode.OPTIMIZER),
-        (GPT2_W256, TensorLayout.SEQUENCE, False, ZeroMode.FULL),
-        (LLAMA_W256, TensorLayout.SEQUENCE, True, ZeroMode.GRADIENTS),
+        (GPT2_W256, TensorLayout.SEQUENCE, Recompute.NONE, ZeroMode.OPTIMIZER),
+        (LLAMA_W256, TensorLayout.SEQUENCE, Recompute.FULL, ZeroMode.OPTIMIZER),
+        (LLAMA_W256, TensorLayout.BLOCKS, Recompute.NONE, ZeroMode.OPTIMIZER),
+        (GPT2_W256, TensorLayout.SEQUENCE, Recompute.NONE, ZeroMode.FULL),
+        (LLAMA_W256, TensorLayout.SEQUENCE, Recompute.SELECTIVE, ZeroMode.GRADIENTS),
     ],
     ids=[
         "gpt2-sequence",
         "llama-sequence-recompute",
         "llama-blocks",
         "gpt2-sequence-zero3",
-        "llama-sequence-recompute-zero2",
+        "llama-sequence-selective-zero2",
     ],
 )
 def test_tensor_parallel_members_peak_near_their_prediction(
-    model: ModelSpec, layout: TensorLayout, recompute: bool, zero: ZeroMode
+    model: ModelSpec, layout: TensorLayout, recompute: Recompute, zero: ZeroMode
 ) -> None:
     plan = tensor_parallel_plan(model, layout=layout, recompute=recompute, zero=zero)
     ratios = _peaks_near_prediction(plan, seed=0)

@@ -28,6 +28,7 @@ from equivalence import CONFIG, STEPS, assert_trains_like_one_process
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
 from piebald.specs.plan import Plan, Schedule, ZeroMode
+from piebald.specs.recompute import Recompute
 
 pytestmark = pytest.mark.distributed
 
@@ -68,7 +69,7 @@ def _one_stage_zero3() -> Plan:
                 fractions=(0.5, 0.3, 0.2),
                 micro_batch_sizes=(2, 1, 1),
                 zero=ZeroMode.FULL,
-                recompute=True,
+                recompute=Recompute.FULL,
             )
         ],
         num_gpus=3,
@@ -98,8 +99,9 @@ def _two_stages_fan_out() -> Plan:
 
 def _three_stages_six_ranks(schedule: Schedule) -> Plan:
     """Stages of 2, 1 and 3 GPUs on 7 GPUs, one idle, untied head. Under 1F1B: ZeRO-1 with
-    4:2 micro-batches, replicated with recompute, ZeRO-1; under GPipe the outer stages run
-    in lockstep with equal counts: ZeRO-2 and ZeRO-3."""
+    4:2 micro-batches, replicated with full recompute, ZeRO-1; under GPipe the outer stages
+    run in lockstep with equal counts: ZeRO-2 and ZeRO-3, and the middle one recomputes
+    selectively."""
     gpipe = schedule is Schedule.GPIPE
     return make_plan(
         [
@@ -116,7 +118,7 @@ def _three_stages_six_ranks(schedule: Schedule) -> Plan:
                 num_micro_batches=(6,),
                 fractions=(1.0,),
                 zero=ZeroMode.NONE,
-                recompute=True,
+                recompute=Recompute.SELECTIVE if gpipe else Recompute.FULL,
             ),
             StageSpec(
                 layer_end=6,
@@ -138,8 +140,8 @@ PLANS = {
     "1 stage, 3 ranks, sizes 2/1/1, ZeRO-3, recompute, tied": _one_stage_zero3,
     "2 stages, 1 -> 3 ranks, tied head": _two_stages_fan_out,
     "3 stages, 2/1/3 ranks + 1 idle, 1F1B": lambda: _three_stages_six_ranks(Schedule.ONE_F_ONE_B),
-    "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3": lambda: _three_stages_six_ranks(
-        Schedule.GPIPE
+    "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3, selective": lambda: (
+        _three_stages_six_ranks(Schedule.GPIPE)
     ),
 }
 
@@ -158,7 +160,7 @@ def test_plan_trains_exactly_like_one_process(name: str, one_tag: bool, tmp_path
     "name",
     [
         "1 stage, 3 ranks, sizes 2/1/1, ZeRO-3, recompute, tied",
-        "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3",
+        "3 stages, 2/1/3 ranks + 1 idle, GPipe, ZeRO-2 and ZeRO-3, selective",
     ],
 )
 def test_weight_decay_and_lr_schedule_train_like_one_process(name: str, tmp_path: Path) -> None:

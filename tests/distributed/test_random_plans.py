@@ -7,6 +7,7 @@ import random
 from memory_cases import NUM_PLANS, random_plan
 
 from piebald.specs.plan import Schedule, ZeroMode
+from piebald.specs.recompute import Recompute
 
 
 def test_random_plans_cover_every_stage_count_zero_mode_and_schedule() -> None:
@@ -16,5 +17,5 @@ def test_random_plans_cover_every_stage_count_zero_mode_and_schedule() -> None:
     assert {p.num_stages for p in plans} == {1, 2, 3, 4}
     assert {s.zero for p in plans for s in p.stages} == set(ZeroMode)
     assert {p.schedule for p in plans} == set(Schedule)
-    assert {s.recompute for p in plans for s in p.stages} == {False, True}
+    assert {s.recompute for p in plans for s in p.stages} == set(Recompute)
     assert any(len(set(s.shard_fraction)) > 1 for p in plans for s in p.stages)

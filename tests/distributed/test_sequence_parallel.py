@@ -24,3 +24,10 @@ def test_a_split_block_keeps_its_share_of_the_activations() -> None:
     """Llama and GPT-2 blocks, fp32 and bf16, with and without recompute: what a TP 2
     member's block saves for the backward, per row, is half of the unsplit block's."""
     run_ranks(sequence_parallel_workers.block_keeps_its_share, 2)
+
+
+def test_a_recomputed_split_block_reruns_and_keeps_what_the_cost_model_says() -> None:
+    """Llama and GPT-2 blocks at TP 2, sequence parallel and not: under full and selective
+    recompute the backward runs again all but the last of the forward's collectives, and
+    under selective a member keeps exactly the bytes ``ModelSpec.layers_at`` gives."""
+    run_ranks(sequence_parallel_workers.recomputed_block_on_a_tensor_group, 2)

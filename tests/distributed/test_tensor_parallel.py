@@ -13,7 +13,7 @@ pipeline whose first stage is split and whose second is not, with the embedding 
 the head across stages, and one whose second stage is split under ZeRO-3; and GPT-2's
 fused QKV with biases, split two ways under recompute and four ways under ZeRO-3. All
 sequence parallel, and two of them again in the ``blocks`` layout (ZeRO-3 with the
-routed replicated weights; GPT-2 under recompute). Plus: the pipeline keeps working
+routed replicated weights; GPT-2 under selective recompute). Plus: the pipeline keeps working
 paced. Checkpoints of tensor-parallel plans:
 test_tensor_parallel_checkpoint.py; the sequence-parallel functions alone:
 test_sequence_parallel.py; what the runtime refuses (other tensor layouts, a sequence
@@ -37,6 +37,7 @@ from piebald.runtime.training.emulate import emulate
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import PRESETS
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 pytestmark = pytest.mark.distributed
@@ -182,7 +183,7 @@ def _two_stages_whole_then_split_zero3() -> Plan:
     )
 
 
-def _gpt2_two_ways() -> Plan:
+def _gpt2_two_ways(recompute: Recompute = Recompute.FULL) -> Plan:
     """The small GPT-2 split two ways, replicated optimizer (ZeRO none), recompute."""
     return make_plan(
         [
@@ -192,7 +193,7 @@ def _gpt2_two_ways() -> Plan:
                 num_micro_batches=(3, 3),
                 fractions=(0.5, 0.5),
                 zero=ZeroMode.NONE,
-                recompute=True,
+                recompute=recompute,
                 tensor_parallel_degree=2,
             )
         ],
@@ -237,7 +238,9 @@ PLANS: dict[str, Callable[[], Plan]] = {
     "blocks layout: 1 stage, TP 2 x DP 2, ZeRO-3, tied head": _in_blocks_layout(
         functools.partial(_two_groups_streamed, ZeroMode.FULL, tied=True)
     ),
-    "blocks layout: 1 stage, GPT-2, TP 2, ZeRO none, recompute": _in_blocks_layout(_gpt2_two_ways),
+    "blocks layout: 1 stage, GPT-2, TP 2, ZeRO none, selective recompute": _in_blocks_layout(
+        functools.partial(_gpt2_two_ways, Recompute.SELECTIVE)
+    ),
 }
 
 

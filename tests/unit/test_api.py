@@ -112,6 +112,20 @@ def test_api_zero_and_strategy_match_the_cli(tmp_path: Path) -> None:
     assert {stage.zero for stage in plan.stages} == {piebald.ZeroMode.OPTIMIZER}
 
 
+def test_api_recompute_matches_the_cli(tmp_path: Path) -> None:
+    cli = _cli_plan(
+        tmp_path, "--cluster", str(example_path()), *SMALL, "--recompute", "selective,full"
+    )
+    plan = piebald.plan(
+        example_path(),
+        "tiny",
+        piebald.build_job(global_batch=8, seq_len=64),
+        recompute=["full", "selective"],
+    )
+    _same_plan(plan, cli)
+    assert {stage.recompute.value for stage in plan.stages} <= {"selective", "full"}
+
+
 def test_verify_by_simulation_matches_plan_simulate(tmp_path: Path) -> None:
     cli = _cli_plan(tmp_path, "--cluster", str(example_path()), *SMALL, "--simulate")
     job = piebald.build_job(global_batch=8, seq_len=64)
@@ -185,6 +199,13 @@ def test_bad_arguments_name_the_argument_not_a_flag(tmp_path: Path) -> None:
         (lambda: piebald.plan(example_path(), "tiny", job, zero="fully"), "zero"),
         (lambda: piebald.plan(example_path(), "tiny", job, strategy="metis", zero="full"), "zero"),
         (lambda: piebald.plan(example_path(), "tiny", job, profiles=empty), "profiles"),
+        (lambda: piebald.plan(example_path(), "tiny", job, recompute="some"), "recompute"),
+        (
+            lambda: piebald.plan(
+                example_path(), "tiny", job, strategy="metis", recompute="selective"
+            ),
+            "recompute",
+        ),
         (lambda: piebald.load_model("no-such-model"), "model"),
         (lambda: piebald.build_job(global_batch=0, seq_len=64), "global_batch"),
         (lambda: piebald.build_job(global_batch=8, seq_len=64, precision="fp8"), "precision"),

@@ -48,7 +48,12 @@ from piebald.cli.render import (
 )
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.choices import strategy_named, tensor_parallel_degree, zero_mode_named
+from piebald.planner.choices import (
+    recompute_modes,
+    strategy_named,
+    tensor_parallel_degree,
+    zero_mode_named,
+)
 from piebald.planner.compare import Comparison
 from piebald.planner.search import search
 from piebald.profiler.apply import recorded_curve
@@ -140,6 +145,13 @@ def plan(
             help="Every stage at this tensor-parallel degree (1, 2, 4, 8); default: searched.",
         ),
     ] = None,
+    recompute: Annotated[
+        str | None,
+        typer.Option(
+            help="The recompute modes a stage may take: none, selective, full, or several "
+            "comma-separated; default: all three up to 256 GPUs, none and full beyond.",
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the plan JSON here.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON.")] = False,
@@ -153,6 +165,7 @@ def plan(
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
     degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=seq_len)
+    modes = recompute_modes(recompute, strategy=chosen)
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
@@ -167,6 +180,7 @@ def plan(
             curve=curve,
             zero=zero_mode,
             tensor_parallel=degree,
+            recompute=modes,
             workers=workers,
         )
     best = result.best

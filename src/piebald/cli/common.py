@@ -79,6 +79,7 @@ FLAG_OF_ARGUMENT = {
     "global_batch": "--global-batch",
     "model": "--model",
     "profiles": "--profiles",
+    "recompute": "--recompute",
     "seq_len": "--seq-len",
     "strategy": "--strategy",
     "tensor_parallel": "--tensor-parallel",

@@ -11,7 +11,10 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Stage
+from piebald.specs.recompute import Recompute
 from piebald.specs.units import format_bytes, format_rate
+
+_RECOMPUTE_CELL = {Recompute.NONE: "no", Recompute.SELECTIVE: "sel", Recompute.FULL: "yes"}
 
 __all__ = [
     "catalog_table",
@@ -159,7 +162,7 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
     caption = (
         "tp: tensor-parallel degree (ranks per tensor group, its leader first), mbs: "
         "micro-batch size, #mb: micro-batches per step, shard: fraction of the stage's "
-        "training state, rc: recompute, busy: compute time / step time"
+        "training state, rc: recompute (sel: selective), busy: compute time / step time"
     )
     table = Table(title=title, caption=caption)
     for column in (
@@ -194,7 +197,7 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
                 str(stage.num_micro_batches[position]),
                 f"{stage.shard_fraction[position]:.3f}",
                 stage.zero.value,
-                "yes" if stage.recompute else "no",
+                _RECOMPUTE_CELL[stage.recompute],
                 f"{busy:.0%}",
                 f"{memory / 2**30:.1f} / {device.memory_bytes / 2**30:.1f} GiB",
             )

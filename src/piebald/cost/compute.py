@@ -22,7 +22,8 @@ A forward pass of ``T`` tokens through a layer (its ops from ``specs/layer_ops.p
 
 The backward is twice the forward in GEMM FLOPs, bytes and kernels (input and weight
 gradients; ``specs/layer_ops.py``) and 2.5x in attention FLOPs (flash attention recomputes
-the scores), plus a forward when the layer is recomputed. MFU
+the scores), plus what it runs again of the forward when the layer is recomputed
+(``specs.layer_ops.block_reruns``: all but the last matmul under full recompute). MFU
 reporting keeps counting the full (non-causal) attention FLOPs, as PaLM does.
 
 A measured profile enters through the object passed as ``curve``: a subclass
@@ -36,13 +37,14 @@ and of its activations sees one source of measurements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from piebald.cost.pass_shape import PassShape
 from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import LayerKind, LayerSpec
+from piebald.specs.recompute import Recompute
 
 __all__ = [
     "KERNEL_LAUNCH_S",
@@ -53,6 +55,7 @@ __all__ = [
     "layer_backward_time_s",
     "layer_forward_time_s",
     "optimizer_step_time_s",
+    "rerun_work",
 ]
 
 
@@ -228,18 +231,48 @@ def layer_forward_time_s(
     )
 
 
+def rerun_work(layer: LayerSpec, *, shape: PassShape) -> PassWork:
+    """What one micro-batch's backward through ``layer`` runs again of its forward under
+    ``shape.recompute`` (``LayerSpec.rerun``; nothing without recompute or outside the
+    blocks)."""
+    rerun = layer.rerun(shape.recompute)
+    tokens = shape.num_tokens
+    dtype_bytes = shape.dtype.num_bytes
+    ops = rerun.ops
+    causal_positions = (shape.seq_len + 1) / 2.0  # as in forward_work
+    attention = layer.attention_flops_per_token_per_position * causal_positions * tokens
+    return PassWork(
+        matmul_flops=2.0 * rerun.matmul_weights * tokens,
+        attention_flops=attention if rerun.attention else 0.0,
+        gemm_bytes=(rerun.matmul_weights + ops.gemm_io_values_per_token * tokens) * dtype_bytes,
+        stream_bytes=ops.stream_bytes_per_token(dtype_bytes=dtype_bytes) * tokens,
+        kernels=float(ops.forward_kernels(dtype_bytes=dtype_bytes)),
+    )
+
+
 def layer_backward_time_s(
     layer: LayerSpec, *, shape: PassShape, curve: EfficiencyCurve = DEFAULT_CURVE
 ) -> float:
-    """Backward time: :meth:`PassWork.backward` of the forward's work, plus a repeated
-    forward when the layer's activations were recomputed
-    (``shape.recompute``, blocks only)."""
-    recomputed = shape.recompute and layer.kind is LayerKind.BLOCK
-    measured = curve.measured_time_s(
-        layer,
-        shape=shape,
-        kind=PassKind.BACKWARD_RECOMPUTE if recomputed else PassKind.BACKWARD,
-    )
+    """Backward time: :meth:`PassWork.backward` of the forward's work, plus what it runs
+    again of the forward when the layer is recomputed (``shape.recompute``, blocks only:
+    :func:`rerun_work`, priced on the curve's forward pass, after the backward without
+    recompute). A profile's measured backward with full recompute is taken as it is; no
+    profile times a selective one."""
+    recomputed = shape.recompute.checkpoints and layer.kind is LayerKind.BLOCK
+    if recomputed and shape.recompute is Recompute.FULL:
+        measured = curve.measured_time_s(layer, shape=shape, kind=PassKind.BACKWARD_RECOMPUTE)
+        if measured is not None:
+            return measured
+    if recomputed:
+        backward_s = layer_backward_time_s(
+            layer, shape=replace(shape, recompute=Recompute.NONE), curve=curve
+        )
+        analytic = curve.for_device(
+            shape.device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
+        )
+        work = rerun_work(layer, shape=shape)
+        return backward_s + analytic.time_s(work=work, device=shape.device, dtype=shape.dtype)
+    measured = curve.measured_time_s(layer, shape=shape, kind=PassKind.BACKWARD)
     if measured is not None:
         return measured
     device, dtype = shape.device, shape.dtype
@@ -250,10 +283,7 @@ def layer_backward_time_s(
     if layer.kind is LayerKind.EMBEDDING:
         table_bytes = analytic.embedding_table_passes * layer.num_params * dtype.num_bytes
     work = forward_work(layer, shape=shape).backward(extra_stream_bytes=table_bytes)
-    backward_s = analytic.time_s(work=work, device=device, dtype=dtype)
-    if recomputed:
-        backward_s += layer_forward_time_s(layer, shape=shape, curve=curve)
-    return backward_s
+    return analytic.time_s(work=work, device=device, dtype=dtype)
 
 
 # Bytes the update touches per owned parameter, reads plus writes. AdamW: fp32 master, m

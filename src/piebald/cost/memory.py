@@ -13,7 +13,8 @@ Measured activations. With ``--profiles`` the curve passed here
 ``piebald profile compute`` measured per (device type, layer, dtype, sequence length,
 micro-batch size): ``activation_bytes``, the storages a layer's forward saves for its
 backward (saved-tensor hooks, each storage once, parameters excluded), and for blocks
-``activation_recompute_bytes``, what a checkpointed block keeps (its input). That is this
+``activation_recompute_bytes``, what a fully recomputed block keeps (its input; no profile
+measures a selectively recomputed one, which the formula prices). That is this
 model's activation term for one layer and one micro-batch, in the dtype the device trains
 in, so where measured it replaces ``tokens x per-token bytes x dtype scale`` of that layer
 (interpolated between measured micro-batch sizes, extrapolated linearly beyond); a block's
@@ -45,6 +46,7 @@ from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelSpec, kept_bytes
 from piebald.specs.plan import Plan, ZeroMode
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
@@ -177,6 +179,8 @@ class _LayerRanges:
     activation_values: npt.NDArray[np.float64]
     recompute_fixed: npt.NDArray[np.float64]
     recompute_values: npt.NDArray[np.float64]
+    selective_fixed: npt.NDArray[np.float64]
+    selective_values: npt.NDArray[np.float64]
     span: npt.NDArray[np.float64]  # layers in the range
     # The tied embedding/head weight where a range holds one of its two users but not both
     # (a multi-stage plan): the runtime keeps it in the tied group's own buffer
@@ -191,10 +195,12 @@ class _LayerRanges:
     ffn_size: int
     vocab_size: int
 
-    def kept_per_token(self, index: Any, *, dtype: Dtype, recompute: bool) -> Any:
+    def kept_per_token(self, index: Any, *, dtype: Dtype, recompute: Recompute) -> Any:
         """Bytes per token a range keeps for its backward pass in ``dtype``."""
-        if recompute:
+        if recompute is Recompute.FULL:
             fixed, values = self.recompute_fixed[index], self.recompute_values[index]
+        elif recompute is Recompute.SELECTIVE:
+            fixed, values = self.selective_fixed[index], self.selective_values[index]
         else:
             fixed, values = self.activation_fixed[index], self.activation_values[index]
         return kept_bytes(fixed=fixed, values=values, dtype_bytes=dtype.num_bytes)
@@ -230,6 +236,8 @@ def _ranges(
             "activation_values_per_token",
             "recompute_fixed_bytes_per_token",
             "recompute_values_per_token",
+            "selective_fixed_bytes_per_token",
+            "selective_values_per_token",
         )
     }
     last = len(layers)
@@ -256,6 +264,8 @@ def _ranges(
         activation_values=over_range("activation_values_per_token"),
         recompute_fixed=over_range("recompute_fixed_bytes_per_token"),
         recompute_values=over_range("recompute_values_per_token"),
+        selective_fixed=over_range("selective_fixed_bytes_per_token"),
+        selective_values=over_range("selective_values_per_token"),
         span=(end - start).astype(np.float64),
         tied_params=np.where(
             ((start == 0) & (end < last)) | ((start > 0) & (end == last)),
@@ -352,7 +362,7 @@ def _measured_activations(
     block_bytes = 0.0
     if block_index is not None:
         # Its full activations (held while it is recomputed): those without recompute.
-        whole = replace(shape, recompute=False) if shape.recompute else shape
+        whole = replace(shape, recompute=Recompute.NONE)
         block_bytes, measured_block = _slice_activation_bytes(
             layers[block_index], model.layers[block_index], shape=whole, curve=curve
         )
@@ -456,7 +466,7 @@ def _activations_and_working(
     ends = np.where(r.has_embedding[index], 0.0, boundary)
     ends = ends + np.where(r.has_head[index], 0.0, boundary)
     rope = np.where(r.has_block[index], seq_len * r.rope_bytes_per_position, 0.0)
-    activations = activations + num_in_flight * (ends + (rope if recompute else 0.0))
+    activations = activations + num_in_flight * (ends + (rope if recompute.checkpoints else 0.0))
     # The group's reduce-scatter buffers (``runtime.distributed.collectives``): the wire
     # buffer, what the rank receives (every rank's copy of its part) and the sum of its
     # part; nothing is exchanged in a group of one. Unknown group (the planner's
@@ -538,7 +548,8 @@ def _activations_and_working(
     mlp_backward = 2.0 * r.ffn_size * tokens * dtype.num_bytes
     if shape.tensor_parallel_degree > 1 and shape.tensor_layout.splits_sequence:
         mlp_backward += tokens * r.hidden_size * dtype.num_bytes  # the input gathered again
-    recomputed = block_bytes if recompute else 0.0
+    # Selective recompute rebuilds all but the kept outputs: bounded by the whole block.
+    recomputed = block_bytes if recompute.checkpoints else 0.0
     block_backward = np.where(r.has_block[index], mlp_backward + recomputed, 0.0)
     computing = 2 * gathered + np.maximum(loss_backward, block_backward)
     reducing = (

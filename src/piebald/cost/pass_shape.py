@@ -1,6 +1,6 @@
 """What one micro-batch's pass through a model's layers is priced by, besides the layers
 and the pricing curve: the device, the dtype it computes in, the micro-batch's shape,
-whether blocks recompute their activations, and the tensor-parallel degree and layout its
+how much of their forward blocks recompute, and the tensor-parallel degree and layout its
 layers are split by (the pass is one rank's share, ``ModelSpec.layers_at``).
 
 Compute time (``cost.compute``, ``cost.pass_times``), activation memory
@@ -17,6 +17,7 @@ from typing import Any
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import JobSpec
 from piebald.specs.model import LayerSpec, ModelSpec
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["PassShape"]
@@ -28,9 +29,9 @@ class PassShape:
     dtype: Dtype  # what ``device`` computes in (``DeviceType.training_dtype``)
     micro_batch_size: int  # sequences
     seq_len: int  # tokens per sequence
-    # Blocks keep only their input and rerun their forward in the backward pass
-    # (activation checkpointing); a forward pass costs the same either way.
-    recompute: bool
+    # How much of their forward blocks run again in the backward pass
+    # (``specs.recompute``); a forward pass costs the same whatever it is.
+    recompute: Recompute
     tensor_parallel_degree: int = 1
     # What else than the blocks' heads and MLP width the group splits (at degree > 1).
     tensor_layout: TensorLayout = TensorLayout.BLOCKS
@@ -47,7 +48,7 @@ class PassShape:
             )
         object.__setattr__(self, "_hash", hash(self._fields()))
 
-    def _fields(self) -> tuple[DeviceType, Dtype, int, int, bool, int, TensorLayout]:
+    def _fields(self) -> tuple[DeviceType, Dtype, int, int, Recompute, int, TensorLayout]:
         return (
             self.device,
             self.dtype,
@@ -73,7 +74,7 @@ class PassShape:
         *,
         device: DeviceType,
         micro_batch_size: int,
-        recompute: bool,
+        recompute: Recompute,
         tensor_parallel_degree: int = 1,
         tensor_layout: TensorLayout = TensorLayout.BLOCKS,
     ) -> PassShape:
@@ -103,7 +104,7 @@ def _rebuild(
     dtype: Dtype,
     micro_batch_size: int,
     seq_len: int,
-    recompute: bool,
+    recompute: Recompute,
     tensor_parallel_degree: int,
     tensor_layout: TensorLayout,
 ) -> PassShape:

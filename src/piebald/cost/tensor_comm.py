@@ -6,10 +6,15 @@ twice per forward: after the attention's output projection and after the MLP's d
 projection, each rank holds a partial sum of the block's output, and an all-reduce of the
 micro-batch's activations (``b x s x h`` values in the compute dtype) completes it
 (Megatron's "g"). The backward does the same for the gradients of the column-parallel
-layers' input ("f"), twice per block; a recomputed block runs its forward's two again. The
-runtime waits for each before the next op, so they add to the pass (no overlap with the
-GEMMs, as piebald's runtime and torchtitan's vanilla TP run them; Megatron-Core's
-``--tp-comm-overlap`` hides part of them, which is not modelled).
+layers' input ("f"), twice per block. A recomputed block (full or selective,
+``specs.recompute``) runs its forward's collectives again but the last: torch stops the
+rerun before the block's last matmul (``specs.layer_ops.block_reruns``), so the collective
+that completes it does not run again -- one of the two all-reduces runs again, or three
+of the four all-gathers and reduce-scatters under ``sequence``
+(``tests/distributed/test_sequence_parallel.py`` counts them). The runtime waits for each
+before the next op, so they add to the pass (no overlap with the GEMMs, as piebald's
+runtime and torchtitan's vanilla TP run them; Megatron-Core's ``--tp-comm-overlap`` hides
+part of them, which is not modelled).
 
 What a stage adds at its edges depends on its layout (``specs.tensor_layout``). Under
 ``blocks`` nothing: the embedding and head are not split and meet nothing. Under
@@ -56,6 +61,7 @@ __all__ = [
     "NO_TENSOR_COMM",
     "TensorComm",
     "block_tensor_comm",
+    "rerun_share",
     "tensor_comm",
     "tensor_comm_s",
 ]
@@ -94,7 +100,17 @@ def block_tensor_comm(model: ModelSpec, *, shape: PassShape, ring: RingProfile) 
         return NO_TENSOR_COMM
     one_s = ring.time_s(Collective.ALL_REDUCE, num_bytes=message_bytes)
     forward_s = ALL_REDUCES_PER_BLOCK_PASS * one_s
-    return TensorComm(forward_s=forward_s, backward_s=forward_s * (2.0 if shape.recompute else 1.0))
+    return TensorComm(forward_s=forward_s, backward_s=forward_s * (1.0 + rerun_share(shape)))
+
+
+def rerun_share(shape: PassShape) -> float:
+    """The share of a block's forward collectives its backward runs again (module
+    docstring): all but the last under recompute, none without."""
+    if not shape.recompute.checkpoints:
+        return 0.0
+    # Sequence parallel, each all-reduce is an all-gather and a reduce-scatter.
+    per_pass = ALL_REDUCES_PER_BLOCK_PASS * (2 if shape.tensor_layout.splits_sequence else 1)
+    return (per_pass - 1) / per_pass
 
 
 def _edge_tensor_comm_s(

@@ -19,6 +19,7 @@ from piebald.specs.devices import DeviceType
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
+from piebald.specs.recompute import Recompute
 from piebald.specs.units import format_bytes
 
 __all__ = [
@@ -40,7 +41,9 @@ def gpu_upper_bound_tokens_per_s(
     for size in MICRO_BATCH_SIZES:
         if size > job.global_batch_size:
             break
-        shape = PassShape.for_job(job, device=device, micro_batch_size=size, recompute=False)
+        shape = PassShape.for_job(
+            job, device=device, micro_batch_size=size, recompute=Recompute.NONE
+        )
         largest_layer_bytes = max(  # measured where ``curve`` has it, as the planner's
             layer_activation_bytes(layer, shape=shape, curve=curve) for layer in model.layers
         )

@@ -1,24 +1,30 @@
-"""A strategy, a ZeRO mode and a tensor-parallel degree chosen as a user gives them
-(``piebald.plan``'s ``strategy=``, ``zero=`` and ``tensor_parallel=``, the CLI's
-``--strategy``, ``--zero`` and ``--tensor-parallel``).
+"""A strategy, a ZeRO mode, a tensor-parallel degree and recompute modes chosen as a user
+gives them (``piebald.plan``'s ``strategy=``, ``zero=``, ``tensor_parallel=`` and
+``recompute=``, the CLI's ``--strategy``, ``--zero``, ``--tensor-parallel`` and
+``--recompute``).
 
 Errors are :class:`~piebald.errors.ArgumentError` naming the argument (``strategy``,
-``zero``, ``tensor_parallel``); the command line reports them under its flags.
+``zero``, ``tensor_parallel``, ``recompute``); the command line reports them under its
+flags.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from piebald.errors import ArgumentError
 from piebald.planner.strategies import (
     STRATEGIES,
     Strategy,
+    with_recompute,
     with_tensor_parallel,
     with_zero_mode,
 )
 from piebald.specs.fields import suggest
 from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode
+from piebald.specs.recompute import Recompute
 
-__all__ = ["strategy_named", "tensor_parallel_degree", "zero_mode_named"]
+__all__ = ["recompute_modes", "strategy_named", "tensor_parallel_degree", "zero_mode_named"]
 
 
 def strategy_named(name: str) -> Strategy:
@@ -76,3 +82,29 @@ def tensor_parallel_degree(value: int | None, *, strategy: Strategy, seq_len: in
             f"stages run {layout.value} parallel, each member on 1/t of every sequence",
         )
     return value
+
+
+def recompute_modes(
+    value: str | Sequence[str | Recompute] | None, *, strategy: Strategy
+) -> tuple[Recompute, ...] | None:
+    """``value`` -- one mode, several comma-separated, or a sequence of them -- as the
+    recompute modes ``strategy`` may give its stages; None stays None."""
+    if value is None:
+        return None
+    names = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+    modes = [mode.value for mode in Recompute]
+    if not names or any(name not in modes for name in names):
+        raise ArgumentError(
+            argument="recompute",
+            value=value if isinstance(value, str) else ",".join(map(str, value)),
+            expected=f"one or more of {modes}, comma-separated",
+        )
+    chosen = tuple(dict.fromkeys(Recompute(name) for name in names))
+    if with_recompute(strategy, chosen) is None:
+        allowed = [mode.value for mode in strategy.stage_rules.recompute]
+        raise ArgumentError(
+            argument="recompute",
+            value=",".join(mode.value for mode in chosen),
+            expected=f"modes strategy {strategy.name} can use: {allowed}",
+        )
+    return chosen

@@ -53,6 +53,7 @@ from piebald.specs.plan import (
     ZeroMode,
     tensor_degree_fits,
 )
+from piebald.specs.recompute import RECOMPUTE_BY_FRUGALITY, Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["StageChoice", "StageRules", "build_stage", "tensor_group_of_each_type", "water_fill"]
@@ -68,7 +69,7 @@ class StageRules:
     """What a strategy may choose inside a stage."""
 
     zero_modes: tuple[ZeroMode, ...] = ALL_ZERO_MODES
-    recompute: tuple[bool, ...] = (False, True)
+    recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.FULL)
     even_shards: bool = False
     equal_micro_batches: bool = False
     # Tensor-parallel degrees a stage may take (Megatron-LM tensor groups inside a node).
@@ -88,9 +89,9 @@ class StageRules:
         return max(self.zero_modes, key=ALL_ZERO_MODES.index)
 
     @property
-    def most_frugal_recompute(self) -> bool:
-        """Recompute where allowed: it keeps the fewest activations."""
-        return True in self.recompute
+    def most_frugal_recompute(self) -> Recompute:
+        """The allowed recompute that keeps the fewest activations."""
+        return max(self.recompute, key=RECOMPUTE_BY_FRUGALITY.index)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

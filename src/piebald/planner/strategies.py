@@ -16,12 +16,14 @@ import numpy.typing as npt
 from piebald.planner.partition import split_layers, uniform_bounds
 from piebald.planner.stage_builder import StageRules
 from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode
+from piebald.specs.recompute import RECOMPUTE_BY_FRUGALITY, Recompute
 
 __all__ = [
     "BASELINES",
     "PIEBALD",
     "STRATEGIES",
     "Strategy",
+    "with_recompute",
     "with_tensor_parallel",
     "with_zero_mode",
 ]
@@ -50,6 +52,23 @@ class Strategy:
     # GPUs; beyond, planning time matters more than the guarantee).
     seed_with_baselines_up_to: int = 0
     stage_rules: StageRules = field(default_factory=StageRules)
+    # Selective recompute is in ``stage_rules`` but searched on clusters up to this many
+    # GPUs only, unless asked for (``plan --recompute``): it is a third setting to price
+    # for every stage, a third more planning time at 1,024 GPUs for plans no faster there
+    # (README, "Planning time").
+    selective_recompute_up_to: int | None = None
+
+    def for_cluster_of(self, num_gpus: int) -> Strategy:
+        """The strategy as the search runs it on ``num_gpus`` GPUs (unrestricted by the
+        user): without selective recompute beyond ``selective_recompute_up_to``."""
+        limit = self.selective_recompute_up_to
+        modes = self.stage_rules.recompute
+        if limit is None or num_gpus <= limit or Recompute.SELECTIVE not in modes:
+            return self
+        kept = tuple(mode for mode in modes if mode is not Recompute.SELECTIVE)
+        if not kept:
+            return self
+        return replace(self, stage_rules=replace(self.stage_rules, recompute=kept))
 
     def seeds_with_baselines(self, num_gpus: int) -> bool:
         """Whether the baseline searches run first on a cluster of ``num_gpus``."""
@@ -81,12 +100,16 @@ class Strategy:
 PIEBALD = Strategy(
     name="piebald",
     description="asymmetric stages, mixed types, uneven layers, per-GPU micro-batches and "
-    "sizes, uneven shards, ZeRO mode, recompute and tensor parallelism per stage, idle "
+    "sizes, uneven shards, ZeRO mode, recompute (none, selective, full) and tensor "
+    "parallelism per stage, idle "
     "groups when faster",
     allow_idle_groups=True,
     per_rank_micro_batch=True,
     seed_with_baselines_up_to=16,
-    stage_rules=StageRules(tensor_parallel_degrees=_TENSOR_PARALLEL),
+    stage_rules=StageRules(
+        recompute=RECOMPUTE_BY_FRUGALITY, tensor_parallel_degrees=_TENSOR_PARALLEL
+    ),
+    selective_recompute_up_to=256,
 )
 
 BASELINES: tuple[Strategy, ...] = (
@@ -164,7 +187,7 @@ BASELINES: tuple[Strategy, ...] = (
         description="asymmetric stages, mixed types, per-GPU micro-batch counts, one "
         "micro-batch size, even shards, pipeline-efficient ZeRO, recompute on (Zorse)",
         stage_rules=StageRules(
-            zero_modes=(ZeroMode.OPTIMIZER,), recompute=(True,), even_shards=True
+            zero_modes=(ZeroMode.OPTIMIZER,), recompute=(Recompute.FULL,), even_shards=True
         ),
     ),
 )
@@ -180,6 +203,20 @@ def with_zero_mode(strategy: Strategy, zero: ZeroMode | None) -> Strategy | None
     if zero not in strategy.stage_rules.zero_modes:
         return None
     return replace(strategy, stage_rules=replace(strategy.stage_rules, zero_modes=(zero,)))
+
+
+def with_recompute(strategy: Strategy, modes: tuple[Recompute, ...] | None) -> Strategy | None:
+    """``strategy`` with its stages' recompute chosen among ``modes`` only (``plan
+    --recompute``), on clusters of any size; unchanged for None, and None where the
+    strategy cannot express one of them (Zorse always recomputes; no baseline recomputes
+    selectively)."""
+    if modes is None:
+        return strategy
+    if not set(modes) <= set(strategy.stage_rules.recompute):
+        return None
+    ordered = tuple(mode for mode in RECOMPUTE_BY_FRUGALITY if mode in modes)
+    rules = replace(strategy.stage_rules, recompute=ordered)
+    return replace(strategy, stage_rules=rules, selective_recompute_up_to=None)
 
 
 def with_tensor_parallel(strategy: Strategy, degree: int | None) -> Strategy | None:

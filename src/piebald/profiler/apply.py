@@ -39,6 +39,7 @@ from piebald.specs.plan import (
     MeasuredLink,
     Plan,
 )
+from piebald.specs.recompute import Recompute
 
 __all__ = [
     "ProfiledInputs",
@@ -216,15 +217,15 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                             job, device=device, micro_batch_size=size, recompute=recompute
                         ),
                     )
-                    for recompute in (False, True)
+                    for recompute in (Recompute.NONE, Recompute.FULL)
                 }
-                plain = kept[False]
+                plain = kept[Recompute.NONE]
                 if plain is not None:
                     table_of = curve.activation_table(
                         layer, device=device, dtype=dtype, seq_len=job.seq_len
                     )
                     assert table_of is not None
-                    recomputed = kept[True] if layer.kind is LayerKind.BLOCK else None
+                    recomputed = kept[Recompute.FULL] if layer.kind is LayerKind.BLOCK else None
                     activations[(device.name, layer.kind, size)] = MeasuredActivation(
                         device=device.name,
                         layer_kind=layer.kind.value,
@@ -240,7 +241,7 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                     )
                 # The pass kind says whether it recomputes, not the shape.
                 shape = PassShape.for_job(
-                    job, device=device, micro_batch_size=size, recompute=False
+                    job, device=device, micro_batch_size=size, recompute=Recompute.NONE
                 )
                 found = {kind: curve.lookup(layer, shape=shape, kind=kind) for kind in PassKind}
                 forward, backward = found[PassKind.FORWARD], found[PassKind.BACKWARD]

@@ -38,6 +38,7 @@ from piebald.profiler.keys import layer_key
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
+from piebald.specs.recompute import Recompute
 
 __all__ = [
     "ErrorRow",
@@ -106,7 +107,11 @@ def predict_s(
         dtype=dtype,
         micro_batch_size=observation.micro_batch_size,
         seq_len=observation.seq_len,
-        recompute=observation.pass_kind is PassKind.BACKWARD_RECOMPUTE,
+        recompute=(
+            Recompute.FULL
+            if observation.pass_kind is PassKind.BACKWARD_RECOMPUTE
+            else Recompute.NONE
+        ),
     )
     if observation.pass_kind is PassKind.FORWARD:
         return layer_forward_time_s(observation.layer, shape=shape, curve=curve)

@@ -38,11 +38,13 @@ from piebald.cost.compute import (
     PassKind,
     layer_backward_time_s,
     layer_forward_time_s,
+    rerun_work,
 )
 from piebald.cost.pass_shape import PassShape
 from piebald.profiler.keys import layer_key
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
+from piebald.specs.recompute import Recompute
 
 __all__ = ["ActivationTable", "KindCurve", "LayerTable", "ProfiledCurve", "Source"]
 
@@ -90,13 +92,17 @@ class ActivationTable:
     signature: str
     micro_batch_sizes: tuple[int, ...]  # ascending
     activation_bytes: tuple[float, ...]
-    # Under recompute (blocks: only the checkpointed input); None where not measured at
-    # every size, and for layers that are never recomputed (they keep activation_bytes).
+    # Under full recompute (blocks: only the checkpointed input); None where not measured
+    # at every size, and for layers that are never recomputed (they keep activation_bytes).
     activation_recompute_bytes: tuple[float, ...] | None
 
-    def values(self, *, recompute: bool) -> tuple[float, ...] | None:
-        if not recompute or self.layer_kind is not LayerKind.BLOCK:
+    def values(self, *, recompute: Recompute) -> tuple[float, ...] | None:
+        """The measured bytes under ``recompute``; None where not measured (no profile
+        measures selective recompute: the model's formula prices it)."""
+        if recompute is Recompute.NONE or self.layer_kind is not LayerKind.BLOCK:
             return self.activation_bytes
+        if recompute is Recompute.SELECTIVE:
+            return None
         return self.activation_recompute_bytes
 
 
@@ -254,7 +260,7 @@ class ProfiledCurve(EfficiencyCurve):
     def _analytic_s(self, layer: LayerSpec, *, shape: PassShape, kind: PassKind) -> float:
         """The calibrated analytic time of pass ``kind`` (not ``shape.recompute``), never a
         measured one (used to extrapolate)."""
-        shape = replace(shape, recompute=False) if shape.recompute else shape
+        shape = replace(shape, recompute=Recompute.NONE)
         forward_curve = self.for_device(
             shape.device, layer_kind=layer.kind, pass_kind=PassKind.FORWARD, layer=layer
         )
@@ -268,7 +274,10 @@ class ProfiledCurve(EfficiencyCurve):
                 shape.device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
             ),
         )
-        return backward_s + (forward_s if kind is PassKind.BACKWARD_RECOMPUTE else 0.0)
+        if kind is not PassKind.BACKWARD_RECOMPUTE:
+            return backward_s
+        rerun = rerun_work(layer, shape=replace(shape, recompute=Recompute.FULL))
+        return backward_s + forward_curve.time_s(work=rerun, device=shape.device, dtype=shape.dtype)
 
     def lookup(
         self, layer: LayerSpec, *, shape: PassShape, kind: PassKind

@@ -47,6 +47,7 @@ from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import LayerKind, ModelSpec
+from piebald.specs.recompute import Recompute
 
 __all__ = ["cpu_clock_name", "detect_device", "profile_compute"]
 
@@ -254,7 +255,7 @@ def _time_layer(
     seq_len: int,
     dtype: torch.dtype,
     device: torch.device,
-    recompute: bool,
+    recompute: Recompute,
     num_warmup: int,
     num_repeats: int,
     seed: int,
@@ -363,7 +364,10 @@ def profile_compute(
                 progress(done / steps, f"{layer.kind} micro-batch {size}")
 
             def measure(
-                recompute: bool, index: int = layer.index, size: int = size, part: StagePart = part
+                recompute: Recompute,
+                index: int = layer.index,
+                size: int = size,
+                part: StagePart = part,
             ) -> _Measured:
                 return _time_layer(
                     model,
@@ -379,11 +383,11 @@ def profile_compute(
                     seed=seed,
                 )
 
-            plain, activation_bytes, peak_bytes = measure(False)
+            plain, activation_bytes, peak_bytes = measure(Recompute.NONE)
             recompute_s: float | None = None
             recompute_bytes: float | None = None
             if layer.kind is LayerKind.BLOCK:
-                again, recompute_bytes, _ = measure(True)
+                again, recompute_bytes, _ = measure(Recompute.FULL)
                 recompute_s = again.backward_s
             timings.append(
                 LayerTiming(

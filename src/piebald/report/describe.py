@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from piebald.specs.plan import Plan
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = ["describe_plan"]
@@ -24,8 +25,10 @@ def describe_plan(plan: Plan) -> str:
         if t > 1:
             layout = "" if stage.tensor_layout is TensorLayout.BLOCKS else f" {stage.tensor_layout}"
             extras.insert(0, f"tp {t} x {len(stage.tensor_groups)} groups{layout}")
-        if stage.recompute:
+        if stage.recompute is Recompute.FULL:
             extras.append("recompute")
+        elif stage.recompute is Recompute.SELECTIVE:
+            extras.append("selective recompute")
         extras.append("mbs " + "/".join(str(s) for s in sizes))
         parts.append(
             f"layers {stage.layer_start}-{stage.layer_end - 1} on {gpus} ({', '.join(extras)})"

@@ -50,7 +50,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LayerOps", "block_ops", "embedding_ops", "head_ops"]
+__all__ = [
+    "NO_OPS",
+    "NO_RERUN",
+    "LayerOps",
+    "Rerun",
+    "block_ops",
+    "block_reruns",
+    "embedding_ops",
+    "head_ops",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +82,14 @@ class LayerOps:
     def forward_kernels(self, *, dtype_bytes: int) -> int:
         return self.kernels + (self.cast_kernels if dtype_bytes < 4 else 0)
 
+
+# No work: what a layer that is never recomputed runs again (``NO_RERUN``).
+NO_OPS = LayerOps(
+    gemm_io_values_per_token=0.0,
+    stream_fixed_bytes_per_token=0.0,
+    stream_values_per_token=0.0,
+    kernels=0,
+)
 
 _RMSNORM_FIXED, _RMSNORM_VALUES, _RMSNORM_CASTS, _RMSNORM_KERNELS = 20, 2, 2, 6
 _LAYERNORM_FIXED, _LAYERNORM_VALUES, _LAYERNORM_KERNELS = 8, 2, 1
@@ -112,6 +129,91 @@ def block_ops(
         stream_values_per_token=2 * _LAYERNORM_VALUES * hs + 2 * 3 * hs + 2 * f,
         kernels=2 * _LAYERNORM_KERNELS + 2 + 1 + 4 + 1,  # norms, adds, GELU, GEMMs, attention
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rerun:
+    """What a block's backward runs again of its forward under activation checkpointing
+    (``specs.recompute``): the matmul weights per rank it multiplies again (2 FLOPs per
+    weight per token), whether the attention kernel runs again, and the rest."""
+
+    matmul_weights: float
+    attention: bool
+    ops: LayerOps
+
+
+NO_RERUN = Rerun(matmul_weights=0.0, attention=False, ops=NO_OPS)
+
+
+def block_reruns(
+    *,
+    llama: bool,
+    hidden: int,
+    q_width: int,
+    kv_width: int,
+    ffn_hidden: int,
+    sequence_share: float = 1.0,
+) -> tuple[Rerun, Rerun]:
+    """(full, selective): what a block's backward reruns under each recompute mode.
+
+    torch stops the rerun once every tensor the backward needs is back, which is before
+    the block's last matmul (Llama's down projection, GPT-2's second MLP layer) and its
+    final residual add: neither runs again under either mode. Full reruns everything
+    else of :func:`block_ops`; selective skips, besides, the matmuls whose outputs it kept
+    (Llama's Q, V and gate; GPT-2's QKV and first MLP layer) and the attention kernel, so
+    it reruns Llama's K, O and up projections and GPT-2's attention output projection
+    with every memory-bound op. The kernels of what is not run again are not launched.
+    ``tests/unit/specs/test_layer_ops.py`` counts both against the runtime."""
+    h, q, kv, f = hidden, q_width, kv_width, ffn_hidden
+    hs = h * sequence_share
+    forward = block_ops(
+        llama=llama,
+        hidden=h,
+        q_width=q,
+        kv_width=kv,
+        ffn_hidden=f,
+        sequence_share=sequence_share,
+    )
+
+    def rerun(weights: float, gemm_io: float, kernels_not_run: int, attention: bool) -> Rerun:
+        ops = LayerOps(
+            gemm_io_values_per_token=gemm_io,
+            stream_fixed_bytes_per_token=forward.stream_fixed_bytes_per_token,
+            # The final residual add (3 values per hidden position, one kernel) is not run.
+            stream_values_per_token=forward.stream_values_per_token - 3 * hs,
+            cast_values_per_token=forward.cast_values_per_token,
+            kernels=forward.kernels - kernels_not_run - 1,
+            cast_kernels=forward.cast_kernels,
+        )
+        return Rerun(matmul_weights=float(weights), attention=attention, ops=ops)
+
+    if llama:
+        full = rerun(
+            weights=2 * h * q + 2 * h * kv + 2 * h * f,  # all but down
+            gemm_io=forward.gemm_io_values_per_token - (f + h),
+            kernels_not_run=1,
+            attention=True,
+        )
+        selective = rerun(
+            weights=h * kv + q * h + h * f,  # K, O, up
+            gemm_io=(h + kv) + (q + h) + (h + f),
+            kernels_not_run=4 + 1,  # Q, V, gate, down; the attention kernel
+            attention=False,
+        )
+        return full, selective
+    full = rerun(
+        weights=4 * h * q + h * f,  # all but the MLP's second layer
+        gemm_io=forward.gemm_io_values_per_token - (f + h),
+        kernels_not_run=1,
+        attention=True,
+    )
+    selective = rerun(
+        weights=q * h,  # the attention's output projection
+        gemm_io=q + h,
+        kernels_not_run=3 + 1,  # QKV, the MLP's two layers; the attention kernel
+        attention=False,
+    )
+    return full, selective
 
 
 def embedding_ops(*, learned_positions: bool, hidden: int) -> LayerOps:

@@ -31,7 +31,10 @@ V = vocabulary, s = sequence length):
   Embedding: the int64 token ids, A = 8. Head: the final norm as in a block (Llama
   4h + 4 fp32 and 2h values; GPT-2 mean/rstd 8 and 2h values), the fp32 log-softmax of
   the loss (4V; the logits themselves are not kept) and the int64 labels (8).
-  With recompute a block keeps only its input, B = h (Korthikanti section 5).
+  With full recompute a block keeps only its input, B = h (Korthikanti section 5). With
+  selective recompute (``specs.recompute``) it keeps its input, the attention output and
+  log-sum-exp and its kept matmuls' outputs: Llama A = 4a, B = 2h + 2q + kv + f; GPT-2
+  A = 4a, B = h + 4q + f (the fused QKV output 3q wide, the attention output q).
 
 Tensor parallelism of degree t (Megatron-LM, Shoeybi et al. 2019) splits a block's heads and
 MLP width t ways: :meth:`ModelSpec.layers_at` gives the layers as one rank of a tensor group
@@ -60,7 +63,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from piebald.specs.layer_ops import LayerOps, block_ops, embedding_ops, head_ops
+from piebald.specs.layer_ops import (
+    NO_RERUN,
+    LayerOps,
+    Rerun,
+    block_ops,
+    block_reruns,
+    embedding_ops,
+    head_ops,
+)
 from piebald.specs.limits import (
     MAX_FFN_HIDDEN_SIZE,
     MAX_HEAD_DIM,
@@ -70,6 +81,7 @@ from piebald.specs.limits import (
     MAX_SEQ_LEN,
     MAX_VOCAB_SIZE,
 )
+from piebald.specs.recompute import Recompute
 from piebald.specs.rope_scaling import RopeScaling
 from piebald.specs.tensor_layout import TensorLayout
 
@@ -253,22 +265,43 @@ class LayerSpec:
     # dtype, and values in the training dtype (see the module docstring); with recompute.
     activation_fixed_bytes_per_token: float
     activation_values_per_token: float
-    recompute_fixed_bytes_per_token: float
+    recompute_fixed_bytes_per_token: float  # under full recompute (specs/recompute.py)
     recompute_values_per_token: float
+    selective_fixed_bytes_per_token: float  # under selective recompute
+    selective_values_per_token: float
     output_bytes_per_token: float  # what the layer hands to the next one (16-bit): 2h
     ops: LayerOps  # its traffic and kernels beyond the FLOPs (specs/layer_ops.py)
+    # What its backward runs again under full and selective recompute
+    # (``layer_ops.block_reruns``; nothing outside the blocks).
+    full_rerun: Rerun = NO_RERUN
+    selective_rerun: Rerun = NO_RERUN
 
     def forward_flops_per_token(self, *, seq_len: int) -> float:
         return self.matmul_flops_per_token + self.attention_flops_per_token_per_position * seq_len
 
-    def activation_bytes_per_token(self, *, dtype_bytes: int, recompute: bool = False) -> float:
+    def activation_bytes_per_token(
+        self, *, dtype_bytes: int, recompute: Recompute = Recompute.NONE
+    ) -> float:
         """Bytes per token the layer keeps for its backward pass in a dtype of
-        ``dtype_bytes`` (with ``recompute``: what a checkpointed layer keeps)."""
-        if recompute:
-            fixed, values = self.recompute_fixed_bytes_per_token, self.recompute_values_per_token
-        else:
-            fixed, values = self.activation_fixed_bytes_per_token, self.activation_values_per_token
+        ``dtype_bytes`` under ``recompute``."""
+        fixed, values = self.kept_per_token(recompute)
         return float(kept_bytes(fixed=fixed, values=values, dtype_bytes=dtype_bytes))
+
+    def rerun(self, recompute: Recompute) -> Rerun:
+        """What the layer's backward runs again of its forward under ``recompute``."""
+        if recompute is Recompute.FULL:
+            return self.full_rerun
+        if recompute is Recompute.SELECTIVE:
+            return self.selective_rerun
+        return NO_RERUN
+
+    def kept_per_token(self, recompute: Recompute) -> tuple[float, float]:
+        """(fp32/int64 bytes, training-dtype values) kept per token under ``recompute``."""
+        if recompute is Recompute.FULL:
+            return self.recompute_fixed_bytes_per_token, self.recompute_values_per_token
+        if recompute is Recompute.SELECTIVE:
+            return self.selective_fixed_bytes_per_token, self.selective_values_per_token
+        return self.activation_fixed_bytes_per_token, self.activation_values_per_token
 
 
 def kept_bytes(*, fixed: Any, values: Any, dtype_bytes: int) -> Any:
@@ -392,6 +425,21 @@ def _block_activations(
     return 8 * hs + 4 * heads + 8 * sequence_share, 4 * hs + 2 * q + 2 * kv + 4 * f
 
 
+def _block_selective_kept(
+    arch: ModelArch, widths: _BlockWidths, *, sequence_share: float
+) -> tuple[float, float]:
+    """(fp32 bytes, training-dtype values) a block keeps per token under selective
+    recompute (``specs.recompute``): its input (a chunk, sequence parallel), the attention
+    kernel's output and fp32 log-sum-exp, and the kept matmuls' outputs -- Llama's Q, V and
+    gate on split widths and the down projection's partial sums, whole; GPT-2's fused QKV
+    and the MLP's first layer."""
+    h, heads, q, kv, f = widths.hidden, widths.heads, widths.q, widths.kv, widths.ffn
+    block_input = h * sequence_share
+    if arch.family is Family.GPT2:
+        return 4 * heads, block_input + (q + 2 * kv) + q + f
+    return 4 * heads, block_input + q + kv + q + f + h
+
+
 def _head_activations(
     arch: ModelArch, *, vocab_slice: int, sequence_share: float
 ) -> tuple[float, float]:
@@ -425,6 +473,8 @@ def _build_layers(
         activation_values_per_token=0.0,
         recompute_fixed_bytes_per_token=8.0,
         recompute_values_per_token=0.0,
+        selective_fixed_bytes_per_token=8.0,
+        selective_values_per_token=0.0,
         output_bytes_per_token=2.0 * h,
         ops=embedding_ops(learned_positions=arch.family is Family.GPT2, hidden=h),
     )
@@ -439,6 +489,17 @@ def _build_layers(
     )
     block_params, block_weights, block_whole = _block_params(arch, widths)
     block_fixed, block_values = _block_activations(arch, widths, sequence_share=sequence_share)
+    selective_fixed, selective_values = _block_selective_kept(
+        arch, widths, sequence_share=sequence_share
+    )
+    full_rerun, selective_rerun = block_reruns(
+        llama=llama,
+        hidden=h,
+        q_width=widths.q,
+        kv_width=widths.kv,
+        ffn_hidden=widths.ffn,
+        sequence_share=sequence_share,
+    )
     # The final norm runs on the sequence shards only where the head is split too; a
     # whole head (``sequence``) sees the sequence gathered at the stage's exit.
     head_share = sequence_share if layout.splits_vocabulary else 1.0
@@ -456,8 +517,12 @@ def _build_layers(
             activation_values_per_token=block_values,
             recompute_fixed_bytes_per_token=0.0,
             recompute_values_per_token=h * sequence_share,  # the block's input
+            selective_fixed_bytes_per_token=selective_fixed,
+            selective_values_per_token=selective_values,
             output_bytes_per_token=2.0 * h,
             ops=one_block_ops,
+            full_rerun=full_rerun,
+            selective_rerun=selective_rerun,
         )
         for i in range(arch.num_blocks)
     ]
@@ -476,6 +541,8 @@ def _build_layers(
         activation_values_per_token=head_values,
         recompute_fixed_bytes_per_token=head_fixed,  # the head is never recomputed
         recompute_values_per_token=head_values,
+        selective_fixed_bytes_per_token=head_fixed,
+        selective_values_per_token=head_values,
         output_bytes_per_token=0.0,  # the loss
         ops=head_ops(llama=llama, hidden=h, vocab_size=vocab, sequence_share=head_share),
     )

@@ -36,6 +36,7 @@ from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelArch, ModelSpec
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "MeasuredLink",
     "Plan",
     "Prediction",
+    "Recompute",
     "RunnerUp",
     "Schedule",
     "Stage",
@@ -163,7 +165,7 @@ class Stage:
     num_micro_batches: tuple[int, ...]
     shard_fraction: tuple[float, ...]
     zero: ZeroMode = ZeroMode.NONE
-    recompute: bool = False
+    recompute: Recompute = Recompute.NONE
     # Per rank, the most micro-batches whose activations it holds at once under 1F1B (the
     # planner lowers it below the Little's-law budget where that does not fit memory, paying
     # in round trips). None: the Little's-law budget, ``cost.in_flight.in_flight_micro_batches``.

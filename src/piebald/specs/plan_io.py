@@ -33,6 +33,7 @@ from piebald.specs.plan import (
     ZeroMode,
 )
 from piebald.specs.presets import model_from_dict, model_to_dict
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 __all__ = [
@@ -88,7 +89,7 @@ def _stage_to_dict(plan: Plan, stage: Stage) -> dict[str, Any]:
         "num_micro_batches": list(stage.num_micro_batches),
         "shard_fraction": list(stage.shard_fraction),
         "zero": stage.zero.value,
-        "recompute": stage.recompute,
+        "recompute": stage.recompute.value,
     }
     if stage.max_in_flight is not None:  # absent: the Little's-law budget (older plans too)
         out["max_in_flight"] = list(stage.max_in_flight)
@@ -247,6 +248,17 @@ def _float_list(fields: Fields, name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+def _recompute(fields: Fields) -> Recompute:
+    """A stage's ``recompute``: one of the modes; older plans wrote true (whole blocks) or
+    false."""
+    value = fields.raw("recompute", Recompute.NONE.value)
+    if isinstance(value, bool):
+        return Recompute.FULL if value else Recompute.NONE
+    if not isinstance(value, str) or value not in set(Recompute):
+        raise fields.error("recompute", value, f"one of {[mode.value for mode in Recompute]}")
+    return Recompute(value)
+
+
 def _stage_from(fields: Fields) -> Stage:
     fields.reject_unknown(_STAGE_KEYS)
     layers = _int_list(fields, "layers")
@@ -260,7 +272,7 @@ def _stage_from(fields: Fields) -> Stage:
         num_micro_batches=_int_list(fields, "num_micro_batches"),
         shard_fraction=_float_list(fields, "shard_fraction"),
         zero=ZeroMode(fields.choice("zero", [z.value for z in ZeroMode], "none")),
-        recompute=fields.boolean("recompute", default=False),
+        recompute=_recompute(fields),
         max_in_flight=_int_list(fields, "max_in_flight") if fields.has("max_in_flight") else None,
         tensor_parallel_degree=fields.integer("tensor_parallel_degree", default=1, minimum=1),
         tensor_layout=TensorLayout(

@@ -11,6 +11,7 @@ from cli_runner import run_cli
 from piebald.examples import example_path
 from piebald.report.explain import explain_plan
 from piebald.specs.plan_io import load_plan
+from piebald.specs.recompute import Recompute
 
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
 
@@ -185,6 +186,33 @@ def test_plan_tensor_parallel_errors_are_one_line() -> None:
         "4",
     )
     assert code == 2 and "--tensor-parallel" in output and "sequence length (62)" in output
+
+
+def test_plan_recompute_restricts_every_stage_and_the_plan_trains(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--recompute", "selective",
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, output
+    plan = load_plan(out)
+    assert {stage.recompute for stage in plan.stages} == {Recompute.SELECTIVE}
+    assert "sel" in output  # the table's recompute column
+    code, output = run_cli("explain", str(out))
+    assert code == 0 and "selective recompute" in output
+
+
+def test_plan_recompute_errors_are_one_line() -> None:
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--recompute", "partial"
+    )
+    assert code == 2 and "--recompute" in output and "'selective'" in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--recompute", "none,selective",
+        "--strategy", "zorse",
+    )  # fmt: skip
+    assert code == 2 and "strategy zorse can use" in output and "['full']" in output
 
 
 @pytest.mark.parametrize("command", ["plan", "compare"])

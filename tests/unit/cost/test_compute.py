@@ -29,6 +29,7 @@ from piebald.specs.devices import (
 )
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
+from piebald.specs.recompute import Recompute
 
 # A made-up GPU with round numbers: 1 TFLOP/s bf16, 0.5 TFLOP/s fp32, 1 TB/s of HBM.
 DEVICE = DeviceType(
@@ -80,13 +81,13 @@ def _forward_s(
             dtype=dtype,
             micro_batch_size=micro_batch_size,
             seq_len=SEQ_LEN,
-            recompute=False,
+            recompute=Recompute.NONE,
         ),
         curve=curve,
     )
 
 
-def _backward_s(layer: LayerSpec, *, recompute: bool) -> float:
+def _backward_s(layer: LayerSpec, *, recompute: Recompute) -> float:
     return layer_backward_time_s(
         layer,
         shape=PassShape(
@@ -226,7 +227,7 @@ def test_embedding_lookup_is_a_memory_bound_gather() -> None:
     assert EMBEDDING.forward_flops_per_token(seq_len=SEQ_LEN) == 0
     fixed_s = CURVE.half_saturation_s
     assert _forward_s(EMBEDDING) == pytest.approx(forward_s + KERNEL_LAUNCH_S + fixed_s)
-    assert _backward_s(EMBEDDING, recompute=True) == pytest.approx(
+    assert _backward_s(EMBEDDING, recompute=Recompute.FULL) == pytest.approx(
         2 * forward_s + 2 * KERNEL_LAUNCH_S + fixed_s
     )
 
@@ -236,9 +237,9 @@ def test_backward_is_twice_the_forward_work(layer_name: str) -> None:
     layer = BLOCK if layer_name == "block" else HEAD
     shape = PassShape(
         device=DEVICE, dtype=Dtype.BF16, micro_batch_size=MICRO_BATCH, seq_len=SEQ_LEN,
-        recompute=False,
+        recompute=Recompute.NONE,
     )  # fmt: skip
-    backward_s = _backward_s(layer, recompute=False)
+    backward_s = _backward_s(layer, recompute=Recompute.NONE)
     # One pass of twice everything (2.5x the attention): one fixed constant, not two.
     work = forward_work(layer, shape=shape)
     backward = CURVE.time_s(work=work.backward(), device=DEVICE, dtype=Dtype.BF16)
@@ -248,15 +249,41 @@ def test_backward_is_twice_the_forward_work(layer_name: str) -> None:
     assert backward_s == pytest.approx(2 * _forward_s(layer) - 1e-5 + 0.5 * attention_s)
 
 
-def test_recompute_adds_one_forward_to_a_block_backward() -> None:
-    backward_s = _backward_s(BLOCK, recompute=True)
-    assert backward_s == pytest.approx(
-        _backward_s(BLOCK, recompute=False) + _forward_s(BLOCK), rel=1e-12
+@pytest.mark.parametrize(
+    ("recompute", "weights", "gemm_io", "attention", "kernels"),
+    [
+        # All but the down projection (64 x 128) and the final add; the attention again.
+        (Recompute.FULL, 36864 - 8192, BLOCK_GEMM_IO_VALUES - (128 + 64), True, 42 - 2),
+        # K (64 x 32), O (64 x 64) and up (64 x 128) and the memory-bound ops but the final
+        # add; Q, V, gate, down and the attention kernel are kept, not launched.
+        (Recompute.SELECTIVE, 2048 + 4096 + 8192, (64 + 32) + (64 + 64) + (64 + 128), False, 36),
+    ],
+)
+def test_recompute_adds_what_the_backward_runs_again(
+    recompute: Recompute, weights: int, gemm_io: int, attention: bool, kernels: int
+) -> None:
+    """By hand: the block backward without recompute, plus the rerun priced on the same
+    curve (``specs.layer_ops.block_reruns``)."""
+    rerun = PassWork(
+        matmul_flops=2 * weights * TOKENS,
+        attention_flops=ATTENTION_FLOPS if attention else 0.0,
+        gemm_bytes=(weights + gemm_io * TOKENS) * 2,
+        stream_bytes=(BLOCK_STREAM_BF16_BYTES - 3 * 64 * 2) * TOKENS,  # no final add
+        kernels=kernels,
     )
+    backward_s = _backward_s(BLOCK, recompute=recompute)
+    assert backward_s == pytest.approx(
+        _backward_s(BLOCK, recompute=Recompute.NONE)
+        + CURVE.time_s(work=rerun, device=DEVICE, dtype=Dtype.BF16),
+        rel=1e-12,
+    )
+    assert _backward_s(BLOCK, recompute=Recompute.NONE) < backward_s
 
 
 def test_recompute_does_not_touch_the_head() -> None:
-    assert _backward_s(HEAD, recompute=True) == _backward_s(HEAD, recompute=False)
+    assert _backward_s(HEAD, recompute=Recompute.FULL) == _backward_s(
+        HEAD, recompute=Recompute.NONE
+    )
 
 
 def test_forward_time_scales_with_tokens_when_there_is_no_fixed_time() -> None:

@@ -26,6 +26,7 @@ from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import ZeroMode
+from piebald.specs.recompute import Recompute
 
 DEVICE = DeviceType(
     name="round",
@@ -76,7 +77,7 @@ def _blocks_memory(
     micro_batch_size: int = 2,
     seq_len: int = 32,
     num_in_flight: int = 3,
-    recompute: bool = False,
+    recompute: Recompute = Recompute.NONE,
     num_neighbor_stages: int = 0,
     layer_start: int = 1,
     layer_end: int = 3,
@@ -258,7 +259,11 @@ def test_the_tied_weight_lives_in_its_own_zero1_buffer() -> None:
         layer_start=0,
         layer_end=2,
         shape=PassShape(
-            device=DEVICE, dtype=Dtype.BF16, micro_batch_size=2, seq_len=32, recompute=False
+            device=DEVICE,
+            dtype=Dtype.BF16,
+            micro_batch_size=2,
+            seq_len=32,
+            recompute=Recompute.NONE,
         ),
         optimizer=Optimizer.ADAMW,
         zero=ZeroMode.FULL,
@@ -341,7 +346,7 @@ def _step_end(layer_start: int = 1, layer_end: int = 3) -> float:
 
 
 def test_recompute_keeps_only_each_block_input() -> None:
-    memory = _blocks_memory(recompute=True)
+    memory = _blocks_memory(recompute=Recompute.FULL)
     # 2h = 128 bytes per token per block stay, beside the stage's input and output and the
     # fp32 RoPE tables the checkpoints keep ([s, head_dim] cos and sin, head_dim 16); one
     # block's full activations are rebuilt.
@@ -351,12 +356,12 @@ def test_recompute_keeps_only_each_block_input() -> None:
     )
     recomputed = 64 * BLOCK_BF16 + MLP_BACKWARD  # and its MLP's backward
     assert memory.working_bytes == pytest.approx(max(recomputed + BOUNDARY, _step_end()), rel=1e-12)
-    assert memory.activations_bytes < _blocks_memory(recompute=False).activations_bytes
+    assert memory.activations_bytes < _blocks_memory(recompute=Recompute.NONE).activations_bytes
 
 
 def test_recompute_does_not_shrink_the_head() -> None:
     # Layers [3, 4): the head alone keeps the same bytes per token either way.
-    for recompute in (False, True):
+    for recompute in (Recompute.NONE, Recompute.FULL):
         memory = _blocks_memory(layer_start=3, layer_end=4, recompute=recompute)
         # and its input (the last stage sends no output on)
         assert memory.activations_bytes == pytest.approx(3 * (64 * HEAD_BF16 + BOUNDARY), rel=1e-12)

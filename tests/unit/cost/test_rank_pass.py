@@ -33,6 +33,7 @@ from piebald.cost.rank_pass import plan_rank_pass
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import LayerKind
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import TWO_H100_NODES, tp_plan, tp_stage
 
@@ -72,7 +73,7 @@ def test_one_tensor_group_passes_are_slice_compute_plus_block_all_reduces(
         dtype=Dtype.BF16,
         micro_batch_size=size,
         seq_len=SEQ_LEN,
-        recompute=False,
+        recompute=Recompute.NONE,
         tensor_parallel_degree=degree,
         tensor_layout=layout,
     )
@@ -147,7 +148,7 @@ def _block_pass_s(model_name: str, device_name: str, degree: int, curve: Efficie
         dtype=Dtype.BF16,
         micro_batch_size=2,
         seq_len=4096,
-        recompute=False,
+        recompute=Recompute.NONE,
         tensor_parallel_degree=degree,
     )
     block = next(i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK)

@@ -22,6 +22,7 @@ from piebald.planner.stage_costs import stage_cost, stage_settings
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import TWO_H100_NODES, tp_plan, tp_stage
 
@@ -80,7 +81,9 @@ def test_the_planner_prices_it_as_the_estimate_does(zero: ZeroMode) -> None:
     # One stage of every layer at degree 4 under ZeRO-2 or 3: the DP's matrices and the
     # exact build agree on the pass (ZeRO-3's broadcasts in it) and the sync (ZeRO-2's).
     job = JobSpec(global_batch_size=4, seq_len=1024)
-    rules = StageRules(zero_modes=(zero,), recompute=(False,), tensor_parallel_degrees=(DEGREE,))
+    rules = StageRules(
+        zero_modes=(zero,), recompute=(Recompute.NONE,), tensor_parallel_degrees=(DEGREE,)
+    )
     common = dict(model=MODEL, job=job, ranks=RANKS, stage_index=0, num_stages=1, rules=rules)
     cost = stage_cost(
         stage_settings(TWO_H100_NODES, micro_batch_size=1, curve=DEFAULT_CURVE, **common),

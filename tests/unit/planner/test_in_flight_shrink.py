@@ -32,10 +32,11 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Schedule, ZeroMode
+from piebald.specs.recompute import Recompute
 
 MODEL = hand_model(4)
 JOB = JobSpec(global_batch_size=24, seq_len=32)
-RULES = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(False,))
+RULES = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(Recompute.NONE,))
 LAYERS = (0, 3)  # embedding and two blocks: the first stage of a deep pipeline
 WIDTHS = (2, 2, 4, 4)  # ranks of this stage and of each later one
 RANKS_TO_END = sum(WIDTHS)
@@ -72,7 +73,7 @@ def _memory_bytes(cluster: ClusterSpec, rank: int, in_flight: int) -> float:
             dtype=device.training_dtype(JOB.precision),
             micro_batch_size=1,
             seq_len=JOB.seq_len,
-            recompute=False,
+            recompute=Recompute.NONE,
         ),
         optimizer=JOB.optimizer,
         zero=ZeroMode.NONE,

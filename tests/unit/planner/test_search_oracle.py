@@ -52,6 +52,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Schedule, ZeroMode, round_robin_routes
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 ORACLE_SIZES = (1, 2, 4)
 REQUIRED_FRACTION = 0.98
@@ -189,7 +190,7 @@ class _Oracle:
                 dtype=device.training_dtype(self.job.precision),
                 micro_batch_size=size,
                 seq_len=self.job.seq_len,
-                recompute=False,
+                recompute=Recompute.NONE,
             ),
         ).total_prefix_s
         return np.where(self.upper, prefix[None, :] - prefix[:, None], np.inf)

@@ -22,10 +22,11 @@ from piebald.cost.pass_shape import PassShape
 from piebald.planner.improvement import improves
 from piebald.planner.partition import uniform_bounds
 from piebald.planner.search.settings import ALL_SIZES_UP_TO, SearchSettings
-from piebald.planner.strategies import STRATEGIES
+from piebald.planner.strategies import PIEBALD, STRATEGIES, with_recompute
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.job import Optimizer
 from piebald.specs.plan import ZeroMode
+from piebald.specs.recompute import Recompute
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_the_most_frugal_setting_keeps_the_fewest_bytes(name: str) -> None:
     rules = STRATEGIES[name].stage_rules
     model = hand_model(4)
 
-    def held(zero: ZeroMode, recompute: bool) -> float:
+    def held(zero: ZeroMode, recompute: Recompute) -> float:
         shape = PassShape(
             device=DEVICE, dtype=Dtype.BF16, micro_batch_size=2, seq_len=64, recompute=recompute
         )
@@ -123,3 +124,21 @@ def test_the_most_frugal_setting_keeps_the_fewest_bytes(name: str) -> None:
     frugal = held(rules.most_frugal_zero, rules.most_frugal_recompute)
     for zero, recompute in itertools.product(rules.zero_modes, rules.recompute):
         assert frugal <= held(zero, recompute)
+
+
+def test_selective_recompute_is_searched_up_to_its_cluster_size_unless_asked() -> None:
+    """piebald searches selective recompute on clusters up to
+    ``selective_recompute_up_to`` GPUs; beyond, none and full, unless the user asks for it
+    (``plan --recompute``), which holds at any size."""
+    limit = PIEBALD.selective_recompute_up_to
+    assert limit is not None
+    assert Recompute.SELECTIVE in PIEBALD.for_cluster_of(limit).stage_rules.recompute
+    beyond = PIEBALD.for_cluster_of(limit + 1).stage_rules.recompute
+    assert beyond == (Recompute.NONE, Recompute.FULL)
+    asked = with_recompute(PIEBALD, (Recompute.SELECTIVE, Recompute.NONE))
+    assert asked is not None
+    assert asked.for_cluster_of(100 * limit).stage_rules.recompute == (
+        Recompute.NONE,
+        Recompute.SELECTIVE,
+    )
+    assert with_recompute(STRATEGIES["zorse"], (Recompute.NONE,)) is None

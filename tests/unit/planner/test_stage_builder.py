@@ -29,6 +29,7 @@ from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, ZeroMode, weighted_round_robin
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 # -- water_fill -------------------------------------------------------------------------
 
@@ -160,13 +161,13 @@ def _pass_s(cluster: ClusterSpec, rank: int, model: str, job: JobSpec) -> float:
             dtype=device.training_dtype(job.precision),
             micro_batch_size=1,
             seq_len=job.seq_len,
-            recompute=False,
+            recompute=Recompute.NONE,
         ),
     )
     return times.pass_s(0, spec.num_layers)
 
 
-NO_TRAFFIC = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(False,))
+NO_TRAFFIC = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(Recompute.NONE,))
 GPT2_JOB = JobSpec(global_batch_size=24, seq_len=512)
 
 

@@ -32,11 +32,12 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 from tensor_plans import TWO_H100_NODES
 
 RANKS = tuple(range(8))  # node 0
-ONE_SETTING = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(False,))
+ONE_SETTING = StageRules(zero_modes=(ZeroMode.NONE,), recompute=(Recompute.NONE,))
 
 
 @pytest.mark.parametrize(("model_name", "degree"), [("gpt2", 2), ("llama-3-8b", 4)])
@@ -66,7 +67,7 @@ def test_the_stage_matrices_price_a_members_pass_as_rank_pass_does(
         job,
         device=TWO_H100_NODES.device_of(0),
         micro_batch_size=1,
-        recompute=False,
+        recompute=Recompute.NONE,
         tensor_parallel_degree=degree,
         tensor_layout=TensorLayout.SEQUENCE,
     )

@@ -33,6 +33,7 @@ from piebald.profiler.fit import fit_alpha_beta
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import LayerKind
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 from .conftest import MakeProfile
 
@@ -70,7 +71,11 @@ def test_measured_interpolated_and_extrapolated_times(
         found = curve.lookup(
             block,
             shape=PassShape(
-                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, recompute=False
+                device=CPU_A,
+                dtype=Dtype.FP32,
+                micro_batch_size=size,
+                seq_len=32,
+                recompute=Recompute.NONE,
             ),
             kind=kind,
         )
@@ -93,7 +98,11 @@ def test_measured_interpolated_and_extrapolated_times(
         return layer_forward_time_s(
             block,
             shape=PassShape(
-                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=size, seq_len=32, recompute=False
+                device=CPU_A,
+                dtype=Dtype.FP32,
+                micro_batch_size=size,
+                seq_len=32,
+                recompute=Recompute.NONE,
             ),
             curve=fitted,
         )
@@ -109,7 +118,11 @@ def test_measured_interpolated_and_extrapolated_times(
         curve.measured_time_s(
             block,
             shape=PassShape(
-                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=2, seq_len=64, recompute=False
+                device=CPU_A,
+                dtype=Dtype.FP32,
+                micro_batch_size=2,
+                seq_len=64,
+                recompute=Recompute.NONE,
             ),
             kind=PassKind.FORWARD,
         )
@@ -119,7 +132,11 @@ def test_measured_interpolated_and_extrapolated_times(
         curve.measured_time_s(
             block,
             shape=PassShape(
-                device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+                device=other,
+                dtype=Dtype.FP32,
+                micro_batch_size=2,
+                seq_len=32,
+                recompute=Recompute.NONE,
             ),
             kind=PassKind.FORWARD,
         )
@@ -130,7 +147,11 @@ def test_measured_interpolated_and_extrapolated_times(
         curve.measured_time_s(
             gpt2_block,
             shape=PassShape(
-                device=CPU_A, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+                device=CPU_A,
+                dtype=Dtype.FP32,
+                micro_batch_size=2,
+                seq_len=32,
+                recompute=Recompute.NONE,
             ),
             kind=PassKind.FORWARD,
         )
@@ -160,7 +181,7 @@ def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakePro
     assert hash(curve) == hash(
         profiled_curve(db, model=model, devices={"cpu-a": CPU_A}, precision=Dtype.FP32)
     )
-    for recompute in (False, True):
+    for recompute in (Recompute.NONE, Recompute.FULL):
         times = pass_times(
             model,
             shape=PassShape(
@@ -172,21 +193,25 @@ def test_pass_times_use_the_measured_numbers(tmp_path: Path, profile_of: MakePro
         backward = np.diff(times.backward_prefix_s)
         blocks = model.arch.num_blocks
         assert forward == pytest.approx([1.5e-4, *[1.8e-3] * blocks, 7e-4])
-        block_backward = 1.8e-3 + 3.6e-3 if recompute else 3.6e-3
+        block_backward = 1.8e-3 + 3.6e-3 if recompute.checkpoints else 3.6e-3
         assert backward == pytest.approx([3e-4, *[block_backward] * blocks, 1.4e-3])
     # A device the DB never saw is priced by the analytic default, as before.
     other = DeviceType(**{**_fields(CPU_A), "name": "cpu-z"})
     assert layer_backward_time_s(
         model.layers[1],
         shape=PassShape(
-            device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+            device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=Recompute.NONE
         ),
         curve=curve,
     ) == pytest.approx(
         layer_backward_time_s(
             model.layers[1],
             shape=PassShape(
-                device=other, dtype=Dtype.FP32, micro_batch_size=2, seq_len=32, recompute=False
+                device=other,
+                dtype=Dtype.FP32,
+                micro_batch_size=2,
+                seq_len=32,
+                recompute=Recompute.NONE,
             ),
         )
     )

@@ -38,6 +38,7 @@ from piebald.specs.model import LayerKind
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.plan_io import load_plan, plan_from_dict, plan_to_dict
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 from .conftest import make_profile
 
@@ -70,7 +71,7 @@ DEVICE = _cluster().device_of(0)
 JOB = JobSpec(global_batch_size=8, seq_len=SEQ, precision=Dtype.FP32)
 
 
-def _analytic(kind: LayerKind, size: int, *, recompute: bool = False) -> float:
+def _analytic(kind: LayerKind, size: int, *, recompute: Recompute = Recompute.NONE) -> float:
     """The formula's bytes for one micro-batch of ``size`` through a layer of ``kind``, in
     fp32."""
     layer = next(layer for layer in MODEL.layers if layer.kind is kind)
@@ -114,7 +115,9 @@ def _write_db(
                     timing,
                     activation_bytes=kept,
                     activation_recompute_bytes=(
-                        _analytic(kind, size, recompute=True) if kind is LayerKind.BLOCK else None
+                        _analytic(kind, size, recompute=Recompute.FULL)
+                        if kind is LayerKind.BLOCK
+                        else None
                     ),
                 )
             )
@@ -139,7 +142,7 @@ def _memory(
     layers: tuple[int, int],
     size: int = 2,
     in_flight: int = 3,
-    recompute: bool = False,
+    recompute: Recompute = Recompute.NONE,
     zero: ZeroMode = ZeroMode.NONE,
     fraction: float = 1.0,
     neighbors: int = 1,
@@ -203,7 +206,11 @@ def test_activation_lookup_interpolates_and_extrapolates_linearly(
     found = curve.activation_lookup(
         BLOCK,
         shape=PassShape(
-            device=DEVICE, dtype=Dtype.FP32, micro_batch_size=size, seq_len=SEQ, recompute=False
+            device=DEVICE,
+            dtype=Dtype.FP32,
+            micro_batch_size=size,
+            seq_len=SEQ,
+            recompute=Recompute.NONE,
         ),
     )
     assert found is not None
@@ -237,7 +244,7 @@ def test_profile_without_activations_prices_memory_exactly_as_the_formula(
 ) -> None:
     analytic = _without_activations(_curve(_write_db(tmp_path / "db")))
     for layers in ((0, 1), (1, 3), (0, 6), (4, 6)):
-        for recompute in (False, True):
+        for recompute in (Recompute.NONE, Recompute.FULL):
             for zero in ZeroMode:
                 kwargs = dict(layers=layers, recompute=recompute, zero=zero, fraction=0.25)
                 assert _memory(analytic, **kwargs) == _memory(DEFAULT_CURVE, **kwargs)
@@ -266,7 +273,7 @@ def test_with_recompute_the_measured_block_is_the_working_buffer(tmp_path: Path)
     once, whatever the micro-batches in flight."""
     measured = _curve(_write_db(tmp_path / "db", block_factor=3.0))
     for in_flight in (1, 2, 5):
-        common = dict(layers=(0, 6), size=2, in_flight=in_flight, recompute=True)
+        common = dict(layers=(0, 6), size=2, in_flight=in_flight, recompute=Recompute.FULL)
         added = _memory(measured, **common) - _memory(DEFAULT_CURVE, **common)
         assert added == pytest.approx(2.0 * _analytic(LayerKind.BLOCK, 2), rel=1e-9)
 
@@ -277,7 +284,7 @@ def test_planner_range_matrices_are_the_exact_memory_with_measured_activations(
     """One source: the planner's (L+1) x (L+1) matrices (``stage_memory_bytes`` and the
     stage DP's affine split of it) equal ``rank_memory`` range by range."""
     measured = _curve(_write_db(tmp_path / "db", block_factor=3.0))
-    for recompute in (False, True):
+    for recompute in (Recompute.NONE, Recompute.FULL):
         shape = PassShape.for_job(JOB, device=DEVICE, micro_batch_size=4, recompute=recompute)
         assert shape.dtype is Dtype.FP32
         for zero in (ZeroMode.NONE, ZeroMode.FULL):
@@ -342,7 +349,9 @@ def test_simulated_peak_memory_rises_by_the_measured_excess(tmp_path: Path) -> N
             block_excess = 2.0 * _analytic(LayerKind.BLOCK, stage.micro_batch_size[position])
             if not num_blocks:  # the embedding and the head are measured at the formula
                 expected = 0.0
-            elif stage.recompute:  # the measured block is held once, as a working buffer
+            elif (
+                stage.recompute.checkpoints
+            ):  # the measured block is held once, as a working buffer
                 expected = block_excess
             else:  # every block of every micro-batch the simulated rank held at its peak
                 static = prices.static_memory_bytes(rank)
@@ -406,7 +415,7 @@ def test_plan_file_records_the_measured_activations_and_simulate_reprices_them(
         assert entry.source == ("measured" if size in (1, 2) else "extrapolated")
         if kind is LayerKind.BLOCK:
             assert entry.activation_recompute_bytes == pytest.approx(
-                _analytic(kind, size, recompute=True)
+                _analytic(kind, size, recompute=Recompute.FULL)
             )
         else:
             assert entry.activation_recompute_bytes is None
@@ -417,7 +426,7 @@ def test_plan_file_records_the_measured_activations_and_simulate_reprices_them(
     rebuilt, from_db = recorded_curve(again), _curve(db)
     for stage in plan.stages:
         for size in stage.micro_batch_size:
-            for recompute in (False, True):
+            for recompute in (Recompute.NONE, Recompute.FULL):
                 common = dict(
                     layers=(stage.layer_start, stage.layer_end), size=size, recompute=recompute
                 )
@@ -532,8 +541,8 @@ def test_predicted_peak_memory_uses_the_measured_activations(tmp_path: Path) -> 
         budgets = stage_in_flight(plan, index)
         for position, rank in enumerate(stage.ranks):
             excess = num_blocks * 2.0 * _analytic(LayerKind.BLOCK, stage.micro_batch_size[position])
-            held = 1 if stage.recompute and num_blocks else budgets[position]
-            per_held = excess / num_blocks if stage.recompute and num_blocks else excess
+            held = 1 if stage.recompute.checkpoints and num_blocks else budgets[position]
+            per_held = excess / num_blocks if stage.recompute.checkpoints and num_blocks else excess
             added = high.stages[index].memory[rank].total_bytes
             added -= low.stages[index].memory[rank].total_bytes
             assert added == pytest.approx(held * per_held, rel=1e-9)

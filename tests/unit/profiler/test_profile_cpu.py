@@ -27,6 +27,7 @@ from piebald.specs.model import LayerKind
 from piebald.specs.plan import ZeroMode
 from piebald.specs.plan_io import load_plan, save_plan
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 SEQ = 32
 
@@ -117,7 +118,7 @@ def test_plan_from_profiles_uses_the_measured_times(
     compared: set[LayerKind] = set()
     for stage in plan.stages:
         for size in set(stage.micro_batch_size):
-            for recompute in (False, True):
+            for recompute in (Recompute.NONE, Recompute.FULL):
                 times = pass_times(
                     model,
                     shape=PassShape(
@@ -133,7 +134,7 @@ def test_plan_from_profiles_uses_the_measured_times(
                     # The fixtures measured every size the plan may choose.
                     row = measured[layer.kind][size]
                     backward = row.backward_s
-                    if recompute and layer.kind is LayerKind.BLOCK:
+                    if recompute.checkpoints and layer.kind is LayerKind.BLOCK:
                         assert row.backward_recompute_s is not None
                         backward = row.backward_recompute_s
                     index = layer.index
@@ -182,19 +183,21 @@ def test_memory_from_profiles_uses_the_measured_activation_bytes(
     ).curve
     measured = {p.layer_kind: {t.micro_batch_size: t for t in p.timings} for p in tiny_profiles}
 
-    def formula(kind: LayerKind, size: int, recompute: bool) -> float:
+    def formula(kind: LayerKind, size: int, recompute: Recompute) -> float:
         layer = next(layer for layer in model.layers if layer.kind is kind)
         per_token = layer.activation_bytes_per_token(dtype_bytes=4, recompute=recompute)
         return size * SEQ * per_token  # in fp32
 
-    def kept(kind: LayerKind, size: int, recompute: bool) -> float:
+    def kept(kind: LayerKind, size: int, recompute: Recompute) -> float:
         row = measured[kind][size]
-        if recompute and kind is LayerKind.BLOCK:
+        if recompute.checkpoints and kind is LayerKind.BLOCK:
             assert row.activation_recompute_bytes is not None
             return row.activation_recompute_bytes
         return row.activation_bytes
 
-    def total(curve: EfficiencyCurve, layers: tuple[int, int], size: int, recompute: bool) -> float:
+    def total(
+        curve: EfficiencyCurve, layers: tuple[int, int], size: int, recompute: Recompute
+    ) -> float:
         """Memory during the passes (the step's end holds no activations)."""
         memory = rank_memory(
             model,
@@ -218,21 +221,22 @@ def test_memory_from_profiles_uses_the_measured_activation_bytes(
 
     for size in (1, 2, 4, 8):
         for layers in ((0, model.num_layers), (1, 3), (0, 1), (5, 6)):
-            for recompute in (False, True):
+            for recompute in (Recompute.NONE, Recompute.FULL):
                 kinds = [layer.kind for layer in model.layers[layers[0] : layers[1]]]
                 excess = 3 * sum(
                     kept(kind, size, recompute) - formula(kind, size, recompute) for kind in kinds
                 )
-                if recompute and LayerKind.BLOCK in kinds:  # the block being recomputed
-                    excess += kept(LayerKind.BLOCK, size, False)
-                    excess -= formula(LayerKind.BLOCK, size, False)
+                if recompute.checkpoints and LayerKind.BLOCK in kinds:  # the block being recomputed
+                    excess += kept(LayerKind.BLOCK, size, Recompute.NONE)
+                    excess -= formula(LayerKind.BLOCK, size, Recompute.NONE)
                 added = total(curve, layers, size, recompute)
                 added -= total(DEFAULT_CURVE, layers, size, recompute)
                 assert added == pytest.approx(excess, rel=1e-9, abs=1e-6)
     # The measurement is not the formula (with torch 2.13 on a CPU tiny's block keeps ~12%
     # more, its fp32 head about half: no 16-bit copy of the logits), so the check above
     # tells them apart.
-    assert kept(LayerKind.BLOCK, 2, False) != pytest.approx(formula(LayerKind.BLOCK, 2, False))
+    none = Recompute.NONE
+    assert kept(LayerKind.BLOCK, 2, none) != pytest.approx(formula(LayerKind.BLOCK, 2, none))
 
 
 def _as_device(profile: ComputeProfile, name: str, *, slower: float) -> ComputeProfile:
@@ -278,7 +282,11 @@ def test_two_machines_merge_into_one_db_a_plan_uses(
         found = inputs.curve.lookup(
             block,
             shape=PassShape(
-                device=device, dtype=Dtype.FP32, micro_batch_size=2, seq_len=SEQ, recompute=False
+                device=device,
+                dtype=Dtype.FP32,
+                micro_batch_size=2,
+                seq_len=SEQ,
+                recompute=Recompute.NONE,
             ),
             kind=PassKind.FORWARD,
         )

@@ -25,6 +25,7 @@ from piebald.profiler.db import load_profile_db, write_profile
 from piebald.specs.model import LayerKind
 from piebald.specs.plan import CalibratedCurve, MeasuredLayerTime
 from piebald.specs.plan_io import load_plan, plan_from_dict, plan_to_dict
+from piebald.specs.recompute import Recompute
 
 from .conftest import MakeProfile
 
@@ -92,7 +93,7 @@ def test_recorded_curve_prices_the_plan_as_the_planner_did(
     for stage in plan.stages:
         for rank, size in zip(stage.ranks, stage.micro_batch_size, strict=True):
             device = plan.cluster.device_of(rank)
-            for recompute in (False, True):
+            for recompute in (Recompute.NONE, Recompute.FULL):
                 times = [
                     pass_times(
                         plan.model,

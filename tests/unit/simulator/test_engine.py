@@ -33,6 +33,7 @@ from piebald.schedule.ops import (
 from piebald.simulator.engine import simulate
 from piebald.simulator.result import Lane
 from piebald.specs.plan import Schedule, ZeroMode
+from piebald.specs.recompute import Recompute
 from sim_plans import FixedPrices, cluster, pipeline
 
 
@@ -82,7 +83,7 @@ def _one_stage(zero: ZeroMode, fractions: tuple[float, float]) -> None:
             dtype=device.training_dtype(plan.job.precision),
             micro_batch_size=2,
             seq_len=plan.job.seq_len,
-            recompute=False,
+            recompute=Recompute.NONE,
         ),
     )
     passes_s = 3 * times.pass_s(0, plan.model.num_layers)  # rank 0 runs three

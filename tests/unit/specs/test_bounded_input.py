@@ -27,6 +27,7 @@ from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.plan import ZeroMode
 from piebald.specs.plan_io import load_plan
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.yaml_bounded import expanded_size, safe_load_bounded
 
 HF = Path(__file__).parents[2] / "data" / "hf"
@@ -208,7 +209,7 @@ def test_largest_model_within_the_limits_prices_exact_positive_memory() -> None:
             dtype=Dtype.BF16,
             micro_batch_size=limits.MAX_GLOBAL_BATCH,
             seq_len=limits.MAX_SEQ_LEN,
-            recompute=False,
+            recompute=Recompute.NONE,
         ),
         optimizer=Optimizer.ADAMW,
         zero=ZeroMode.NONE,

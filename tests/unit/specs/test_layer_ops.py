@@ -15,8 +15,9 @@ from torch.utils._pytree import tree_flatten
 
 from piebald.runtime.models.loss import token_loss_sum
 from piebald.runtime.models.rope import Rope, rope_tables
-from piebald.runtime.models.stage_part import build_layer_module
+from piebald.runtime.models.stage_part import build_layer_module, build_stage_part
 from piebald.specs.model import Family, ModelArch, build_model_spec
+from piebald.specs.recompute import Recompute
 
 _VIEWS = {
     "view", "_unsafe_view", "transpose", "t", "permute", "expand", "split", "slice",
@@ -136,3 +137,51 @@ def test_a_block_backward_moves_about_twice_its_forward(family: Family) -> None:
         y.backward(upstream)
     assert 1.6 <= backward.stream_bytes / forward.stream_bytes <= 2.6
     assert 1.6 <= backward.kernels / forward.kernels <= 2.6
+
+
+class _Recomputed(_Counter):
+    """:class:`_Counter`, plus the matmul FLOPs of what it sees (2 x m x n x k each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matmul_flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm"):
+            a, b = args[-2], args[-1]
+            self.matmul_flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("family", [Family.LLAMA, Family.GPT2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("recompute", [Recompute.FULL, Recompute.SELECTIVE])
+def test_a_recomputed_block_reruns_what_the_layer_says(
+    family: Family, dtype: torch.dtype, recompute: Recompute
+) -> None:
+    """A block's backward under recompute dispatches what the same backward without it
+    does plus what ``LayerSpec.rerun`` says it runs again: its kernels and matmul FLOPs
+    exactly, its memory-bound bytes within 5%."""
+    arch = _arch(family)
+    spec = build_model_spec("t", arch)
+    batch, seq = 2, 32
+    counted = {}
+    for mode in (Recompute.NONE, recompute):
+        part = build_stage_part(spec, layer_start=1, layer_end=2, dtype=dtype)
+        part.recompute = mode
+        x = torch.randn(batch, seq, arch.hidden_size, dtype=dtype, requires_grad=True)
+        y = part(x)
+        counter = _Recomputed()
+        with counter:
+            y.backward(torch.ones_like(y))
+        counted[mode] = counter
+    plain, recomputed = counted[Recompute.NONE], counted[recompute]
+    dtype_bytes = torch.finfo(dtype).bits // 8
+    rerun = spec.layers[1].rerun(recompute)
+    tokens = batch * seq
+    assert recomputed.kernels - plain.kernels == rerun.ops.forward_kernels(dtype_bytes=dtype_bytes)
+    assert recomputed.matmul_flops - plain.matmul_flops == 2 * rerun.matmul_weights * tokens
+    assert recomputed.stream_bytes - plain.stream_bytes == pytest.approx(
+        rerun.ops.stream_bytes_per_token(dtype_bytes=dtype_bytes) * tokens, rel=0.05
+    )

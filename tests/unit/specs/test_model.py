@@ -11,6 +11,7 @@ import pytest
 from piebald.errors import SpecError
 from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
 from piebald.specs.presets import PRESETS, load_model, model_from_dict, model_to_dict
+from piebald.specs.recompute import Recompute
 
 HF = Path(__file__).parents[2] / "data" / "hf"
 
@@ -59,7 +60,7 @@ def test_gpt2_block_formulas_by_hand() -> None:
     # and rstd (16) are kept whatever the dtype (docs/activation_bytes.md).
     assert block.activation_bytes_per_token(dtype_bytes=2) == 32 * h + 4 * 12 + 16
     assert block.activation_bytes_per_token(dtype_bytes=4) == 64 * h + 4 * 12 + 16
-    assert block.activation_bytes_per_token(dtype_bytes=2, recompute=True) == 2 * h
+    assert block.activation_bytes_per_token(dtype_bytes=2, recompute=Recompute.FULL) == 2 * h
 
 
 def test_llama_block_formulas_by_hand() -> None:

@@ -25,6 +25,7 @@ from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, Prediction, Schedule, Stage, ZeroMode, weighted_round_robin
 from piebald.specs.plan_io import load_plan, plan_from_dict, plan_to_dict, save_plan
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 
 CLUSTER = parse_cluster(
     {
@@ -74,7 +75,7 @@ def _stages() -> tuple[Stage, Stage]:
             num_micro_batches=(2, 2),
             shard_fraction=(0.75, 0.25),
             zero=ZeroMode.OPTIMIZER,
-            recompute=True,
+            recompute=Recompute.FULL,
         ),
     )
 
@@ -384,6 +385,37 @@ def test_plan_dict_carries_the_documented_fields() -> None:
     assert data["stages"][1]["devices"] == ["odd", "odd"]
     assert data["routes"] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     assert data["achievable_efficiency"] == pytest.approx(204.8 / 300.0)
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ("none", Recompute.NONE),
+        ("selective", Recompute.SELECTIVE),
+        ("full", Recompute.FULL),
+        (True, Recompute.FULL),  # older plans: whole blocks or nothing
+        (False, Recompute.NONE),
+    ],
+)
+def test_recompute_reads_every_mode_and_older_plans_booleans(
+    written: object, read: Recompute
+) -> None:
+    data = plan_to_dict(_full_plan())
+    data["stages"][0]["recompute"] = written
+    plan = plan_from_dict(data, source="p.json")
+    assert plan.stages[0].recompute is read
+    if isinstance(written, str):
+        assert plan_to_dict(plan)["stages"][0]["recompute"] == written
+
+
+def test_a_bad_recompute_names_the_field_and_the_modes() -> None:
+    data = plan_to_dict(_full_plan())
+    data["stages"][0]["recompute"] = "partial"
+    with pytest.raises(SpecError) as caught:
+        plan_from_dict(data, source="p.json")
+    message = str(caught.value)
+    assert "recompute" in message and "partial" in message and "selective" in message
+    assert "\n" not in message
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from piebald.specs.model import LayerKind, LayerSpec
 from piebald.specs.presets import load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 BF16_BYTES = 2
@@ -42,7 +43,7 @@ def test_sequence_parallel_blocks_are_one_over_t_of_the_whole(
         whole.ops.stream_bytes_per_token(dtype_bytes=BF16_BYTES) / degree
     )
     assert mine.ops.kernels == whole.ops.kernels  # as many launches, each on less
-    for recompute in (False, True):
+    for recompute in (Recompute.NONE, Recompute.FULL):
         assert mine.activation_bytes_per_token(
             dtype_bytes=BF16_BYTES, recompute=recompute
         ) == pytest.approx(

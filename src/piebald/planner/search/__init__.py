@@ -47,6 +47,7 @@ from piebald.planner.strategies import (
     BASELINES,
     PIEBALD,
     Strategy,
+    with_recompute,
     with_tensor_parallel,
     with_zero_mode,
 )
@@ -54,6 +55,7 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import ZeroMode
+from piebald.specs.recompute import Recompute
 
 __all__ = ["Infeasible", "ScoredPlan", "SearchResult", "search", "uniform_bounds"]
 
@@ -71,6 +73,7 @@ def search(
     seeds: Sequence[ScoredPlan] | None = None,
     zero: ZeroMode | None = None,
     tensor_parallel: int | None = None,
+    recompute: tuple[Recompute, ...] | None = None,
     workers: int | None = None,
 ) -> SearchResult:
     """The plan with the highest predicted tokens/s that fits every GPU's memory.
@@ -83,7 +86,9 @@ def search(
     ``zero`` restricts every stage to that ZeRO mode (``plan --zero``), the baselines that
     seed the search too; a strategy that cannot express it is a ``ValueError``.
     ``tensor_parallel`` likewise restricts every stage to that tensor-parallel degree
-    (``plan --tensor-parallel``).
+    (``plan --tensor-parallel``), and ``recompute`` each stage's recompute to those modes
+    (``plan --recompute``; otherwise the strategy's, without selective recompute on
+    clusters beyond ``Strategy.selective_recompute_up_to``).
 
     ``workers``: processes phases 2-5 run their tasks on in a large cluster
     (``parallel``; the same plans with any number); default every core this process may
@@ -92,7 +97,9 @@ def search(
     started = time.perf_counter()
     workers = available_workers() if workers is None else workers
     check_job_fits_model(job, model)
-    strategy = _restricted(strategy, zero, tensor_parallel)
+    strategy = _restricted(strategy, zero, tensor_parallel, recompute)
+    if recompute is None:
+        strategy = strategy.for_cluster_of(cluster.num_gpus)
     degrees = strategy.stage_rules.tensor_parallel_degrees
     if strategy.uniform_tensor_parallel and len(degrees) > 1:
         return _best_uniform_degree(
@@ -114,6 +121,7 @@ def search(
             curve=curve,
             zero=zero,
             tensor_parallel=tensor_parallel,
+            recompute=recompute,
             workers=workers,
         )
     state = SearchState(
@@ -186,7 +194,12 @@ def _scaled(progress: Progress, index: int, count: int) -> Progress:
     return lambda fraction, text: progress((index + fraction) / count, text)
 
 
-def _restricted(strategy: Strategy, zero: ZeroMode | None, tensor_parallel: int | None) -> Strategy:
+def _restricted(
+    strategy: Strategy,
+    zero: ZeroMode | None,
+    tensor_parallel: int | None,
+    recompute: tuple[Recompute, ...] | None,
+) -> Strategy:
     restricted = with_zero_mode(strategy, zero)
     if restricted is None:
         raise ValueError(
@@ -199,7 +212,13 @@ def _restricted(strategy: Strategy, zero: ZeroMode | None, tensor_parallel: int 
             f"strategy {strategy.name} cannot use tensor-parallel degree {tensor_parallel}; "
             f"it allows {list(strategy.stage_rules.tensor_parallel_degrees)}"
         )
-    return with_degree
+    with_modes = with_recompute(with_degree, recompute)
+    if with_modes is None:
+        raise ValueError(
+            f"strategy {strategy.name} cannot use recompute {[m.value for m in recompute or ()]}; "
+            f"it allows {[m.value for m in strategy.stage_rules.recompute]}"
+        )
+    return with_modes
 
 
 def seed_with_baselines(
@@ -211,11 +230,12 @@ def seed_with_baselines(
     curve: EfficiencyCurve,
     zero: ZeroMode | None,
     tensor_parallel: int | None = None,
+    recompute: tuple[Recompute, ...] | None = None,
     workers: int = 1,
 ) -> list[ScoredPlan]:
-    """Phase 1. The best plan of every baseline that can express ``zero`` and
-    ``tensor_parallel`` and finds one, where ``strategy`` seeds with baselines on this
-    cluster; none otherwise."""
+    """Phase 1. The best plan of every baseline that can express ``zero``,
+    ``tensor_parallel`` and ``recompute`` and finds one, where ``strategy`` seeds with
+    baselines on this cluster; none otherwise."""
     if not strategy.seeds_with_baselines(cluster.num_gpus):
         return []
     seeds = []
@@ -223,6 +243,8 @@ def seed_with_baselines(
         restricted = with_zero_mode(baseline, zero)
         if restricted is not None:
             restricted = with_tensor_parallel(restricted, tensor_parallel)
+        if restricted is not None:
+            restricted = with_recompute(restricted, recompute)
         if restricted is None:
             continue
         try:

@@ -12,6 +12,7 @@ from piebald.planner.search.parallel import run_tasks
 from piebald.planner.search.records import Candidate, ScoredPlan
 from piebald.planner.search.state import SearchState
 from piebald.specs.devices import DeviceType
+from piebald.specs.recompute import Recompute
 
 __all__ = ["build_exactly"]
 
@@ -99,7 +100,9 @@ def _fastest_size(state: SearchState, device: DeviceType, num_ranks: int) -> int
         )
         if float(fixed) + float(sharded) / num_ranks > device.memory_bytes:
             break
-        shape = PassShape.for_job(state.job, device=device, micro_batch_size=size, recompute=False)
+        shape = PassShape.for_job(
+            state.job, device=device, micro_batch_size=size, recompute=Recompute.NONE
+        )
         times = pass_times(state.model, shape=shape, curve=state.curve)
         rate = size / times.pass_s(0, last)
         if rate > best_rate * state.settings.size_gain:  # a bigger one must pay for its memory

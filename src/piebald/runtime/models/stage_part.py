@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from piebald.runtime.models.embedding import Embedding
 from piebald.runtime.models.gpt2 import GPT2Block
@@ -34,12 +34,14 @@ from piebald.runtime.models.head import Head
 from piebald.runtime.models.init import INIT_STD, init_layer, layer_generator
 from piebald.runtime.models.llama import LlamaBlock, Rope, rope_tables
 from piebald.runtime.models.norms import RMSNorm
+from piebald.runtime.models.selective_recompute import selective_contexts
 from piebald.runtime.models.tensor_ops import (
     TensorGroup,
     enter_sequence_chunks,
     leave_sequence_chunks,
 )
 from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
+from piebald.specs.recompute import Recompute
 
 __all__ = ["StagePart", "TiedParameter", "build_layer_module", "build_stage_part"]
 
@@ -91,8 +93,9 @@ class StagePart(nn.Module):
 
     forward(x): x is int64 token ids [b, s] when the part starts at the embedding, else
     hidden states [b, s, h]; returns hidden states [b, s, h], or logits [b, s, V] when the
-    part ends with the head. Set ``recompute = True`` to recompute each block's activations
-    in the backward pass (activation checkpointing; gradients are unchanged).
+    part ends with the head. Set ``recompute`` to ``Recompute.FULL`` or ``SELECTIVE`` to
+    recompute each block's activations, all or some (``specs.recompute``), in the backward
+    pass (activation checkpointing; gradients are unchanged).
     """
 
     def __init__(
@@ -103,7 +106,7 @@ class StagePart(nn.Module):
         self.layer_start = layer_start
         self.layer_end = layer_end
         self.layers = layers
-        self.recompute = False
+        self.recompute = Recompute.NONE
         # Set when the blocks are split over a tensor group (if sequence parallel, between
         # the part's first and last block: module docstring).
         self.tensor_group: TensorGroup | None = None
@@ -145,7 +148,7 @@ class StagePart(nn.Module):
 
     def run_layer(self, index: int, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:
         """Global layer ``index`` on ``x``: the embedding ([b, s] -> [b, s, h]), a block
-        (recomputed in the backward pass when ``recompute`` is set), or the head
+        (recomputed in the backward pass as ``recompute`` says), or the head
         ([b, s, h] -> [b, s, V]). Sequence parallel, the part's first block takes the whole
         [b, s, h] and the others a chunk [b, s/t, h], and its last block returns the whole,
         the others a chunk."""
@@ -160,8 +163,18 @@ class StagePart(nn.Module):
                 x = enter_sequence_chunks(x, self.tensor_group)
             # The cut and the gather stay outside the checkpoint: a recomputed block
             # keeps only its chunk.
-            if self.recompute and torch.is_grad_enabled():
-                out = checkpoint(block, x, rope, use_reentrant=False)
+            if self.recompute.checkpoints and torch.is_grad_enabled():
+                out = checkpoint(
+                    block,
+                    x,
+                    rope,
+                    use_reentrant=False,
+                    context_fn=(
+                        selective_contexts
+                        if self.recompute is Recompute.SELECTIVE
+                        else noop_context_fn
+                    ),
+                )
             else:
                 out = block(x, rope)
             if index == blocks[-1]:

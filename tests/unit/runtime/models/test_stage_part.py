@@ -17,6 +17,7 @@ from piebald.runtime.models.stage_part import StagePart
 from piebald.runtime.models.tensor_parallel import split_stage_part
 from piebald.specs.model import Family, ModelArch, ModelSpec
 from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.recompute import Recompute
 from piebald.specs.tensor_layout import TensorLayout
 
 
@@ -240,13 +241,14 @@ def test_dtype_and_device_only_cast_the_same_values() -> None:
 def test_recompute_leaves_gradients_unchanged(model: ModelSpec) -> None:
     tokens = torch.randint(0, model.arch.vocab_size, (2, 16))
     grads = []
-    for recompute in (False, True):
+    for recompute in Recompute:
         part = build_stage_part(model, layer_start=0, layer_end=model.num_layers)
         part.recompute = recompute
         token_loss_sum(part(tokens), tokens).backward()
         grads.append({n: p.grad for n, p in part.named_parameters()})
     for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7)
+        for recomputed in grads[1:]:  # selective, full
+            torch.testing.assert_close(recomputed[name], grad, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("model", [MODELS[0], MODELS[3]], ids=lambda m: m.name)
