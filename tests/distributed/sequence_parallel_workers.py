@@ -180,6 +180,27 @@ def _memory_models() -> dict[str, ModelSpec]:
     }
 
 
+def _split_part(
+    model: ModelSpec,
+    *,
+    rank: int,
+    world_size: int,
+    group: Any,
+    layout: TensorLayout,
+    dtype: torch.dtype = torch.float32,
+) -> StagePart:
+    part = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
+    split_stage_part(
+        part,
+        degree=world_size,
+        position=rank,
+        positions=tuple(range(world_size)),
+        group=group,
+        layout=layout,
+    )
+    return part
+
+
 def block_keeps_its_share(rank: int, world_size: int) -> None:
     """Every activation a split block keeps is 1/t of the whole block's: the norms' on
     the member's sequence chunk, the column-parallel layers' input as that chunk, the
@@ -189,14 +210,13 @@ def block_keeps_its_share(rank: int, world_size: int) -> None:
         for dtype in (torch.float32, torch.bfloat16):
             for recompute in (Recompute.NONE, Recompute.FULL):
                 whole = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
-                split = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
-                split_stage_part(
-                    split,
-                    degree=world_size,
-                    position=rank,
-                    positions=tuple(range(world_size)),
+                split = _split_part(
+                    model,
+                    rank=rank,
+                    world_size=world_size,
                     group=group,
                     layout=TensorLayout.SEQUENCE,
+                    dtype=dtype,
                 )
                 whole.recompute = split.recompute = recompute
                 mine, theirs = (
@@ -241,27 +261,6 @@ class _CountedCollectives:
     def __exit__(self, *exc: object) -> None:
         for (module, name), original in self._originals.items():
             setattr(module, name, original)
-
-
-def _split_part(
-    model: ModelSpec,
-    *,
-    rank: int,
-    world_size: int,
-    group: Any,
-    layout: TensorLayout,
-    dtype: torch.dtype = torch.float32,
-) -> StagePart:
-    part = build_stage_part(model, layer_start=1, layer_end=2, dtype=dtype)
-    split_stage_part(
-        part,
-        degree=world_size,
-        position=rank,
-        positions=tuple(range(world_size)),
-        group=group,
-        layout=layout,
-    )
-    return part
 
 
 def _backward_collectives(part: StagePart, recompute: Recompute) -> int:

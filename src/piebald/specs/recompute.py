@@ -6,8 +6,8 @@ under activation checkpointing and keep only some (``selective``) or only their 
 
 * ``none``: a block keeps what its eager kernels save (``specs.model`` gives the bytes).
 * ``full``: a block keeps its input and runs its forward again in the backward (all of it
-  up to its last matmul, below; Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"; Korthikanti et al.
-  2022, section 5).
+  up to its last matmul, below; Chen et al. 2016, "Training Deep Nets with Sublinear
+  Memory Cost"; Korthikanti et al. 2022, section 5).
 * ``selective``: a block keeps its input, the outputs of its attention kernel and of every
   other matrix multiply in the order it calls them (the first, third, fifth, ...), and
   recomputes the rest: the even-numbered matmuls and every memory-bound op (norms, rotary
