@@ -4,7 +4,8 @@ The oracle enumerates every plan the plan space holds for a micro-batch size in 
 every subset of GPUs (idle GPUs allowed), every partition of it into an ordered sequence of
 stages (any sets, not only runs in rank order), every contiguous layer split with at least
 one layer per stage. Each stage is built with ``build_stage`` under piebald's rules (the
-exact allocator: micro-batch counts, shard fractions, ZeRO mode and recompute), the routes
+exact allocator: micro-batch counts, shard fractions, ZeRO mode and recompute; the largest
+cases without selective recompute, searched the same way), the routes
 are the stages' weighted round-robin orders zipped (as ``search`` assembles them), and the
 plan is priced by ``estimate_plan`` and kept only if every rank fits its memory.
 
@@ -30,7 +31,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.planner.search import search
-from piebald.planner.stage_builder import StageChoice, build_stage
+from piebald.planner.stage_builder import StageChoice, StageRules, build_stage
 from piebald.planner.strategies import PIEBALD
 from piebald.report.describe import describe_plan
 from piebald.specs.cluster import ClusterSpec
@@ -160,10 +161,17 @@ class _Oracle:
     """Branch and bound over structures and layer splits; see the module docstring."""
 
     def __init__(
-        self, cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec, prune: bool
+        self,
+        cluster: ClusterSpec,
+        *,
+        model: ModelSpec,
+        job: JobSpec,
+        prune: bool,
+        rules: StageRules = PIEBALD.stage_rules,
     ) -> None:
         self.cluster, self.model, self.job = cluster, model, job
         self.prune = prune
+        self.rules = rules
         self.num_layers = model.num_layers
         self.built: dict[
             tuple[tuple[int, ...], int, int, int, int, int, int], StageChoice | None
@@ -260,7 +268,7 @@ class _Oracle:
                     micro_batch_sizes=(size,) * len(ranks),
                     stage_index=index,
                     num_stages=depth,
-                    rules=PIEBALD.stage_rules,
+                    rules=self.rules,
                     widths=widths,
                 )
             except ValueError:  # zero pass time (embedding alone): see the module docstring
@@ -418,9 +426,18 @@ def exhaustive_best(
     job: JobSpec,
     symmetric: bool = True,
     prune: bool = True,
+    rules: StageRules = PIEBALD.stage_rules,
 ) -> OracleBest | None:
-    """The fastest memory-feasible plan of the plan space (micro-batch sizes 1, 2, 4)."""
-    return _Oracle(cluster, model=model, job=job, prune=prune).run(symmetric=symmetric)
+    """The fastest memory-feasible plan of the plan space (micro-batch sizes 1, 2, 4) under
+    ``rules`` (piebald's by default)."""
+    return _Oracle(cluster, model=model, job=job, prune=prune, rules=rules).run(symmetric=symmetric)
+
+
+# Selective recompute makes the plan space half as large again; the largest cases and the
+# symmetry checks, which test the search and the enumeration, not the recompute modes,
+# leave it out (``Case.without_selective``), the others keep it.
+WITHOUT_SELECTIVE = (Recompute.NONE, Recompute.FULL)
+RULES_WITHOUT_SELECTIVE = replace(PIEBALD.stage_rules, recompute=WITHOUT_SELECTIVE)
 
 
 # -- the oracle's own checks ------------------------------------------------------------
@@ -463,8 +480,9 @@ def test_symmetry_reduction_loses_nothing(
     cluster: Any, model: str, batch: int, seq_len: int
 ) -> None:
     spec, job = cluster(), JobSpec(global_batch_size=batch, seq_len=seq_len)
-    reduced = exhaustive_best(spec, model=load_model(model), job=job, symmetric=True)
-    full = exhaustive_best(spec, model=load_model(model), job=job, symmetric=False)
+    rules = RULES_WITHOUT_SELECTIVE
+    reduced = exhaustive_best(spec, model=load_model(model), job=job, symmetric=True, rules=rules)
+    full = exhaustive_best(spec, model=load_model(model), job=job, symmetric=False, rules=rules)
     assert reduced is not None and full is not None
     assert reduced.tokens_per_s == pytest.approx(full.tokens_per_s, rel=1e-12)
     # Both optima use several GPUs in a pipeline, so the reduction had orbits to merge.
@@ -518,29 +536,35 @@ class Case:
     model: str
     batch: int
     seq_len: int
+    without_selective: bool = False
 
 
 def _case(cluster: str, model: str, batch: int, seq_len: int, *marks: Any) -> Any:
     return pytest.param(Case(cluster, model, batch, seq_len), id=f"{model}@{cluster}", marks=marks)
 
 
+def _large_case(cluster: str, model: str, batch: int, seq_len: int, *marks: Any) -> Any:
+    case = Case(cluster, model, batch, seq_len, without_selective=True)
+    return pytest.param(case, id=f"{model}@{cluster}", marks=marks)
+
+
 CASES = [
-    _case("a100x2-v100x2-t4x2", "gpt2", 16, 1024),
+    _large_case("a100x2-v100x2-t4x2", "gpt2", 16, 1024),
     _case("v100x2-t4x4", "gpt2", 32, 1024),
     _case("l4x2-t4x2", "tiny", 16, 256),
     # Memory forces pipelining (see the test above).
     _case("t4x4", "llama-3.2-1b", 8, 256),
-    _case("a100x4-t4x4", "llama-3.2-1b", 16, 512, pytest.mark.slow),
+    _large_case("a100x4-t4x4", "llama-3.2-1b", 16, 512, pytest.mark.slow),
     # Consumer cards on 10 Gb/s Ethernet: a link is the bottleneck, so the split matters
     # only through the fill and drain.
-    _case("rtx4090x2-l4x2-a100", "gpt2", 16, 1024),
+    _large_case("rtx4090x2-l4x2-a100", "gpt2", 16, 1024),
     # A stage of only the embedding on two GPUs (once a crash: zero pass times).
     _case("a100x2-v100x2-t4x2", "tiny", 16, 256),
     # A V100 at both ends of the pipeline: only a rotated unit order expresses it.
     _case("t4x2-v100-16x2", "llama-3.2-1b", 8, 256),
     # The optimizer step of the stage holding a 128k-vocabulary embedding shapes the split.
     _case("l4x2-t4x2", "llama-3.2-1b", 8, 256),
-    _case("a100x4-t4x4", "gpt2", 32, 1024, pytest.mark.slow),
+    _large_case("a100x4-t4x4", "gpt2", 32, 1024, pytest.mark.slow),
     # One node of a group alone beats the group (its nodes share 10 Gb/s Ethernet); once
     # short by 2.7% when the estimate left out the bottleneck stage's own hop.
     _case("t4x4-l4x2", "tiny", 8, 256),
@@ -551,8 +575,10 @@ CASES = [
 def test_search_reaches_98_percent_of_the_exhaustive_best(case: Case) -> None:
     cluster, model = CLUSTERS[case.cluster](), load_model(case.model)
     job = JobSpec(global_batch_size=case.batch, seq_len=case.seq_len)
-    found = search(cluster, model=model, job=job).best
-    best = exhaustive_best(cluster, model=model, job=job)
+    modes = WITHOUT_SELECTIVE if case.without_selective else None
+    found = search(cluster, model=model, job=job, recompute=modes).best
+    rules = RULES_WITHOUT_SELECTIVE if case.without_selective else PIEBALD.stage_rules
+    best = exhaustive_best(cluster, model=model, job=job, rules=rules)
     assert best is not None
     assert found.estimate.tokens_per_s >= REQUIRED_FRACTION * best.tokens_per_s, (
         f"search {found.estimate.tokens_per_s:,.0f} tokens/s "
