@@ -162,6 +162,32 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
     assert code == 0 and "priced from the measurements the plan records" in " ".join(output.split())
 
 
+def test_a_selective_plan_is_repriced_from_its_records_as_planned(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """No profile times a selective backward: a selectively recomputed block is priced as
+    its measured backward plus the analytic rerun on the calibrated curve, and the plan's
+    records reproduce that, as ``--profiles`` does."""
+    db, cluster, _ = made
+    plan_file = tmp_path / "selective.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
+        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db),
+        "--recompute", "selective", "--out", str(plan_file),
+    )  # fmt: skip
+    assert code == 0, output
+    plan = load_plan(plan_file)
+    assert plan.predicted is not None
+    assert {stage.recompute for stage in plan.stages} == {Recompute.SELECTIVE}
+    recorded = _simulate("--plan", str(plan_file))
+    from_db = _simulate("--plan", str(plan_file), "--profiles", str(db))
+    for data in (recorded, from_db):
+        predicted = data["predicted"]
+        assert isinstance(predicted, dict)
+        assert predicted["step_time_s"] == pytest.approx(plan.predicted.step_time_s)
+    assert recorded["step_time_s"] == pytest.approx(from_db["step_time_s"])
+
+
 def test_simulate_bad_profiles_and_bad_recorded_inputs_are_one_line(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
