@@ -14,8 +14,6 @@ from piebald.specs.plan import Plan, Stage
 from piebald.specs.recompute import Recompute
 from piebald.specs.units import format_bytes, format_rate
 
-_RECOMPUTE_CELL = {Recompute.NONE: "no", Recompute.SELECTIVE: "sel", Recompute.FULL: "yes"}
-
 __all__ = [
     "catalog_table",
     "cluster_table",
@@ -25,6 +23,9 @@ __all__ = [
     "plan_summary",
     "plan_table",
 ]
+
+# The plan table's recompute column.
+_RECOMPUTE_CELL = {Recompute.NONE: "no", Recompute.SELECTIVE: "sel", Recompute.FULL: "yes"}
 
 
 def _tflops(flops: float) -> str:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 __all__ = [
     "NO_OPS",
     "NO_RERUN",
+    "BlockShape",
     "LayerOps",
     "Rerun",
     "block_ops",
@@ -95,22 +96,28 @@ _RMSNORM_FIXED, _RMSNORM_VALUES, _RMSNORM_CASTS, _RMSNORM_KERNELS = 20, 2, 2, 6
 _LAYERNORM_FIXED, _LAYERNORM_VALUES, _LAYERNORM_KERNELS = 8, 2, 1
 
 
-def block_ops(
-    *,
-    llama: bool,
-    hidden: int,
-    q_width: int,
-    kv_width: int,
-    ffn_hidden: int,
-    sequence_share: float = 1.0,
-) -> LayerOps:
-    """One transformer block: Llama (RMSNorm, RoPE, SwiGLU, separate Q/K/V projections)
-    or GPT-2 (LayerNorm, fused QKV projection, GELU); its norms and residual adds on
-    ``sequence_share`` of the tokens (module docstring)."""
-    h, q, kv, f = hidden, q_width, kv_width, ffn_hidden
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockShape:
+    """One transformer block as a rank runs it: Llama (RMSNorm, RoPE, SwiGLU, separate
+    Q/K/V projections) or GPT-2 (LayerNorm, fused QKV projection, GELU), its query,
+    key/value and MLP widths (the rank's split of them), and the share of the tokens its
+    norms and residual adds run on (module docstring)."""
+
+    llama: bool
+    hidden: int
+    q_width: int
+    kv_width: int
+    ffn_hidden: int
+    sequence_share: float = 1.0
+
+
+def block_ops(*, shape: BlockShape) -> LayerOps:
+    """One transformer block's forward (module docstring)."""
+    h, q, kv, f = shape.hidden, shape.q_width, shape.kv_width, shape.ffn_hidden
+    sequence_share = shape.sequence_share
     hs = h * sequence_share  # the hidden-width ops' values per token of the micro-batch
     attention_io = 2 * q + 2 * kv  # Q, K, V in; the output (q wide) out
-    if llama:
+    if shape.llama:
         # wq, wk, wv read h each; wo reads q; gate and up read h each; down reads f.
         gemm_io = (3 * h + q + 2 * kv) + (q + h) + (2 * h + 2 * f) + (f + h)
         return LayerOps(
@@ -145,16 +152,9 @@ class Rerun:
 NO_RERUN = Rerun(matmul_weights=0.0, attention=False, ops=NO_OPS)
 
 
-def block_reruns(
-    *,
-    llama: bool,
-    hidden: int,
-    q_width: int,
-    kv_width: int,
-    ffn_hidden: int,
-    sequence_share: float = 1.0,
-) -> tuple[Rerun, Rerun]:
-    """(full, selective): what a block's backward reruns under each recompute mode.
+def block_reruns(*, shape: BlockShape, forward: LayerOps) -> tuple[Rerun, Rerun]:
+    """(full, selective): what the backward of a block of ``shape`` whose forward is
+    ``forward`` (:func:`block_ops`) reruns under each recompute mode.
 
     torch stops the rerun once every tensor the backward needs is back, which is before
     the block's last matmul (Llama's down projection, GPT-2's second MLP layer) and its
@@ -164,16 +164,8 @@ def block_reruns(
     it reruns Llama's K, O and up projections and GPT-2's attention output projection
     with every memory-bound op. The kernels of what is not run again are not launched.
     ``tests/unit/specs/test_layer_ops.py`` counts both against the runtime."""
-    h, q, kv, f = hidden, q_width, kv_width, ffn_hidden
-    hs = h * sequence_share
-    forward = block_ops(
-        llama=llama,
-        hidden=h,
-        q_width=q,
-        kv_width=kv,
-        ffn_hidden=f,
-        sequence_share=sequence_share,
-    )
+    h, q, kv, f = shape.hidden, shape.q_width, shape.kv_width, shape.ffn_hidden
+    hs = h * shape.sequence_share
 
     def rerun(weights: float, gemm_io: float, kernels_not_run: int, attention: bool) -> Rerun:
         ops = LayerOps(
@@ -187,7 +179,7 @@ def block_reruns(
         )
         return Rerun(matmul_weights=float(weights), attention=attention, ops=ops)
 
-    if llama:
+    if shape.llama:
         full = rerun(
             weights=2 * h * q + 2 * h * kv + 2 * h * f,  # all but down
             gemm_io=forward.gemm_io_values_per_token - (f + h),

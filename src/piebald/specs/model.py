@@ -65,6 +65,7 @@ from typing import Any
 
 from piebald.specs.layer_ops import (
     NO_RERUN,
+    BlockShape,
     LayerOps,
     Rerun,
     block_ops,
@@ -479,7 +480,7 @@ def _build_layers(
         ops=embedding_ops(learned_positions=arch.family is Family.GPT2, hidden=h),
     )
     llama = arch.family is not Family.GPT2
-    one_block_ops = block_ops(
+    block_shape = BlockShape(
         llama=llama,
         hidden=h,
         q_width=widths.q,
@@ -487,19 +488,13 @@ def _build_layers(
         ffn_hidden=widths.ffn,
         sequence_share=sequence_share,
     )
+    one_block_ops = block_ops(shape=block_shape)
     block_params, block_weights, block_whole = _block_params(arch, widths)
     block_fixed, block_values = _block_activations(arch, widths, sequence_share=sequence_share)
     selective_fixed, selective_values = _block_selective_kept(
         arch, widths, sequence_share=sequence_share
     )
-    full_rerun, selective_rerun = block_reruns(
-        llama=llama,
-        hidden=h,
-        q_width=widths.q,
-        kv_width=widths.kv,
-        ffn_hidden=widths.ffn,
-        sequence_share=sequence_share,
-    )
+    full_rerun, selective_rerun = block_reruns(shape=block_shape, forward=one_block_ops)
     # The final norm runs on the sequence shards only where the head is split too; a
     # whole head (``sequence``) sees the sequence gathered at the stage's exit.
     head_share = sequence_share if layout.splits_vocabulary else 1.0

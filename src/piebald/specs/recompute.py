@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Recompute"]
+__all__ = ["RECOMPUTE_BY_FRUGALITY", "Recompute"]
 
 
 class Recompute(StrEnum):

@@ -132,10 +132,9 @@ def _without_cost_inputs(plan: object) -> dict[str, object]:
     return out
 
 
-def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
-    made: tuple[Path, Path, Path], tmp_path: Path
-) -> None:
-    db, _, plan_file = made
+def _simulated_as_planned(plan_file: Path, db: Path) -> tuple[dict[str, object], ...]:
+    """The plan simulated from its records and from ``db``: each run's prediction is the
+    plan's, and the two simulated steps agree."""
     plan = load_plan(plan_file)
     assert plan.predicted is not None
     recorded = _simulate("--plan", str(plan_file))
@@ -144,8 +143,16 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
         predicted = data["predicted"]
         assert isinstance(predicted, dict)
         assert predicted["step_time_s"] == pytest.approx(plan.predicted.step_time_s)
-        assert data["deadlock"] is None
     assert recorded["step_time_s"] == pytest.approx(from_db["step_time_s"])
+    return recorded, from_db
+
+
+def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    db, _, plan_file = made
+    recorded, from_db = _simulated_as_planned(plan_file, db)
+    assert recorded["deadlock"] is None and from_db["deadlock"] is None
     # The same plan without its cost_inputs is simulated by the formulas: much faster.
     bare = tmp_path / "bare.json"
     text = json.loads(plan_file.read_text())
@@ -176,16 +183,8 @@ def test_a_selective_plan_is_repriced_from_its_records_as_planned(
         "--recompute", "selective", "--out", str(plan_file),
     )  # fmt: skip
     assert code == 0, output
-    plan = load_plan(plan_file)
-    assert plan.predicted is not None
-    assert {stage.recompute for stage in plan.stages} == {Recompute.SELECTIVE}
-    recorded = _simulate("--plan", str(plan_file))
-    from_db = _simulate("--plan", str(plan_file), "--profiles", str(db))
-    for data in (recorded, from_db):
-        predicted = data["predicted"]
-        assert isinstance(predicted, dict)
-        assert predicted["step_time_s"] == pytest.approx(plan.predicted.step_time_s)
-    assert recorded["step_time_s"] == pytest.approx(from_db["step_time_s"])
+    assert {stage.recompute for stage in load_plan(plan_file).stages} == {Recompute.SELECTIVE}
+    _simulated_as_planned(plan_file, db)
 
 
 def test_simulate_bad_profiles_and_bad_recorded_inputs_are_one_line(
