@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_resume import PLAN
+from test_train_resume import PLAN, paced
 
 from cli_runner import last_json, run_cli
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.distributed
 
 STEPS = 8
 TRAIN = ["--steps", str(STEPS), "--seed", "7", "--lr", "0.003"]
-# The plan's emulated step is about 0.55 ms: x 1000 paces a step at about half a second.
-SLOW = ["--time-scale", "1000"]
+SLOW = paced(0.5)  # a step of about 0.5 s: the run outlives what the test does meanwhile
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_train_resume import PLAN
+from test_train_resume import PLAN, paced
 
 from cli_runner import run_cli
 from piebald.runtime.distributed.checkpoint import (
@@ -31,8 +31,7 @@ from piebald.specs.plan_io import save_plan
 
 pytestmark = pytest.mark.distributed
 
-# The plan's emulated step is about 0.55 ms: x 1000 paces a step at about half a second.
-SLOW = ["--time-scale", "1000"]
+SLOW = paced(1.0)  # a step of about 1.0 s: the run outlives what the test does meanwhile
 DEADLINE_S = 240
 
 

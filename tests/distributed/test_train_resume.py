@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from dist_harness import StageSpec, make_plan
 
+from piebald.cost.plan_estimate import estimate_plan
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.checkpoint_lock import LOCK_FILE
 from piebald.runtime.training.config import TrainConfig
@@ -37,6 +38,12 @@ PLAN = make_plan(
     tied=True,
     schedule=Schedule.GPIPE,
 )
+
+
+def paced(seconds_per_step: float) -> list[str]:
+    """``--time-scale`` that paces PLAN's emulated step at about ``seconds_per_step`` of
+    wall time (from its estimate, so that it follows the cost model's prices)."""
+    return ["--time-scale", f"{seconds_per_step / estimate_plan(PLAN).step_time_s:.6g}"]
 
 
 def _lrs(path: Path) -> list[float]:
