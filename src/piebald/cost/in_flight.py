@@ -86,15 +86,21 @@ def in_flight_micro_batches(
     rank_micro_batches: int,
     stage_micro_batches: int,
     slack: int,
+    last_stage: bool,
 ) -> int:
     """Micro-batches whose activations a rank holds at its peak: all of them under GPipe;
     under 1F1B Little's budget (:func:`little_budget`) with ``slack`` more (:func:`slack_of`),
     fewer would starve a data-parallel stage, which waits for a gradient before every
-    forward."""
+    forward. On the ``last_stage`` one: its round trip is its own pass (the backward
+    follows the forward), so Little's L is at most 1 there; ranks_to_end x n / N exceeds
+    it only where n is rounded up from an equal share, and the 2 its ceiling would give
+    doubles the rank's activations for nothing."""
     if rank_micro_batches <= 0:
         return 0
     if schedule is Schedule.GPIPE:
         return rank_micro_batches
+    if last_stage:
+        return 1
     mean = mean_in_flight(
         ranks_to_end=ranks_to_end,
         rank_micro_batches=rank_micro_batches,
@@ -160,6 +166,7 @@ def stage_in_flight(plan: Plan, stage_index: int) -> tuple[int, ...]:
             rank_micro_batches=count,
             stage_micro_batches=total,
             slack=slack,
+            last_stage=stage_index == plan.num_stages - 1,
         )
         for count in stage.num_micro_batches
     )

@@ -480,6 +480,7 @@ def _fit_in_flight(
                 rank_micro_batches=count,
                 stage_micro_batches=stage_micro_batches,
                 slack=slack,
+                last_stage=len(widths) == 1,
             )
             for count in counts
         )

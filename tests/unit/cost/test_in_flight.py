@@ -36,6 +36,7 @@ def test_gpipe_keeps_every_micro_batch() -> None:
                 rank_micro_batches=count,
                 stage_micro_batches=32,
                 slack=0,
+                last_stage=False,
             )
             == count
         )
@@ -65,9 +66,27 @@ def test_one_f_one_b_in_flight(
             rank_micro_batches=rank_count,
             stage_micro_batches=stage_count,
             slack=0,
+            last_stage=False,
         )
         == expected
     )
+
+
+@pytest.mark.parametrize(("count", "total"), [(37, 2048), (3, 5), (1, 1), (9, 64)])
+def test_a_last_stage_rank_holds_one(count: int, total: int) -> None:
+    """Its backward follows its forward: one micro-batch in flight, however its share of
+    the stage's micro-batches rounds (56 ranks sharing 2,048: those with 37 would hold
+    ceil(56 x 37 / 2048) = 2 by the mean)."""
+    ranks = math.ceil(total / count)  # every rank of the stage, each about this share
+    held = in_flight_micro_batches(
+        schedule=Schedule.ONE_F_ONE_B,
+        ranks_to_end=ranks,
+        rank_micro_batches=count,
+        stage_micro_batches=total,
+        slack=0,
+        last_stage=True,
+    )
+    assert held == 1
 
 
 def test_gpipe_rank_without_micro_batches_holds_none() -> None:
@@ -78,6 +97,7 @@ def test_gpipe_rank_without_micro_batches_holds_none() -> None:
             rank_micro_batches=0,
             stage_micro_batches=4,
             slack=0,
+            last_stage=False,
         )
         == 0
     )
@@ -94,6 +114,7 @@ def test_first_stage_of_one_rank_holds_p_micro_batches(num_stages: int) -> None:
                 rank_micro_batches=count,
                 stage_micro_batches=count,
                 slack=0,
+                last_stage=num_stages == 1,
             )
             == num_stages
         )
@@ -110,6 +131,7 @@ def test_one_f_one_b_in_flight_bounds(num_stages: int, data: st.DataObject) -> N
         rank_micro_batches=rank_count,
         stage_micro_batches=stage_count,
         slack=0,
+        last_stage=stage_index == num_stages - 1,
     )
     depth = num_stages - stage_index
     assert 1 <= held <= rank_count
@@ -195,6 +217,7 @@ def test_arrays_agree_with_scalars(ranks: int, counts: list[int], slack: int, ro
             rank_micro_batches=count,
             stage_micro_batches=total,
             slack=slack,
+            last_stage=False,
         )
         assert budgets[index] == budget
         assert trips[index] == num_round_trips(count, budget) == math.ceil(count / budget)

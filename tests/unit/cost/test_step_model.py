@@ -64,6 +64,7 @@ def test_equal_stages_take_m_plus_p_minus_one_passes(
             rank_micro_batches=m,
             stage_micro_batches=m,
             slack=slack_of(schedule=Schedule.ONE_F_ONE_B, widths=[1] * (p - index)),
+            last_stage=index == p - 1,
         )
         trip = RoundTrip(rounds=num_round_trips(m, budget), pass_s=t)
         stages.append(_stage(busy_s=m * t, pass_s=t, trips=(trip,)))

@@ -121,6 +121,7 @@ def test_a_stage_takes_the_fewest_round_trips_that_fit(room: int) -> None:
             rank_micro_batches=n,
             stage_micro_batches=sum(counts),
             slack=0,
+            last_stage=False,
         )
         for n in counts
     ]
@@ -167,6 +168,7 @@ def _littles(counts: tuple[int, ...], slack: int) -> tuple[int, ...]:
             rank_micro_batches=n,
             stage_micro_batches=sum(counts),
             slack=slack,
+            last_stage=False,
         )
         for n in counts
     )

@@ -59,6 +59,7 @@ def test_without_a_recorded_budget_every_rank_holds_littles() -> None:
             rank_micro_batches=6,
             stage_micro_batches=6,
             slack=0,
+            last_stage=index == 2,
         )
         assert stage_in_flight(plan, index) == (expected,) == (3 - index,)
 
