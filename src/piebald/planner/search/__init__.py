@@ -11,7 +11,7 @@
    Megatron instead prices its p x d grids (``structures.grid_candidates``).
 3. ``refine_best``: a local search of the cuts of the best few (order, size, depth).
 4. ``try_idle_subsets``: the same, briefly, for each subset of nodes left idle
-   (``idle.idle_subsets``); kept only when faster.
+   (``idle.idle_subsets``), the promising ones refined; kept only when faster.
 5. ``build_exactly``: the best structures by the proxy, their layer split polished, built
    stage by stage (micro-batch counts by min-makespan, water-filled shards, ZeRO mode and
    recompute, ``stage_builder``) and priced by the closed-form plan estimate.
@@ -337,20 +337,24 @@ def try_idle_subsets(
     ticker: _Ticker,
 ) -> None:
     """Phase 4. For each subset of nodes that take part, its own task: the structures near
-    the best one without the idle nodes, priced, and the best of them refined: depths near
-    the best (one stage always); in small clusters every order and micro-batch size of the
-    subset's own units (fewer GPUs may favour larger micro-batches), else the winning
-    order without the idle nodes at the winning size."""
+    the best one without the idle nodes, priced: depths near the best (one stage always);
+    in small clusters every order and micro-batch size of the subset's own units (fewer
+    GPUs may favour larger micro-batches), else the winning order without the idle nodes at
+    the winning size. Then, each its own task again, the cuts of each subset's best get a
+    local search where that best is within ``SearchSettings.subset_refine_margin`` of the
+    best structure priced so far (a local search gains a few percent, and it is most of a
+    subset's time)."""
     small = state.settings.small_cluster
 
-    def try_subset(state: SearchState, nodes: frozenset[int]) -> None:
+    def orders_of(nodes: frozenset[int]) -> list[tuple[Unit, ...]]:
         if small:
-            subset_units = build_units(state.cluster, precision=state.job.precision, nodes=nodes)
-            subset_orders = unit_orders(subset_units)
-        else:
-            subset_orders = [
-                tuple(u for u in orders[best.order_index] if u.node_indices[0] in nodes)
-            ]
+            return unit_orders(
+                build_units(state.cluster, precision=state.job.precision, nodes=nodes)
+            )
+        return [tuple(u for u in orders[best.order_index] if u.node_indices[0] in nodes)]
+
+    def scan_subset(state: SearchState, nodes: frozenset[int]) -> Scan | None:
+        subset_orders = orders_of(nodes)
         # Depths near the best one, as deep as the subset's units allow; one stage always.
         depth = min(best.depth, len(subset_orders[0]))
         near = sorted({1, *range(max(1, depth - 2), depth + 3)})
@@ -361,18 +365,34 @@ def try_idle_subsets(
             for t in scan_depths(state, order, size, refine=False, depths=near)
         ]
         finite = [s for s in tried if math.isfinite(s.proxy_s)]
-        if finite:
-            # Best first; ties to the smaller size, the shallower depth, the earlier order.
-            won = min(finite, key=lambda s: (s.proxy_s, s.micro_batch_size, s.depth, s.order_index))
-            scan_depths(
-                state,
-                subset_orders[won.order_index],
-                won.micro_batch_size,
-                refine=True,
-                depths=(won.depth,),
-            )
+        # Best first; ties to the smaller size, the shallower depth, the earlier order.
+        return min(
+            finite,
+            key=lambda s: (s.proxy_s, s.micro_batch_size, s.depth, s.order_index),
+            default=None,
+        )
 
-    run_tasks(state, subsets, try_subset, workers=state.settings.workers, done=ticker.tick)
+    won = run_tasks(state, subsets, scan_subset, workers=state.settings.workers)
+    so_far = min((c.proxy_s for c in state.candidates.values()), default=math.inf)
+    margin = state.settings.subset_refine_margin
+    promising = []
+    for nodes, scan in zip(subsets, won, strict=True):
+        if scan is not None and scan.proxy_s <= margin * so_far:
+            promising.append((nodes, scan))
+        else:
+            ticker.tick()
+
+    def refine_subset(state: SearchState, task: tuple[frozenset[int], Scan]) -> None:
+        nodes, scan = task
+        scan_depths(
+            state,
+            orders_of(nodes)[scan.order_index],
+            scan.micro_batch_size,
+            refine=True,
+            depths=(scan.depth,),
+        )
+
+    run_tasks(state, promising, refine_subset, workers=state.settings.workers, done=ticker.tick)
 
 
 def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:
