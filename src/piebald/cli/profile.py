@@ -188,19 +188,18 @@ def compute(
             progress=progress,
         )
     table = Table(title=f"{spec.name} on {profiles[0].key.device}, seq {seq_len}, {compute_dtype}")
-    for column in ("layer", "micro-batch", "forward", "backward", "bwd+recompute", "peak mem"):
+    columns = ("layer", "micro-batch", "forward", "backward", "bwd+recompute", "bwd+selective")
+    for column in (*columns, "peak mem"):
         table.add_column(column, justify="left" if column == "layer" else "right")
     for profile in profiles:
         for t in profile.timings:
-            recompute = (
-                "-" if t.backward_recompute_s is None else f"{t.backward_recompute_s * 1e3:.3f} ms"
-            )
             table.add_row(
                 profile.layer_kind.value,
                 str(t.micro_batch_size),
-                f"{t.forward_s * 1e3:.3f} ms",
-                f"{t.backward_s * 1e3:.3f} ms",
-                recompute,
+                _ms(t.forward_s),
+                _ms(t.backward_s),
+                _ms(t.backward_recompute_s),
+                _ms(t.backward_selective_s),
                 format_bytes(t.peak_memory_bytes),
             )
     console.print(table)
@@ -384,3 +383,8 @@ def calibrate(
                 ),
                 highlight=False,
             )
+
+
+def _ms(seconds: float | None) -> str:
+    """A measured time in the profile table ("-": not measured)."""
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"

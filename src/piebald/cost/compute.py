@@ -65,6 +65,26 @@ class PassKind(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     BACKWARD_RECOMPUTE = "backward_recompute"  # the forward run again, then the backward
+    BACKWARD_SELECTIVE = "backward_selective"  # what selective recompute reruns, then it
+
+    @classmethod
+    def recomputed_backward(cls, recompute: Recompute) -> PassKind | None:
+        """The backward pass of a block recomputed under ``recompute`` (None: none)."""
+        return _RECOMPUTED_BACKWARD.get(recompute)
+
+    @property
+    def recompute(self) -> Recompute:
+        """What this pass recomputes (``NONE`` for a plain forward or backward)."""
+        for mode, kind in _RECOMPUTED_BACKWARD.items():
+            if kind is self:
+                return mode
+        return Recompute.NONE
+
+
+_RECOMPUTED_BACKWARD = {
+    Recompute.FULL: PassKind.BACKWARD_RECOMPUTE,
+    Recompute.SELECTIVE: PassKind.BACKWARD_SELECTIVE,
+}
 
 
 # A kernel launch: the CPU needs 4-6 us to submit one (measured with and without CUDA
@@ -256,11 +276,12 @@ def layer_backward_time_s(
     """Backward time: :meth:`PassWork.backward` of the forward's work, plus what it runs
     again of the forward when the layer is recomputed (``shape.recompute``, blocks only:
     :func:`rerun_work`, priced on the curve's forward pass, after the backward without
-    recompute). A profile's measured backward with full recompute is taken as it is; no
-    profile times a selective one."""
+    recompute). A profile's measured backward under the shape's recompute is taken as it
+    is (profiles from before selective recompute was measured have only the full one)."""
     recomputed = shape.recompute.checkpoints and layer.kind is LayerKind.BLOCK
-    if recomputed and shape.recompute is Recompute.FULL:
-        measured = curve.measured_time_s(layer, shape=shape, kind=PassKind.BACKWARD_RECOMPUTE)
+    kind = PassKind.recomputed_backward(shape.recompute)
+    if recomputed and kind is not None:
+        measured = curve.measured_time_s(layer, shape=shape, kind=kind)
         if measured is not None:
             return measured
     if recomputed:

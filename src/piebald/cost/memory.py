@@ -13,8 +13,9 @@ Measured activations. With ``--profiles`` the curve passed here
 ``piebald profile compute`` measured per (device type, layer, dtype, sequence length,
 micro-batch size): ``activation_bytes``, the storages a layer's forward saves for its
 backward (saved-tensor hooks, each storage once, parameters excluded), and for blocks
-``activation_recompute_bytes``, what a fully recomputed block keeps (its input; no profile
-measures a selectively recomputed one, which the formula prices). That is this
+``activation_recompute_bytes`` and ``activation_selective_bytes``, what a fully and a
+selectively recomputed block keep (profiles from before the latter was measured leave it
+to the formula). That is this
 model's activation term for one layer and one micro-batch, in the dtype the device trains
 in, so where measured it replaces ``tokens x per-token bytes x dtype scale`` of that layer
 (interpolated between measured micro-batch sizes, extrapolated linearly beyond); a block's

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
 from piebald.cost.pass_shape import PassShape
@@ -105,23 +106,14 @@ def profiled_curve(
             for profile in profiles:
                 if profile.key.signature != signature:
                     continue
-                recompute = [t.backward_recompute_s for t in profile.timings]
                 tables.append(
-                    LayerTable(
+                    _layer_table(
                         device=name,
                         dtype=dtype,
                         seq_len=profile.key.seq_len,
-                        layer=layer_key(layer),
-                        layer_kind=layer.kind,
+                        layer=layer,
                         signature=signature,
-                        micro_batch_sizes=tuple(t.micro_batch_size for t in profile.timings),
-                        forward_s=tuple(t.forward_s for t in profile.timings),
-                        backward_s=tuple(t.backward_s for t in profile.timings),
-                        backward_recompute_s=(
-                            tuple(v for v in recompute if v is not None)
-                            if all(v is not None for v in recompute)
-                            else None
-                        ),
+                        rows=profile.timings,
                     )
                 )
                 activation_tables.append(
@@ -131,10 +123,7 @@ def profiled_curve(
                         seq_len=profile.key.seq_len,
                         layer=layer,
                         signature=signature,
-                        rows=[
-                            (t.micro_batch_size, t.activation_bytes, t.activation_recompute_bytes)
-                            for t in profile.timings
-                        ],
+                        rows=profile.timings,
                     )
                 )
     return ProfiledCurve.over(
@@ -145,6 +134,66 @@ def profiled_curve(
     )
 
 
+class _TimesRow(Protocol):
+    """A measured size's times: a profile's ``LayerTiming`` or a plan's record."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def forward_s(self) -> float: ...
+    @property
+    def backward_s(self) -> float: ...
+    @property
+    def backward_recompute_s(self) -> float | None: ...
+    @property
+    def backward_selective_s(self) -> float | None: ...
+
+
+class _BytesRow(Protocol):
+    """A measured size's activation bytes: a profile's ``LayerTiming`` or a plan's record."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def activation_bytes(self) -> float: ...
+    @property
+    def activation_recompute_bytes(self) -> float | None: ...
+    @property
+    def activation_selective_bytes(self) -> float | None: ...
+
+
+def _column(values: Sequence[float | None]) -> tuple[float, ...] | None:
+    """A table column, only where every row has a value (a recompute mode measured at
+    every size)."""
+    present = tuple(value for value in values if value is not None)
+    return present if len(present) == len(values) else None
+
+
+def _layer_table(
+    *,
+    device: str,
+    dtype: Dtype,
+    seq_len: int,
+    layer: LayerSpec,
+    signature: str,
+    rows: Sequence[_TimesRow],
+) -> LayerTable:
+    """Rows of ascending micro-batch sizes as a table of times."""
+    return LayerTable(
+        device=device,
+        dtype=dtype,
+        seq_len=seq_len,
+        layer=layer_key(layer),
+        layer_kind=layer.kind,
+        signature=signature,
+        micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        forward_s=tuple(row.forward_s for row in rows),
+        backward_s=tuple(row.backward_s for row in rows),
+        backward_recompute_s=_column([row.backward_recompute_s for row in rows]),
+        backward_selective_s=_column([row.backward_selective_s for row in rows]),
+    )
+
+
 def _activation_table(
     *,
     device: str,
@@ -152,11 +201,9 @@ def _activation_table(
     seq_len: int,
     layer: LayerSpec,
     signature: str,
-    rows: list[tuple[int, float, float | None]],
+    rows: Sequence[_BytesRow],
 ) -> ActivationTable:
-    """(micro-batch size, activation bytes, with recompute) rows, ascending, as a table;
-    the recompute column only where every row has one."""
-    recompute = [row[2] for row in rows]
+    """Rows of ascending micro-batch sizes as a table of activation bytes."""
     return ActivationTable(
         device=device,
         dtype=dtype,
@@ -164,13 +211,10 @@ def _activation_table(
         layer=layer_key(layer),
         layer_kind=layer.kind,
         signature=signature,
-        micro_batch_sizes=tuple(row[0] for row in rows),
-        activation_bytes=tuple(row[1] for row in rows),
-        activation_recompute_bytes=(
-            tuple(v for v in recompute if v is not None)
-            if all(v is not None for v in recompute)
-            else None
-        ),
+        micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        activation_bytes=tuple(row.activation_bytes for row in rows),
+        activation_recompute_bytes=_column([row.activation_recompute_bytes for row in rows]),
+        activation_selective_bytes=_column([row.activation_selective_bytes for row in rows]),
     )
 
 
@@ -217,7 +261,7 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                             job, device=device, micro_batch_size=size, recompute=recompute
                         ),
                     )
-                    for recompute in (Recompute.NONE, Recompute.FULL)
+                    for recompute in Recompute
                 }
                 plain = kept[Recompute.NONE]
                 if plain is not None:
@@ -225,7 +269,9 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                         layer, device=device, dtype=dtype, seq_len=job.seq_len
                     )
                     assert table_of is not None
-                    recomputed = kept[Recompute.FULL] if layer.kind is LayerKind.BLOCK else None
+                    block = layer.kind is LayerKind.BLOCK
+                    recomputed = kept[Recompute.FULL] if block else None
+                    selective = kept[Recompute.SELECTIVE] if block else None
                     activations[(device.name, layer.kind, size)] = MeasuredActivation(
                         device=device.name,
                         layer_kind=layer.kind.value,
@@ -238,6 +284,9 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                         activation_recompute_bytes=(
                             recomputed[0] if recomputed is not None else None
                         ),
+                        activation_selective_bytes=(
+                            selective[0] if selective is not None else None
+                        ),
                     )
                 # The pass kind says whether it recomputes, not the shape.
                 shape = PassShape.for_job(
@@ -247,7 +296,9 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                 forward, backward = found[PassKind.FORWARD], found[PassKind.BACKWARD]
                 if forward is None or backward is None:
                     continue
-                recompute = found[PassKind.BACKWARD_RECOMPUTE]
+                block = layer.kind is LayerKind.BLOCK
+                recompute = found[PassKind.BACKWARD_RECOMPUTE] if block else None
+                selective = found[PassKind.BACKWARD_SELECTIVE] if block else None
                 table = curve.table(layer, device=device, dtype=dtype, seq_len=job.seq_len)
                 assert table is not None
                 layer_times[(device.name, layer.kind, size)] = MeasuredLayerTime(
@@ -260,11 +311,8 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                     source=forward[1].value,
                     forward_s=forward[0],
                     backward_s=backward[0],
-                    backward_recompute_s=(
-                        recompute[0]
-                        if recompute is not None and layer.kind is LayerKind.BLOCK
-                        else None
-                    ),
+                    backward_recompute_s=recompute[0] if recompute is not None else None,
+                    backward_selective_s=selective[0] if selective is not None else None,
                 )
     # Per device type, the calibrated curve each layer kind of this plan's model is priced
     # with (the measured layer's own where it was measured): one per kind and pass.
@@ -352,24 +400,14 @@ def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> Effici
     tables: list[LayerTable] = []
     for (device, dtype, kind, seq_len), entries in sorted(grouped.items(), key=str):
         entries.sort(key=lambda entry: entry.micro_batch_size)
-        layer = layer_of[kind]
-        recompute = [entry.backward_recompute_s for entry in entries]
         tables.append(
-            LayerTable(
+            _layer_table(
                 device=device,
                 dtype=dtype,
                 seq_len=seq_len,
-                layer=layer_key(layer),
-                layer_kind=layer.kind,
+                layer=layer_of[kind],
                 signature=entries[0].signature,
-                micro_batch_sizes=tuple(entry.micro_batch_size for entry in entries),
-                forward_s=tuple(entry.forward_s for entry in entries),
-                backward_s=tuple(entry.backward_s for entry in entries),
-                backward_recompute_s=(
-                    tuple(value for value in recompute if value is not None)
-                    if all(value is not None for value in recompute)
-                    else None
-                ),
+                rows=entries,
             )
         )
     kept: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredActivation]] = defaultdict(list)
@@ -390,10 +428,7 @@ def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> Effici
                 seq_len=seq_len,
                 layer=layer_of[kind],
                 signature=recorded[0].signature,
-                rows=[
-                    (e.micro_batch_size, e.activation_bytes, e.activation_recompute_bytes)
-                    for e in recorded
-                ],
+                rows=recorded,
             )
         )
     kind_curves = tuple(

@@ -38,7 +38,6 @@ from piebald.profiler.keys import layer_key
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec
-from piebald.specs.recompute import Recompute
 
 __all__ = [
     "ErrorRow",
@@ -82,8 +81,13 @@ def observations_of(profiles: Iterable[ComputeProfile]) -> list[Observation]:
         layer = next(layer for layer in profile.model.layers if layer.kind is profile.layer_kind)
         for timing in profile.timings:
             passes = [(PassKind.FORWARD, timing.forward_s), (PassKind.BACKWARD, timing.backward_s)]
-            if timing.backward_recompute_s is not None and layer.kind is LayerKind.BLOCK:
-                passes.append((PassKind.BACKWARD_RECOMPUTE, timing.backward_recompute_s))
+            if layer.kind is LayerKind.BLOCK:
+                for kind, value in (
+                    (PassKind.BACKWARD_RECOMPUTE, timing.backward_recompute_s),
+                    (PassKind.BACKWARD_SELECTIVE, timing.backward_selective_s),
+                ):
+                    if value is not None:
+                        passes.append((kind, value))
             out.extend(
                 Observation(
                     model=profile.model.name,
@@ -107,11 +111,7 @@ def predict_s(
         dtype=dtype,
         micro_batch_size=observation.micro_batch_size,
         seq_len=observation.seq_len,
-        recompute=(
-            Recompute.FULL
-            if observation.pass_kind is PassKind.BACKWARD_RECOMPUTE
-            else Recompute.NONE
-        ),
+        recompute=observation.pass_kind.recompute,
     )
     if observation.pass_kind is PassKind.FORWARD:
         return layer_forward_time_s(observation.layer, shape=shape, curve=curve)

@@ -13,8 +13,9 @@ are the analytic fallback for devices nothing was measured on). It answers
   and pass (``piebald.profiler.calibrate``) -- with a measured layer's own fixed per-pass
   time where it is that layer, the kind's typical one otherwise;
 * :meth:`ProfiledCurve.measured_activation_bytes`: the measured bytes one micro-batch keeps
-  through a layer for its backward (``LayerTiming.activation_bytes``, with recompute
-  ``activation_recompute_bytes``), which ``piebald.cost.memory`` uses in place of the
+  through a layer for its backward (``LayerTiming.activation_bytes``, with full and
+  selective recompute ``activation_recompute_bytes`` and ``activation_selective_bytes``),
+  which ``piebald.cost.memory`` uses in place of the
   model's per-token formula. Linear interpolation between measured sizes and linear
   extrapolation beyond them (the line through the two nearest measured sizes; through the
   origin when only one size was measured; never below zero): the saved tensors are the
@@ -69,13 +70,15 @@ class LayerTable:
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
     backward_recompute_s: tuple[float, ...] | None  # None unless measured at every size
+    backward_selective_s: tuple[float, ...] | None = None  # likewise
 
     def values(self, kind: PassKind) -> tuple[float, ...] | None:
-        if kind is PassKind.FORWARD:
-            return self.forward_s
-        if kind is PassKind.BACKWARD:
-            return self.backward_s
-        return self.backward_recompute_s
+        return {
+            PassKind.FORWARD: self.forward_s,
+            PassKind.BACKWARD: self.backward_s,
+            PassKind.BACKWARD_RECOMPUTE: self.backward_recompute_s,
+            PassKind.BACKWARD_SELECTIVE: self.backward_selective_s,
+        }[kind]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,14 +98,16 @@ class ActivationTable:
     # Under full recompute (blocks: only the checkpointed input); None where not measured
     # at every size, and for layers that are never recomputed (they keep activation_bytes).
     activation_recompute_bytes: tuple[float, ...] | None
+    # Under selective recompute (blocks); None likewise, and in profiles measured before
+    # piebald measured it (the model's formula prices it then).
+    activation_selective_bytes: tuple[float, ...] | None = None
 
     def values(self, *, recompute: Recompute) -> tuple[float, ...] | None:
-        """The measured bytes under ``recompute``; None where not measured (no profile
-        measures selective recompute: the model's formula prices it)."""
+        """The measured bytes under ``recompute``; None where not measured."""
         if recompute is Recompute.NONE or self.layer_kind is not LayerKind.BLOCK:
             return self.activation_bytes
         if recompute is Recompute.SELECTIVE:
-            return None
+            return self.activation_selective_bytes
         return self.activation_recompute_bytes
 
 
@@ -274,9 +279,9 @@ class ProfiledCurve(EfficiencyCurve):
                 shape.device, layer_kind=layer.kind, pass_kind=PassKind.BACKWARD, layer=layer
             ),
         )
-        if kind is not PassKind.BACKWARD_RECOMPUTE:
+        if kind is PassKind.BACKWARD:
             return backward_s
-        rerun = rerun_work(layer, shape=replace(shape, recompute=Recompute.FULL))
+        rerun = rerun_work(layer, shape=replace(shape, recompute=kind.recompute))
         return backward_s + forward_curve.time_s(work=rerun, device=shape.device, dtype=shape.dtype)
 
     def lookup(

@@ -215,6 +215,10 @@ def combine_compute_runs(runs: Sequence[ComputeProfile]) -> ComputeProfile:
                     t.activation_recompute_bytes for t in rows
                 ),
                 peak_memory_bytes=statistics.median(t.peak_memory_bytes for t in rows),
+                backward_selective_s=_median_or_none(t.backward_selective_s for t in rows),
+                activation_selective_bytes=_median_or_none(
+                    t.activation_selective_bytes for t in rows
+                ),
             )
         )
     newest = max(runs, key=lambda run: run.provenance.created)

@@ -17,10 +17,14 @@ thread), runs on the timing thread, so its CPU time is the pass's time on a core
 own: time the OS gives to other processes on a shared machine does not count, which on a
 loaded two-core box otherwise inflates single passes by 1.5-2x at random. Every pass
 starts with cold caches (see ``_Timer``), as it does in training. Blocks are timed
-again with recompute (activation checkpointing): its backward runs the forward again.
+again under full and under selective recompute (activation checkpointing): the backward
+runs again what the forward did not keep.
 
 Memory: ``activation_bytes`` sums the storages the forward saves for the backward
 (``torch.autograd.graph.saved_tensors_hooks``, each storage once, parameters excluded).
+Under selective recompute torch keeps what the policy saves in a cache of its own, which
+those hooks do not see: there the runtime's memory meter counts what the block's forward
+leaves alive (``_kept_bytes``).
 ``peak_memory_bytes`` is the CUDA allocator's peak over a forward and backward on a GPU;
 on a CPU, where no allocator keeps statistics, it is parameters + gradients + activations.
 """
@@ -28,6 +32,7 @@ on a CPU, where no allocator keeps statistics, it is parameters + gradients + ac
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import platform
@@ -45,6 +50,7 @@ from piebald.profiler.keys import ComputeKey, distinct_layers, layer_signature
 from piebald.profiler.records import ComputeProfile, DeviceInfo, LayerTiming, Provenance
 from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum
+from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.recompute import Recompute
@@ -243,6 +249,22 @@ def _saved_bytes(forward: Callable[[], torch.Tensor], parameters: set[int]) -> f
     return float(sum(storages.values()))
 
 
+def _kept_bytes(part: StagePart, *, index: int, inputs: torch.Tensor) -> float:
+    """Bytes a block's forward leaves alive for its backward, counted by the runtime's
+    memory meter: its input (the checkpoint holds it) and what it keeps beyond, not its
+    output (the next layer's input) nor the rotary tables (the part's blocks share them)."""
+    rope = part.rope(inputs)
+    meter = MemoryMeter(inputs.device)
+    gc.collect()  # tensors of earlier passes die now, not inside the count
+    with meter:
+        meter.track([inputs, *part.parameters(), *(rope or ())])
+        before = meter.live_bytes()
+        out = part.run_layer(index, inputs, rope)
+        kept = meter.live_bytes() - before - out.untyped_storage().nbytes()
+        del out
+    return float(kept + inputs.untyped_storage().nbytes())
+
+
 _Measured = tuple[_Pass, float, float]
 
 
@@ -296,7 +318,12 @@ def _time_layer(
             passes.append(timed)
     del timer  # its cache-flush buffer must not count in the peak memory below
     parameters = {p.untyped_storage().data_ptr() for p in part.parameters()}
-    activation_bytes = _saved_bytes(forward, parameters)
+    if recompute is Recompute.SELECTIVE:
+        # Selective recompute keeps what its policy saves in a cache of its own, where
+        # saved-tensor hooks do not see it.
+        activation_bytes = _kept_bytes(part, index=index, inputs=inputs)
+    else:
+        activation_bytes = _saved_bytes(forward, parameters)
     state_bytes = float(
         sum(2 * p.numel() * p.element_size() for p in part.parameters())  # weights + grads
     )
@@ -386,9 +413,13 @@ def profile_compute(
             plain, activation_bytes, peak_bytes = measure(Recompute.NONE)
             recompute_s: float | None = None
             recompute_bytes: float | None = None
+            selective_s: float | None = None
+            selective_bytes: float | None = None
             if layer.kind is LayerKind.BLOCK:
                 again, recompute_bytes, _ = measure(Recompute.FULL)
                 recompute_s = again.backward_s
+                kept, selective_bytes, _ = measure(Recompute.SELECTIVE)
+                selective_s = kept.backward_s
             timings.append(
                 LayerTiming(
                     micro_batch_size=size,
@@ -398,6 +429,8 @@ def profile_compute(
                     activation_bytes=activation_bytes,
                     activation_recompute_bytes=recompute_bytes,
                     peak_memory_bytes=peak_bytes,
+                    backward_selective_s=selective_s,
+                    activation_selective_bytes=selective_bytes,
                 )
             )
             done += 1

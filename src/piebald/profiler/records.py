@@ -69,6 +69,10 @@ class LayerTiming:
     activation_bytes: float  # bytes saved for the backward pass (saved-tensor hooks)
     activation_recompute_bytes: float | None
     peak_memory_bytes: float  # CUDA: allocator peak of forward + backward; CPU: see measure
+    # Blocks under selective recompute (``runtime.models.selective_recompute``); None in
+    # profiles measured before piebald timed it.
+    backward_selective_s: float | None = None
+    activation_selective_bytes: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +179,8 @@ def profile_to_dict(profile: ComputeProfile | NetworkProfile) -> dict[str, Any]:
                 "activation_bytes": t.activation_bytes,
                 "activation_recompute_bytes": t.activation_recompute_bytes,
                 "peak_memory_bytes": t.peak_memory_bytes,
+                "backward_selective_s": t.backward_selective_s,
+                "activation_selective_bytes": t.activation_selective_bytes,
             }
             for t in profile.timings
         ],
@@ -244,6 +250,8 @@ def compute_from_dict(fields: Fields) -> ComputeProfile:
                 "activation_bytes",
                 "activation_recompute_bytes",
                 "peak_memory_bytes",
+                "backward_selective_s",
+                "activation_selective_bytes",
             )
         )
         timings.append(
@@ -255,6 +263,8 @@ def compute_from_dict(fields: Fields) -> ComputeProfile:
                 activation_bytes=entry.number("activation_bytes"),
                 activation_recompute_bytes=_optional(entry, "activation_recompute_bytes"),
                 peak_memory_bytes=entry.number("peak_memory_bytes"),
+                backward_selective_s=_optional(entry, "backward_selective_s"),
+                activation_selective_bytes=_optional(entry, "activation_selective_bytes"),
             )
         )
     sizes = [t.micro_batch_size for t in timings]

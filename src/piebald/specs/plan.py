@@ -248,6 +248,7 @@ class MeasuredLayerTime:
     forward_s: float
     backward_s: float
     backward_recompute_s: float | None  # None: not measured (not a block)
+    backward_selective_s: float | None = None  # likewise, and in plans made before it was
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,6 +266,7 @@ class MeasuredActivation:
     source: str  # "measured", "interpolated" between sizes, or "extrapolated" beyond them
     activation_bytes: float
     activation_recompute_bytes: float | None  # None: not measured (not a block)
+    activation_selective_bytes: float | None = None  # likewise, and in older plans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -116,6 +116,7 @@ def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
                 "forward_s": t.forward_s,
                 "backward_s": t.backward_s,
                 "backward_recompute_s": t.backward_recompute_s,
+                "backward_selective_s": t.backward_selective_s,
             }
             for t in inputs.layer_times
         ],
@@ -152,6 +153,7 @@ def cost_inputs_to_dict(inputs: CostInputs) -> dict[str, Any]:
                 "source": a.source,
                 "activation_bytes": a.activation_bytes,
                 "activation_recompute_bytes": a.activation_recompute_bytes,
+                "activation_selective_bytes": a.activation_selective_bytes,
             }
             for a in inputs.activations
         ],
@@ -172,9 +174,8 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             forward_s=entry.number("forward_s"),
             backward_s=entry.number("backward_s"),
-            backward_recompute_s=(
-                entry.number("backward_recompute_s") if entry.has("backward_recompute_s") else None
-            ),
+            backward_recompute_s=_optional_number(entry, "backward_recompute_s"),
+            backward_selective_s=_optional_number(entry, "backward_selective_s"),
         )
         for entry in _entries(fields, "layer_times", _LAYER_TIME_KEYS)
     )
@@ -216,11 +217,8 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             micro_batch_size=entry.integer("micro_batch_size", minimum=1, maximum=MAX_GLOBAL_BATCH),
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             activation_bytes=entry.number("activation_bytes"),
-            activation_recompute_bytes=(
-                entry.number("activation_recompute_bytes")
-                if entry.has("activation_recompute_bytes")
-                else None
-            ),
+            activation_recompute_bytes=_optional_number(entry, "activation_recompute_bytes"),
+            activation_selective_bytes=_optional_number(entry, "activation_selective_bytes"),
         )
         for entry in _entries(fields, "activations", _ACTIVATION_KEYS)
     )
@@ -354,6 +352,7 @@ _LAYER_TIME_KEYS = (
     "forward_s",
     "backward_s",
     "backward_recompute_s",
+    "backward_selective_s",
 )
 _CURVE_KEYS = (
     "device",
@@ -376,7 +375,13 @@ _ACTIVATION_KEYS = (
     "source",
     "activation_bytes",
     "activation_recompute_bytes",
+    "activation_selective_bytes",
 )
+
+
+def _optional_number(fields: Fields, name: str) -> float | None:
+    """A number a record may leave out (not measured), or None."""
+    return fields.number(name) if fields.has(name) else None
 
 
 def _entries(fields: Fields, name: str, keys: tuple[str, ...]) -> list[Fields]:

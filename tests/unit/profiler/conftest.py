@@ -37,6 +37,7 @@ def make_profile(
     forward_s: Sequence[float] = (1e-3, 2e-3),
     backward_s: Sequence[float] | None = None,
     recompute_s: Sequence[float] | None = None,
+    selective_s: Sequence[float] | None = None,
     created: str = "2026-01-01T00:00:00+00:00",
     host: str = "test",
 ) -> ComputeProfile:
@@ -54,6 +55,8 @@ def make_profile(
             activation_bytes=1000.0 * size,
             activation_recompute_bytes=None if recompute is None else 100.0 * size,
             peak_memory_bytes=5000.0 + 1000.0 * size,
+            backward_selective_s=None if selective_s is None else selective_s[i],
+            activation_selective_bytes=None if selective_s is None else 300.0 * size,
         )
         for i, size in enumerate(sizes)
     )

@@ -90,6 +90,14 @@ def test_profiles_cover_every_layer_kind_with_sane_numbers(
                         size * SEQ * spec.arch.hidden_size * 4
                     )
                     assert timing.activation_bytes > 4 * timing.activation_recompute_bytes
+                    # Selective recompute keeps what the model says, to the byte: the
+                    # runtime's memory meter counts what the policy's cache holds.
+                    block = next(layer for layer in spec.layers if layer.kind is LayerKind.BLOCK)
+                    per_token = block.activation_bytes_per_token(
+                        dtype_bytes=4, recompute=Recompute.SELECTIVE
+                    )
+                    assert timing.backward_selective_s is not None
+                    assert timing.activation_selective_bytes == size * SEQ * per_token
     # The gpt2 head holds a 50257 x 768 projection: its weights and gradients alone are
     # 2 x 154 MB in fp32, and the peak counts them.
     head = gpt2[-1].timings[0]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli
-from piebald.cost.compute import DEFAULT_CURVE
+from piebald.cost.compute import DEFAULT_CURVE, layer_backward_time_s
+from piebald.cost.memory import layer_activation_bytes
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
@@ -172,9 +173,9 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
 def test_a_selective_plan_is_repriced_from_its_records_as_planned(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
-    """No profile times a selective backward: a selectively recomputed block is priced as
-    its measured backward plus the analytic rerun on the calibrated curve, and the plan's
-    records reproduce that, as ``--profiles`` does."""
+    """Profiles measured before piebald timed a selective backward: a selectively
+    recomputed block is priced as its measured backward plus the analytic rerun on the
+    calibrated curve, and the plan's records reproduce that, as ``--profiles`` does."""
     db, cluster, _ = made
     plan_file = tmp_path / "selective.json"
     code, output = run_cli(
@@ -184,6 +185,63 @@ def test_a_selective_plan_is_repriced_from_its_records_as_planned(
     )  # fmt: skip
     assert code == 0, output
     assert {stage.recompute for stage in load_plan(plan_file).stages} == {Recompute.SELECTIVE}
+    _simulated_as_planned(plan_file, db)
+
+
+def test_a_measured_selective_backward_prices_the_plan_and_its_records(
+    tmp_path: Path, profile_of: MakeProfile
+) -> None:
+    """Profiles that time a selective backward and measure its bytes: a selectively
+    recomputed block is priced with those numbers, not the analytic rerun, the plan
+    records them, and its records reproduce its estimate."""
+    db = tmp_path / "db"
+    selective_s = (0.15, 0.2)  # far from backward + the analytic rerun: a fallback shows
+    for kind, base_s in (
+        (LayerKind.EMBEDDING, 5e-3),
+        (LayerKind.BLOCK, 20e-3),
+        (LayerKind.HEAD, 10e-3),
+    ):
+        measured = selective_s if kind is LayerKind.BLOCK else None
+        forward_s = (base_s, 1.6 * base_s)
+        write_profile(
+            profile_of(kind=kind, seq_len=SEQ, forward_s=forward_s, selective_s=measured), db
+        )
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    plan_file = tmp_path / "selective.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
+        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db),
+        "--recompute", "selective", "--out", str(plan_file),
+    )  # fmt: skip
+    assert code == 0, output
+    plan = load_plan(plan_file)
+    assert plan.cost_inputs is not None
+    blocks = [t for t in plan.cost_inputs.layer_times if t.layer_kind == LayerKind.BLOCK.value]
+    kept = [a for a in plan.cost_inputs.activations if a.layer_kind == LayerKind.BLOCK.value]
+    assert blocks and kept
+    # Priced from the DB: at a measured size the measured numbers themselves.
+    inputs = profiled_inputs(
+        load_profile_db(db), cluster=plan.cluster, model=plan.model, precision=plan.job.precision
+    )
+    device = plan.cluster.device_of(plan.stages[0].ranks[0])
+    block = next(layer for layer in plan.model.layers if layer.kind is LayerKind.BLOCK)
+    shape = PassShape(
+        device=device,
+        dtype=device.training_dtype(plan.job.precision),
+        micro_batch_size=1,
+        seq_len=SEQ,
+        recompute=Recompute.SELECTIVE,
+    )
+    assert layer_backward_time_s(block, shape=shape, curve=inputs.curve) == selective_s[0]
+    assert layer_activation_bytes(block, shape=shape, curve=inputs.curve) == 300.0
+    # The plan records them at the sizes it uses (extrapolated beyond the measured ones).
+    for entry in blocks:
+        at = dataclasses.replace(shape, micro_batch_size=entry.micro_batch_size)
+        priced = layer_backward_time_s(block, shape=at, curve=inputs.curve)
+        assert entry.backward_selective_s == pytest.approx(priced)
+    for activation in kept:
+        assert activation.activation_selective_bytes == 300.0 * activation.micro_batch_size
     _simulated_as_planned(plan_file, db)
 
 
