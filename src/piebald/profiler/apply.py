@@ -106,26 +106,15 @@ def profiled_curve(
             for profile in profiles:
                 if profile.key.signature != signature:
                     continue
-                tables.append(
-                    _layer_table(
-                        device=name,
-                        dtype=dtype,
-                        seq_len=profile.key.seq_len,
-                        layer=layer,
-                        signature=signature,
-                        rows=profile.timings,
-                    )
+                of = _Measured(
+                    device=name,
+                    dtype=dtype,
+                    seq_len=profile.key.seq_len,
+                    layer=layer,
+                    signature=signature,
                 )
-                activation_tables.append(
-                    _activation_table(
-                        device=name,
-                        dtype=dtype,
-                        seq_len=profile.key.seq_len,
-                        layer=layer,
-                        signature=signature,
-                        rows=profile.timings,
-                    )
-                )
+                tables.append(_layer_table(of, profile.timings))
+                activation_tables.append(_activation_table(of, profile.timings))
     return ProfiledCurve.over(
         base,
         tables=tuple(tables),
@@ -169,23 +158,27 @@ def _column(values: Sequence[float | None]) -> tuple[float, ...] | None:
     return present if len(present) == len(values) else None
 
 
-def _layer_table(
-    *,
-    device: str,
-    dtype: Dtype,
-    seq_len: int,
-    layer: LayerSpec,
-    signature: str,
-    rows: Sequence[_TimesRow],
-) -> LayerTable:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Measured:
+    """What a table of measurements is of: a layer on a device type, in a dtype, at a
+    sequence length (``signature``: the profile's layer signature)."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: LayerSpec
+    signature: str
+
+
+def _layer_table(of: _Measured, rows: Sequence[_TimesRow]) -> LayerTable:
     """Rows of ascending micro-batch sizes as a table of times."""
     return LayerTable(
-        device=device,
-        dtype=dtype,
-        seq_len=seq_len,
-        layer=layer_key(layer),
-        layer_kind=layer.kind,
-        signature=signature,
+        device=of.device,
+        dtype=of.dtype,
+        seq_len=of.seq_len,
+        layer=layer_key(of.layer),
+        layer_kind=of.layer.kind,
+        signature=of.signature,
         micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
         forward_s=tuple(row.forward_s for row in rows),
         backward_s=tuple(row.backward_s for row in rows),
@@ -194,23 +187,15 @@ def _layer_table(
     )
 
 
-def _activation_table(
-    *,
-    device: str,
-    dtype: Dtype,
-    seq_len: int,
-    layer: LayerSpec,
-    signature: str,
-    rows: Sequence[_BytesRow],
-) -> ActivationTable:
+def _activation_table(of: _Measured, rows: Sequence[_BytesRow]) -> ActivationTable:
     """Rows of ascending micro-batch sizes as a table of activation bytes."""
     return ActivationTable(
-        device=device,
-        dtype=dtype,
-        seq_len=seq_len,
-        layer=layer_key(layer),
-        layer_kind=layer.kind,
-        signature=signature,
+        device=of.device,
+        dtype=of.dtype,
+        seq_len=of.seq_len,
+        layer=layer_key(of.layer),
+        layer_kind=of.layer.kind,
+        signature=of.signature,
         micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
         activation_bytes=tuple(row.activation_bytes for row in rows),
         activation_recompute_bytes=_column([row.activation_recompute_bytes for row in rows]),
@@ -400,16 +385,14 @@ def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> Effici
     tables: list[LayerTable] = []
     for (device, dtype, kind, seq_len), entries in sorted(grouped.items(), key=str):
         entries.sort(key=lambda entry: entry.micro_batch_size)
-        tables.append(
-            _layer_table(
-                device=device,
-                dtype=dtype,
-                seq_len=seq_len,
-                layer=layer_of[kind],
-                signature=entries[0].signature,
-                rows=entries,
-            )
+        of = _Measured(
+            device=device,
+            dtype=dtype,
+            seq_len=seq_len,
+            layer=layer_of[kind],
+            signature=entries[0].signature,
         )
+        tables.append(_layer_table(of, entries))
     kept: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredActivation]] = defaultdict(list)
     for index, activation in enumerate(inputs.activations):
         where = f"cost_inputs.activations[{index}]"
@@ -423,12 +406,14 @@ def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> Effici
         recorded.sort(key=lambda entry: entry.micro_batch_size)
         activation_tables.append(
             _activation_table(
-                device=device,
-                dtype=dtype,
-                seq_len=seq_len,
-                layer=layer_of[kind],
-                signature=recorded[0].signature,
-                rows=recorded,
+                _Measured(
+                    device=device,
+                    dtype=dtype,
+                    seq_len=seq_len,
+                    layer=layer_of[kind],
+                    signature=recorded[0].signature,
+                ),
+                recorded,
             )
         )
     kind_curves = tuple(

@@ -170,6 +170,17 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
     assert code == 0 and "priced from the measurements the plan records" in " ".join(output.split())
 
 
+def _plan_selective(db: Path, cluster: Path, plan_file: Path) -> Path:
+    """``plan --profiles db --recompute selective`` of tiny on ``cluster``, written."""
+    code, output = run_cli(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
+        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db),
+        "--recompute", "selective", "--out", str(plan_file),
+    )  # fmt: skip
+    assert code == 0, output
+    return plan_file
+
+
 def test_a_selective_plan_is_repriced_from_its_records_as_planned(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -177,13 +188,7 @@ def test_a_selective_plan_is_repriced_from_its_records_as_planned(
     recomputed block is priced as its measured backward plus the analytic rerun on the
     calibrated curve, and the plan's records reproduce that, as ``--profiles`` does."""
     db, cluster, _ = made
-    plan_file = tmp_path / "selective.json"
-    code, output = run_cli(
-        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
-        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db),
-        "--recompute", "selective", "--out", str(plan_file),
-    )  # fmt: skip
-    assert code == 0, output
+    plan_file = _plan_selective(db, cluster, tmp_path / "selective.json")
     assert {stage.recompute for stage in load_plan(plan_file).stages} == {Recompute.SELECTIVE}
     _simulated_as_planned(plan_file, db)
 
@@ -208,13 +213,7 @@ def test_a_measured_selective_backward_prices_the_plan_and_its_records(
         )
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
-    plan_file = tmp_path / "selective.json"
-    code, output = run_cli(
-        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
-        "--seq-len", str(SEQ), "--precision", "fp32", "--profiles", str(db),
-        "--recompute", "selective", "--out", str(plan_file),
-    )  # fmt: skip
-    assert code == 0, output
+    plan_file = _plan_selective(db, cluster, tmp_path / "selective.json")
     plan = load_plan(plan_file)
     assert plan.cost_inputs is not None
     blocks = [t for t in plan.cost_inputs.layer_times if t.layer_kind == LayerKind.BLOCK.value]
