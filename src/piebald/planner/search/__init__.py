@@ -342,8 +342,8 @@ def try_idle_subsets(
     GPUs may favour larger micro-batches), else the winning order without the idle nodes at
     the winning size. Then, each its own task again, the cuts of each subset's best get a
     local search where that best is within ``SearchSettings.subset_refine_margin`` of the
-    best structure priced so far (a local search gains a few percent, and it is most of a
-    subset's time)."""
+    best structure priced so far (most of a subset's time): the best few first
+    (``subsets_refined_first``), the others against the bar those leave."""
     small = state.settings.small_cluster
 
     def orders_of(nodes: frozenset[int]) -> list[tuple[Unit, ...]]:
@@ -372,16 +372,6 @@ def try_idle_subsets(
             default=None,
         )
 
-    won = run_tasks(state, subsets, scan_subset, workers=state.settings.workers)
-    so_far = min((c.proxy_s for c in state.candidates.values()), default=math.inf)
-    margin = state.settings.subset_refine_margin
-    promising = []
-    for nodes, scan in zip(subsets, won, strict=True):
-        if scan is not None and scan.proxy_s <= margin * so_far:
-            promising.append((nodes, scan))
-        else:
-            ticker.tick()
-
     def refine_subset(state: SearchState, task: tuple[frozenset[int], Scan]) -> None:
         nodes, scan = task
         scan_depths(
@@ -392,7 +382,24 @@ def try_idle_subsets(
             depths=(scan.depth,),
         )
 
-    run_tasks(state, promising, refine_subset, workers=state.settings.workers, done=ticker.tick)
+    won = run_tasks(state, subsets, scan_subset, workers=state.settings.workers)
+    # Best scans first, in batches: each batch's refinement may raise the bar for the next.
+    waiting = sorted(
+        ((nodes, scan) for nodes, scan in zip(subsets, won, strict=True) if scan is not None),
+        key=lambda task: task[1].proxy_s,
+    )
+    for _ in range(len(subsets) - len(waiting)):
+        ticker.tick()
+    batch_size = state.settings.subsets_refined_first
+    while waiting:
+        so_far = min((c.proxy_s for c in state.candidates.values()), default=math.inf)
+        bar = state.settings.subset_refine_margin * so_far
+        promising = [task for task in waiting if task[1].proxy_s <= bar]
+        for _ in range(len(waiting) - len(promising)):
+            ticker.tick()
+        batch, waiting = promising[:batch_size], promising[batch_size:]
+        run_tasks(state, batch, refine_subset, workers=state.settings.workers, done=ticker.tick)
+        batch_size = len(waiting)  # the rest at once
 
 
 def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:

@@ -30,9 +30,11 @@ class SearchSettings:
     size_patience: float = 1.1  # a micro-batch size this much slower than the best ends the scan
     top_refined: int = 2  # coarse results whose cuts get a local search
     # An idle subset's best scan this much slower than the best structure so far gets no
-    # local search: one gained at most 6% on the benchmark clusters' subsets (the six-type
-    # 1,024-GPU cluster: 1-6%), and it is most of a subset's time.
-    subset_refine_margin: float = 1.1
+    # local search, most of a subset's time: to beat the best it would have to gain 23%,
+    # where on the benchmark clusters a subset's local search gained 1-17% (the 4,096-GPU
+    # scaling cluster's nine subsets; the six-type 1,024-GPU cluster's: 1-6%).
+    subset_refine_margin: float = 1.3
+    subsets_refined_first: int = 2  # before the others are held to the bar they leave
     local_search_rounds: int = 2
     all_node_subsets_up_to: int = 4  # nodes; small clusters also try leaving any nodes idle
     # Best structures (by the DP's estimate) built and priced exactly: this many, times
