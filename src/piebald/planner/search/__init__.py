@@ -383,7 +383,7 @@ def try_idle_subsets(
         )
 
     won = run_tasks(state, subsets, scan_subset, workers=state.settings.workers)
-    # Best scans first, in batches: each batch's refinement may raise the bar for the next.
+    # Best scans first, in batches: each batch's refinement may lower the bar for the next.
     waiting = sorted(
         ((nodes, scan) for nodes, scan in zip(subsets, won, strict=True) if scan is not None),
         key=lambda task: task[1].proxy_s,
