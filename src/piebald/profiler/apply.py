@@ -123,11 +123,16 @@ def profiled_curve(
     )
 
 
-class _TimesRow(Protocol):
-    """A measured size's times: a profile's ``LayerTiming`` or a plan's record."""
+class _Row(Protocol):
+    """One measured micro-batch size: a profile's ``LayerTiming`` or a plan's record."""
 
     @property
     def micro_batch_size(self) -> int: ...
+
+
+class _TimesRow(_Row, Protocol):
+    """A measured size's times."""
+
     @property
     def forward_s(self) -> float: ...
     @property
@@ -138,11 +143,9 @@ class _TimesRow(Protocol):
     def backward_selective_s(self) -> float | None: ...
 
 
-class _BytesRow(Protocol):
-    """A measured size's activation bytes: a profile's ``LayerTiming`` or a plan's record."""
+class _BytesRow(_Row, Protocol):
+    """A measured size's activation bytes."""
 
-    @property
-    def micro_batch_size(self) -> int: ...
     @property
     def activation_bytes(self) -> float: ...
     @property

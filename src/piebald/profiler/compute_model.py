@@ -73,12 +73,13 @@ class LayerTable:
     backward_selective_s: tuple[float, ...] | None = None  # likewise
 
     def values(self, kind: PassKind) -> tuple[float, ...] | None:
-        return {
-            PassKind.FORWARD: self.forward_s,
-            PassKind.BACKWARD: self.backward_s,
-            PassKind.BACKWARD_RECOMPUTE: self.backward_recompute_s,
-            PassKind.BACKWARD_SELECTIVE: self.backward_selective_s,
-        }[kind]
+        if kind is PassKind.FORWARD:
+            return self.forward_s
+        if kind is PassKind.BACKWARD:
+            return self.backward_s
+        if kind is PassKind.BACKWARD_SELECTIVE:
+            return self.backward_selective_s
+        return self.backward_recompute_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

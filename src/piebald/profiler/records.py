@@ -188,10 +188,6 @@ def profile_to_dict(profile: ComputeProfile | NetworkProfile) -> dict[str, Any]:
     }
 
 
-def _optional(fields: Fields, name: str) -> float | None:
-    return fields.number(name) if fields.has(name) else None
-
-
 def _provenance_from(fields: Fields) -> Provenance:
     fields.reject_unknown(
         ("host", "created", "torch_version", "timer", "num_warmup", "num_repeats")
@@ -259,12 +255,12 @@ def compute_from_dict(fields: Fields) -> ComputeProfile:
                 micro_batch_size=entry.integer("micro_batch_size", minimum=1),
                 forward_s=entry.number("forward_s", strictly_positive=True),
                 backward_s=entry.number("backward_s", strictly_positive=True),
-                backward_recompute_s=_optional(entry, "backward_recompute_s"),
+                backward_recompute_s=entry.optional_number("backward_recompute_s"),
                 activation_bytes=entry.number("activation_bytes"),
-                activation_recompute_bytes=_optional(entry, "activation_recompute_bytes"),
+                activation_recompute_bytes=entry.optional_number("activation_recompute_bytes"),
                 peak_memory_bytes=entry.number("peak_memory_bytes"),
-                backward_selective_s=_optional(entry, "backward_selective_s"),
-                activation_selective_bytes=_optional(entry, "activation_selective_bytes"),
+                backward_selective_s=entry.optional_number("backward_selective_s"),
+                activation_selective_bytes=entry.optional_number("activation_selective_bytes"),
             )
         )
     sizes = [t.micro_batch_size for t in timings]
@@ -297,8 +293,8 @@ def compute_from_dict(fields: Fields) -> ComputeProfile:
             reported_name=info.string("reported_name"),
             in_catalog=info.boolean("in_catalog"),
             memory_bytes=info.number("memory_bytes", strictly_positive=True),
-            matmul_flops=_optional(info, "matmul_flops"),
-            copy_bytes_per_s=_optional(info, "copy_bytes_per_s"),
+            matmul_flops=info.optional_number("matmul_flops"),
+            copy_bytes_per_s=info.optional_number("copy_bytes_per_s"),
         ),
         timings=tuple(timings),
         provenance=_provenance_from(fields.sub("provenance")),

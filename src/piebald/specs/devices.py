@@ -150,15 +150,11 @@ def parse_device_type(fields: Fields) -> DeviceType:
         fp16_flops=tflops("fp16_tflops", default=0.0),
         fp32_flops=tflops("fp32_tflops"),
         memory_bandwidth_bytes_per_s=fields.rate_bytes_per_s("memory_bandwidth"),
-        matmul_efficiency=(
-            fields.number("matmul_efficiency", strictly_positive=True, maximum=1.0)
-            if fields.has("matmul_efficiency")
-            else None
+        matmul_efficiency=fields.optional_number(
+            "matmul_efficiency", strictly_positive=True, maximum=1.0
         ),
-        attention_efficiency=(
-            fields.number("attention_efficiency", strictly_positive=True, maximum=1.0)
-            if fields.has("attention_efficiency")
-            else None
+        attention_efficiency=fields.optional_number(
+            "attention_efficiency", strictly_positive=True, maximum=1.0
         ),
     )
 

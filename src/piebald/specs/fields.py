@@ -153,6 +153,21 @@ class Fields:
             raise self.error(name, value, f"a finite number {bound} {minimum:g}{upper}")
         return number
 
+    def optional_number(
+        self,
+        name: str,
+        *,
+        minimum: float = 0.0,
+        maximum: float = math.inf,
+        strictly_positive: bool = False,
+    ) -> float | None:
+        """:meth:`number` where the field is present (and not null), else None."""
+        if not self.has(name):
+            return None
+        return self.number(
+            name, minimum=minimum, maximum=maximum, strictly_positive=strictly_positive
+        )
+
     def _quantity(
         self,
         name: str,

@@ -174,8 +174,8 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             forward_s=entry.number("forward_s"),
             backward_s=entry.number("backward_s"),
-            backward_recompute_s=_optional_number(entry, "backward_recompute_s"),
-            backward_selective_s=_optional_number(entry, "backward_selective_s"),
+            backward_recompute_s=entry.optional_number("backward_recompute_s"),
+            backward_selective_s=entry.optional_number("backward_selective_s"),
         )
         for entry in _entries(fields, "layer_times", _LAYER_TIME_KEYS)
     )
@@ -217,8 +217,8 @@ def _cost_inputs_from(fields: Fields) -> CostInputs:
             micro_batch_size=entry.integer("micro_batch_size", minimum=1, maximum=MAX_GLOBAL_BATCH),
             source=entry.choice("source", ["measured", "interpolated", "extrapolated"]),
             activation_bytes=entry.number("activation_bytes"),
-            activation_recompute_bytes=_optional_number(entry, "activation_recompute_bytes"),
-            activation_selective_bytes=_optional_number(entry, "activation_selective_bytes"),
+            activation_recompute_bytes=entry.optional_number("activation_recompute_bytes"),
+            activation_selective_bytes=entry.optional_number("activation_selective_bytes"),
         )
         for entry in _entries(fields, "activations", _ACTIVATION_KEYS)
     )
@@ -377,11 +377,6 @@ _ACTIVATION_KEYS = (
     "activation_recompute_bytes",
     "activation_selective_bytes",
 )
-
-
-def _optional_number(fields: Fields, name: str) -> float | None:
-    """A number a record may leave out (not measured), or None."""
-    return fields.number(name) if fields.has(name) else None
 
 
 def _entries(fields: Fields, name: str, keys: tuple[str, ...]) -> list[Fields]:

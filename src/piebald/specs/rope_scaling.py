@@ -203,14 +203,10 @@ def rope_scaling_from_hf(
         beta_fast=beta_fast,
         beta_slow=beta_slow,
         truncate=rope.boolean("truncate", default=True),
-        attention_factor=_optional_number(rope, "attention_factor"),
-        mscale=_optional_number(rope, "mscale"),
-        mscale_all_dim=_optional_number(rope, "mscale_all_dim"),
+        attention_factor=rope.optional_number("attention_factor"),
+        mscale=rope.optional_number("mscale"),
+        mscale_all_dim=rope.optional_number("mscale_all_dim"),
     )
-
-
-def _optional_number(fields: Fields, name: str) -> float | None:
-    return fields.number(name) if fields.has(name) else None
 
 
 def rope_scaling_to_hf(scaling: RopeScaling | None, *, theta: float) -> dict[str, Any]:
@@ -266,9 +262,9 @@ def rope_scaling_from_dict(fields: Fields) -> RopeScaling:
         beta_fast=fields.number("beta_fast", default=32.0, minimum=-math.inf),
         beta_slow=fields.number("beta_slow", default=1.0, minimum=-math.inf),
         truncate=fields.boolean("truncate", default=True),
-        attention_factor=_optional_number(fields, "attention_factor"),
-        mscale=_optional_number(fields, "mscale"),
-        mscale_all_dim=_optional_number(fields, "mscale_all_dim"),
+        attention_factor=fields.optional_number("attention_factor"),
+        mscale=fields.optional_number("mscale"),
+        mscale_all_dim=fields.optional_number("mscale_all_dim"),
     )
     try:
         return RopeScaling(**kwargs)

@@ -49,7 +49,7 @@ def test_gpipe_keeps_every_micro_batch() -> None:
         (4, 2, 2, 2),  # fewer micro-batches than the ranks to the end
         (4, 2, 8, 1),  # ceil(4 x 2 / 8) = 1
         (3, 3, 8, 2),  # ceil(3 x 3 / 8) = 2
-        (1, 5, 8, 1),  # the last stage of one rank: ceil(1 x 5 / 8) = 1
+        (1, 5, 8, 1),  # one rank to the end, by the mean: ceil(1 x 5 / 8) = 1
         (3, 1, 100, 1),  # a rank with a tiny share still holds one
         (8, 6, 10, 5),  # ceil(8 x 6 / 10) = 5
         (6, 8, 16, 3),  # two ranks in each of three stages, the first: ceil(6 x 8 / 16)

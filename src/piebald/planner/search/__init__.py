@@ -382,24 +382,25 @@ def try_idle_subsets(
             depths=(scan.depth,),
         )
 
+    def refine_within_bar(tasks: list[tuple[frozenset[int], Scan]]) -> None:
+        so_far = min((c.proxy_s for c in state.candidates.values()), default=math.inf)
+        bar = state.settings.subset_refine_margin * so_far
+        promising = [task for task in tasks if task[1].proxy_s <= bar]
+        for _ in range(len(tasks) - len(promising)):
+            ticker.tick()
+        run_tasks(state, promising, refine_subset, workers=state.settings.workers, done=ticker.tick)
+
     won = run_tasks(state, subsets, scan_subset, workers=state.settings.workers)
-    # Best scans first, in batches: each batch's refinement may lower the bar for the next.
-    waiting = sorted(
+    for _ in range(won.count(None)):
+        ticker.tick()
+    # Best scans first: the first few's refinement may lower the bar for the others.
+    ranked = sorted(
         ((nodes, scan) for nodes, scan in zip(subsets, won, strict=True) if scan is not None),
         key=lambda task: task[1].proxy_s,
     )
-    for _ in range(len(subsets) - len(waiting)):
-        ticker.tick()
-    batch_size = state.settings.subsets_refined_first
-    while waiting:
-        so_far = min((c.proxy_s for c in state.candidates.values()), default=math.inf)
-        bar = state.settings.subset_refine_margin * so_far
-        promising = [task for task in waiting if task[1].proxy_s <= bar]
-        for _ in range(len(waiting) - len(promising)):
-            ticker.tick()
-        batch, waiting = promising[:batch_size], promising[batch_size:]
-        run_tasks(state, batch, refine_subset, workers=state.settings.workers, done=ticker.tick)
-        batch_size = len(waiting)  # the rest at once
+    first = state.settings.subsets_refined_first
+    refine_within_bar(ranked[:first])
+    refine_within_bar(ranked[first:])
 
 
 def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:
