@@ -12,7 +12,12 @@ This prints two checks of what the plan space offers beyond it:
    (linear in the blocks, each of which keeps the same bytes; slightly conservative, as
    the all-recomputed end includes the rerun's working buffer), and the pass time that
    saves.
-2. **Pipeline orders of the node classes**. The search tries every order of up to four
+2. **What the raised in-flight budgets are worth.** Where memory allows, the planner
+   holds more micro-batches in flight than Little's law (``planner.raised_in_flight``; all
+   of them on the fully recomputed stages here); partial recompute would fit only
+   Little's. The searched plan is estimated and simulated as planned, and with Little's
+   budgets on its recomputed stages.
+3. **Pipeline orders of the node classes**. The search tries every order of up to four
    classes and a few heuristic ones beyond (``search_units.unit_orders``: two distinct
    ones for this cluster). Here every order that crosses between the sites once is
    scanned as the search's first phases scan one (pipeline depths, cuts, the local search
@@ -35,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from piebald.api import simulate
 from piebald.cost.compute import DEFAULT_CURVE
 from piebald.cost.in_flight import (
     in_flight_micro_batches,
@@ -42,6 +48,7 @@ from piebald.cost.in_flight import (
     slack_of,
 )
 from piebald.cost.memory import plan_rank_memory
+from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.rank_pass import plan_rank_pass
 from piebald.planner.bounds import upper_bound_tokens_per_s
 from piebald.planner.search import search
@@ -83,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({plan.predicted.tokens_per_s / bound:.2f} of the bound {bound:,.0f})\n"
     )
     print_partial_recompute(plan)
+    print()
+    print_raised_budgets(plan)
     print()
     print_orders(cluster, model=model, job=job, bound=bound)
     print(f"\n{time.perf_counter() - started:.0f} s")
@@ -156,8 +165,26 @@ def _fewest_recomputed(
     return min(blocks, math.ceil((none_bytes - available_bytes) / per_block))
 
 
+def print_raised_budgets(plan: Plan) -> None:
+    """Part 2 (module docstring)."""
+    little = tuple(
+        replace(stage, max_in_flight=None) if stage.recompute.checkpoints else stage
+        for stage in plan.stages
+    )
+    print("In-flight budgets of the recomputed stages")
+    print("| budgets | estimated step (s) | simulated step (s) |")
+    print("|---|---:|---:|")
+    for name, variant in (
+        ("as planned (raised)", plan),
+        ("Little's law", replace(plan, stages=little, predicted=None)),
+    ):
+        estimated = estimate_plan(variant).step_time_s
+        simulated = simulate(variant).step_time_s
+        print(f"| {name} | {estimated:.2f} | {simulated:.2f} |")
+
+
 def print_orders(cluster: ClusterSpec, *, model: ModelSpec, job: JobSpec, bound: float) -> None:
-    """Part 2 (module docstring): the best orders crossing between the sites once."""
+    """Part 3 (module docstring): the best orders crossing between the sites once."""
     strategy = PIEBALD.for_cluster_of(cluster.num_gpus)
     settings = SearchSettings.for_cluster(cluster.num_gpus, workers=1)
     everyone = frozenset(node.index for node in cluster.nodes)
