@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +60,7 @@ __all__ = [
     "job_from",
     "load_checked_plan",
     "progress_bar",
+    "require_installed",
     "run_comparison",
     "user_errors",
 ]
@@ -87,13 +89,44 @@ FLAG_OF_ARGUMENT = {
 }
 
 
+# The optional dependencies (pyproject.toml's extras), by the module a command imports: planning
+# and simulation run without them, training, profiling and data preparation do not.
+EXTRA_OF_MODULE = {
+    "torch": "train",
+    "safetensors": "train",
+    "tokenizers": "data",
+    "pyarrow": "data",
+    "tensorboardX": "tensorboard",
+}
+
+
+def require_installed(module: str) -> None:
+    """Stop a command that will need ``module`` (one of ``EXTRA_OF_MODULE``) before it does
+    any work, where it is not installed (``user_errors`` reports it)."""
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Report bad input as one line and a non-zero exit code instead of a traceback."""
+    """Report bad input as one line and a non-zero exit code instead of a traceback; so
+    too a command run without the optional dependency it needs."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
+        except ModuleNotFoundError as error:
+            module = (error.name or "").partition(".")[0]
+            if module not in EXTRA_OF_MODULE:
+                raise
+            install = f"pip install 'piebald[{EXTRA_OF_MODULE[module]}]'"
+            errors.print(
+                f"[red]error:[/red] this command needs {module}, which is not installed: "
+                f"{escape(install)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         except SpecError as error:
             if isinstance(error, ArgumentError):
                 error = error.with_source(FLAG_OF_ARGUMENT.get(error.argument, error.argument))

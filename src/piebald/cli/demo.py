@@ -23,6 +23,7 @@ from piebald.cli.common import (
     console,
     job_from,
     progress_bar,
+    require_installed,
     run_comparison,
     user_errors,
 )
@@ -123,6 +124,8 @@ def _check_artefacts(out_dir: Path, *, train_steps: int, force: bool) -> None:
 
 @user_errors
 def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
+    if train_steps:  # before five sections of output, not after them
+        require_installed("torch")
     _check_artefacts(out_dir, train_steps=train_steps, force=force)
     cluster = load_cluster(example_path())
     model = load_model(MODEL)

@@ -95,6 +95,7 @@ def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None)
 _OPTIMIZER = "Optimizer and learning rate"
 
 
+@user_errors  # its own imports need torch
 def train(
     job_file: ConfigOption = None,
     plan_file: Annotated[
