@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.errors import ArgumentError
 from piebald.planner.choices import (
+    check_tensor_parallel_fits,
     recompute_modes,
     strategy_named,
     tensor_parallel_degree,
@@ -200,6 +201,7 @@ def plan(
     degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=job.seq_len)
     modes = recompute_modes(recompute, strategy=chosen)
     check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
+    check_tensor_parallel_fits(degree, cluster=cluster_spec, model=model_spec)
     inputs = _profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
     priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
     result = search(

@@ -49,6 +49,7 @@ from piebald.cli.render import (
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
 from piebald.planner.choices import (
+    check_tensor_parallel_fits,
     recompute_modes,
     strategy_named,
     tensor_parallel_degree,
@@ -169,6 +170,7 @@ def plan(
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
+    check_tensor_parallel_fits(degree, cluster=cluster_spec, model=model_spec)
     cluster_spec, curve, profiled = with_profiles(profiles, cluster_spec, model_spec, job)
     with progress_bar("planning") as progress:
         result = search(

@@ -20,11 +20,19 @@ from piebald.planner.strategies import (
     with_tensor_parallel,
     with_zero_mode,
 )
+from piebald.specs.cluster import ClusterSpec
 from piebald.specs.fields import suggest
-from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import TENSOR_PARALLEL_DEGREES, ZeroMode, tensor_split_problem
 from piebald.specs.recompute import Recompute
 
-__all__ = ["recompute_modes", "strategy_named", "tensor_parallel_degree", "zero_mode_named"]
+__all__ = [
+    "check_tensor_parallel_fits",
+    "recompute_modes",
+    "strategy_named",
+    "tensor_parallel_degree",
+    "zero_mode_named",
+]
 
 
 def strategy_named(name: str) -> Strategy:
@@ -82,6 +90,30 @@ def tensor_parallel_degree(value: int | None, *, strategy: Strategy, seq_len: in
             f"stages run {layout.value} parallel, each member on 1/t of every sequence",
         )
     return value
+
+
+def check_tensor_parallel_fits(
+    degree: int | None, *, cluster: ClusterSpec, model: ModelSpec
+) -> None:
+    """That every stage at tensor-parallel ``degree`` (:func:`tensor_parallel_degree`) can
+    exist at all: the model's blocks split that many ways, and some node holds a tensor
+    group (its GPUs sit in one node). Without this the search finds nothing and reports
+    memory as the reason."""
+    if degree is None or degree == 1:
+        return
+    problem = tensor_split_problem(model.arch, degree)
+    if problem is not None:
+        raise ArgumentError(
+            argument="tensor_parallel", value=degree, expected=f"{problem}, for {model.name}"
+        )
+    largest = max(group.gpus_per_node for group in cluster.node_groups)
+    if largest < degree:
+        raise ArgumentError(
+            argument="tensor_parallel",
+            value=degree,
+            expected=f"at most {largest}: a tensor group sits inside one node, and the "
+            f"largest node of cluster {cluster.name} has {largest} GPUs",
+        )
 
 
 def recompute_modes(

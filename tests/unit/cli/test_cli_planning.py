@@ -188,6 +188,27 @@ def test_plan_tensor_parallel_errors_are_one_line() -> None:
     assert code == 2 and "--tensor-parallel" in output and "sequence length (62)" in output
 
 
+def test_plan_tensor_parallel_that_cannot_exist_is_bad_input(tmp_path: Path) -> None:
+    # A degree the model does not split into, or larger than every node: exit 2 with the
+    # reason, where the search found nothing and blamed memory (exit 3).
+    code, output = run_cli(
+        "plan", "--cluster", str(example_path()), *SMALL, "--tensor-parallel", "8"
+    )  # fmt: skip
+    assert code == 2, output
+    assert "--tensor-parallel: got 8; expected a degree dividing the model's" in output
+    two_gpu_nodes = tmp_path / "two.yaml"
+    two_gpu_nodes.write_text(
+        "name: two\nnodes:\n"
+        "  - {name: a, count: 2, gpu: A100-80GB, gpus_per_node: 2, intra_link: 600GB/s}\n"
+    )
+    code, output = run_cli(
+        "plan", "--cluster", str(two_gpu_nodes), "--model", "gpt2", "--global-batch", "8",
+        "--seq-len", "64", "--tensor-parallel", "4",
+    )  # fmt: skip
+    assert code == 2, output
+    assert "expected at most 2: a tensor group sits inside one node" in output
+
+
 def test_plan_recompute_restricts_every_stage_and_the_plan_trains(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, output = run_cli(

@@ -135,8 +135,9 @@ def search(
         ticker = _Ticker(progress, state, steps=len(orders) * len(_sizes(state)) + len(subsets))
         scans = scan_structures(state, orders, ticker)
         best = refine_best(state, orders, scans)
-        if best is not None:
-            try_idle_subsets(state, orders, best, subsets[1:], ticker)
+        # Also where nothing fits with every node: a subset may (a node whose GPUs cannot
+        # all form tensor groups of the asked degree, say).
+        try_idle_subsets(state, orders, best, subsets[1:], ticker)
     scored = build_exactly(state) + _as_found_by(strategy, seeds)
     if not scored:
         raise Infeasible(why_infeasible(state))
@@ -332,7 +333,7 @@ def refine_best(
 def try_idle_subsets(
     state: SearchState,
     orders: Sequence[tuple[Unit, ...]],
-    best: Scan,
+    best: Scan | None,
     subsets: Sequence[frozenset[int]],
     ticker: _Ticker,
 ) -> None:
@@ -340,14 +341,16 @@ def try_idle_subsets(
     the best one without the idle nodes, priced: depths near the best (one stage always);
     in small clusters every order and micro-batch size of the subset's own units (fewer
     GPUs may favour larger micro-batches), else the winning order without the idle nodes at
-    the winning size. Then, each its own task again, the cuts of each subset's best get a
-    local search where that best is within ``SearchSettings.subset_refine_margin`` of the
-    best structure priced so far (most of a subset's time): the best few first
-    (``subsets_refined_first``), the others against the bar those leave."""
+    the winning size. Where nothing fit with every node (``best`` None), every order, size
+    and depth of the subset's own units. Then, each its own task again, the cuts of each
+    subset's best get a local search where that best is within
+    ``SearchSettings.subset_refine_margin`` of the best structure priced so far (most of a
+    subset's time): the best few first (``subsets_refined_first``), the others against the
+    bar those leave."""
     small = state.settings.small_cluster
 
     def orders_of(nodes: frozenset[int]) -> list[tuple[Unit, ...]]:
-        if small:
+        if small or best is None:
             return unit_orders(
                 build_units(state.cluster, precision=state.job.precision, nodes=nodes)
             )
@@ -355,14 +358,18 @@ def try_idle_subsets(
 
     def scan_subset(state: SearchState, nodes: frozenset[int]) -> Scan | None:
         subset_orders = orders_of(nodes)
-        # Depths near the best one, as deep as the subset's units allow; one stage always.
-        depth = min(best.depth, len(subset_orders[0]))
-        near = sorted({1, *range(max(1, depth - 2), depth + 3)})
+        depths: list[int] | None = None  # every depth, where nothing fit with every node
+        sizes = _sizes(state)
+        if best is not None:
+            # Depths near the best one, as deep as the subset's units allow; one stage always.
+            depth = min(best.depth, len(subset_orders[0]))
+            depths = sorted({1, *range(max(1, depth - 2), depth + 3)})
+            sizes = sizes if small else [best.micro_batch_size]
         tried = [
             Scan(proxy_s=t.proxy_s, order_index=i, micro_batch_size=size, depth=t.depth)
             for i, order in enumerate(subset_orders)
-            for size in (_sizes(state) if small else [best.micro_batch_size])
-            for t in scan_depths(state, order, size, refine=False, depths=near)
+            for size in sizes
+            for t in scan_depths(state, order, size, refine=False, depths=depths)
         ]
         finite = [s for s in tried if math.isfinite(s.proxy_s)]
         # Best first; ties to the smaller size, the shallower depth, the earlier order.

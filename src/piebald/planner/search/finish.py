@@ -68,7 +68,19 @@ def why_infeasible(state: SearchState) -> str:
             "micro-batches, and no structure that fits memory has stages whose size "
             f"divides the micro-batches of a global batch of {state.job.global_batch_size}"
         )
-    return diagnose_infeasible(state.cluster, model=state.model, job=state.job)
+    diagnosis = diagnose_infeasible(state.cluster, model=state.model, job=state.job)
+    degrees = state.strategy.stage_rules.tensor_parallel_degrees
+    if min(degrees) > 1:  # every stage at a degree the user asked for (--tensor-parallel)
+        uneven = sorted(
+            {g.gpus_per_node for g in state.cluster.node_groups if g.gpus_per_node % min(degrees)}
+        )
+        if uneven:
+            diagnosis += (
+                f"; or the tensor-parallel degree: every stage runs tensor groups of "
+                f"{min(degrees)} GPUs inside one node, which nodes of "
+                f"{' or '.join(map(str, uneven))} GPUs do not divide into"
+            )
+    return diagnosis
 
 
 def _distinct(scored: Iterable[ScoredPlan], best: ScoredPlan) -> Iterable[ScoredPlan]:
