@@ -130,9 +130,12 @@ def priced_plan(
         )
     elif prices.basis is PriceBasis.RECORDED:
         assert plan.cost_inputs is not None
+        db = plan.cost_inputs.profile_db
         line = (
-            f"priced from the measurements the plan records (profile DB "
-            f"{plan.cost_inputs.profile_db})"
+            f"priced by the analytic cost model (the profile DB {db} the plan was made with "
+            "measured none of its GPU types or links)"
+            if plan.cost_inputs.measured_nothing
+            else f"priced from the measurements the plan records (profile DB {db})"
         )
     else:
         line = "priced by the analytic cost model"

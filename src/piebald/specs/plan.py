@@ -306,6 +306,12 @@ class CostInputs:
     links: tuple[MeasuredLink, ...] = ()
     activations: tuple[MeasuredActivation, ...] = ()  # older plans: none (memory analytic)
 
+    @property
+    def measured_nothing(self) -> bool:
+        """Whether the DB measured none of the plan's GPU types, layers or links (the plan
+        was then priced by the analytic model alone)."""
+        return not (self.layer_times or self.curves or self.links or self.activations)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:

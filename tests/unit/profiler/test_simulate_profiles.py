@@ -170,6 +170,24 @@ def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
     assert code == 0 and "priced from the measurements the plan records" in " ".join(output.split())
 
 
+def test_a_plan_whose_db_measured_none_of_its_gpus_says_it_is_analytic(
+    made: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    db = made[0]
+    other = tmp_path / "other.yaml"  # GPU types the DB did not measure
+    other.write_text(CLUSTER.replace("cpu-a", "cpu-b"))
+    plan_file = tmp_path / "other-plan.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(other), "--model", "tiny", "--global-batch", "4",
+        "--seq-len", str(SEQ), "--profiles", str(db), "--out", str(plan_file),
+    )  # fmt: skip
+    assert code == 0 and "no compute profile of cpu-b" in " ".join(output.split()), output
+    code, output = run_cli("simulate", "--plan", str(plan_file))
+    text = " ".join(output.split())
+    assert code == 0 and "priced by the analytic cost model (the profile DB" in text, output
+    assert "measured none of its GPU types or links" in text
+
+
 def _plan_selective(db: Path, cluster: Path, plan_file: Path) -> Path:
     """``plan --profiles db --recompute selective`` of tiny on ``cluster``, written."""
     code, output = run_cli(
