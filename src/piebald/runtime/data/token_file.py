@@ -29,6 +29,7 @@ import numpy as np
 
 from piebald.errors import SpecError
 from piebald.outputs import file_mode
+from piebald.runtime.data.documents import DOCUMENT_KINDS
 from piebald.runtime.data.tokenizer import ByteTokenizer
 
 __all__ = [
@@ -97,6 +98,17 @@ def open_token_file(path: str | Path, *, dtype: str | None = None) -> TokenFile:
             source=str(path), field="dtype", value=dtype, expected=" or ".join(TOKEN_DTYPES)
         )
     metadata = _read_metadata(path)
+    kind = DOCUMENT_KINDS.get(path.suffix.lower())
+    if not metadata and kind is not None:
+        # Read as raw tokens, text would train on its bytes in pairs; a large vocabulary
+        # takes nearly all of them as valid ids, so nothing else would catch it.
+        raise SpecError(
+            source=str(path),
+            field="",
+            has_value=False,
+            expected=f"a token file, not a {kind} document file: tokenize it first "
+            f"(piebald data prepare --input {path.name} --tokenizer TOKENIZER --out PREFIX)",
+        )
     recorded = metadata.get("dtype")
     if dtype is not None and recorded is not None and dtype != recorded:
         raise SpecError(

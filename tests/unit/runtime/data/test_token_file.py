@@ -111,6 +111,18 @@ def test_values_must_fit_the_dtype(tmp_path: Path) -> None:
         write_token_file(tmp_path / "c.bin", np.array([-1, 3]))
 
 
+@pytest.mark.parametrize("name", ["corpus.txt", "docs.jsonl", "rows.parquet"])
+def test_a_document_file_given_as_tokens_says_to_prepare_it(tmp_path: Path, name: str) -> None:
+    # Read as raw uint16 tokens, "he" would be id 25960: a valid GPT-2 token, so only the
+    # file's kind can tell (a token file of any name with a sidecar still opens).
+    path = tmp_path / name
+    path.write_bytes(b"hello world, some text\n")
+    with pytest.raises(SpecError, match=rf"{name}: expected a token file, not a .* document"):
+        open_token_file(path)
+    write_token_file(tmp_path / "tokens.txt", np.arange(4))
+    assert open_token_file(tmp_path / "tokens.txt").tokens.tolist() == [0, 1, 2, 3]
+
+
 def test_text_files_use_the_byte_tokenizer(tmp_path: Path) -> None:
     text = "Tokens are bytes: ü is two of them.\n"
     written = write_text_token_file(text, tmp_path / "text.bin")
