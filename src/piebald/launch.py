@@ -111,7 +111,8 @@ def node_launches(
     names = [node.name for node in cluster.nodes]
     if hosts is not None and len(hosts) != len(names):
         raise ValueError(
-            f"{len(names)} hosts, one per node of cluster {cluster.name!r} "
+            f"{len(names)} host{'s' if len(names) != 1 else ''}, one per node of cluster "
+            f"{cluster.name!r} "
             f"({', '.join(names)}), not {len(hosts)}"
         )
     # Hosts go into shell lines and Slurm node lists unquoted, as the cluster file's do.
