@@ -112,8 +112,7 @@ def node_launches(
     if hosts is not None and len(hosts) != len(names):
         raise ValueError(
             f"{len(names)} host{'s' if len(names) != 1 else ''}, one per node of cluster "
-            f"{cluster.name!r} "
-            f"({', '.join(names)}), not {len(hosts)}"
+            f"{cluster.name!r} ({', '.join(names)}), not {len(hosts)}"
         )
     # Hosts go into shell lines and Slurm node lists unquoted, as the cluster file's do.
     for index, host in enumerate(hosts or ()):
