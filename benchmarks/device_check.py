@@ -12,10 +12,13 @@ included), so this does all of it in one call of a few minutes:
    gpt2-xl (1,024) timed per pass and micro-batch size (``piebald profile compute``),
    against the analytic prices of the GPU's catalog entry, before and after fitting;
    ``profiles.tgz``: that profile DB, to unpack into ``benchmarks/profiles/<gpu>/``;
-3. ``train-<model>.json``: one-GPU training under torchrun (NCCL, the GPU's native
+3. ``kernels.txt``: ``benchmarks/kernel_breakdown.py`` for a llama-3-8b block at 8,192
+   tokens and a gpt2-xl block at 8 x 1,024: device time of the GEMMs, flash attention,
+   the memory-bound kernels and the gaps between kernels, beside the cost model's terms;
+4. ``train-<model>.json``: one-GPU training under torchrun (NCCL, the GPU's native
    dtype) of gpt2 at 1,024 tokens and llama-3.2-1b at 2,048, planned for a one-GPU
    cluster of the detected type: measured tokens/s and peak memory beside the plan's;
-4. ``device-check.log``: every command with its output.
+5. ``device-check.log``: every command with its output.
 
 A step that fails is logged and the rest still run. Run it from the repository root:
 
@@ -48,10 +51,12 @@ TIMEOUT_S = 240  # one command; the whole check is meant to end well inside one 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shapes:
-    """What to time and to train: (model, sequence length, micro-batch sizes) profiled, and
-    (model, sequence length, global batch) trained, with the steps of each run."""
+    """What to time and to train: (model, sequence length, micro-batch sizes) profiled, the
+    blocks broken down kernel by kernel, and (model, sequence length, global batch)
+    trained, with the steps of each run."""
 
     profiled: tuple[tuple[str, int, str], ...]
+    broken_down: tuple[tuple[str, int, int], ...]  # (model, sequence, micro-batch size)
     trained: tuple[tuple[str, int, int], ...]
     steps: int
 
@@ -62,10 +67,16 @@ FULL = Shapes(
         ("llama-3-8b", 8192, "1,2"),
         ("gpt2-xl", 1024, "1,2,4,8"),
     ),
+    broken_down=(("llama-3-8b", 8192, 1), ("gpt2-xl", 1024, 8)),
     trained=(("gpt2", 1024, 32), ("llama-3.2-1b", 2048, 16)),
     steps=8,
 )
-QUICK = Shapes(profiled=(("tiny", 32, "1,2"),), trained=(("tiny", 64, 8),), steps=2)
+QUICK = Shapes(
+    profiled=(("tiny", 32, "1,2"),),
+    broken_down=(("tiny", 64, 2),),
+    trained=(("tiny", 64, 8),),
+    steps=2,
+)
 
 
 class Log:
@@ -113,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="piebald-device-check-") as scratch:
         db = Path(scratch) / "profiles"
         calibrate(db, out=args.out, device=args.device, shapes=shapes, log=log)
+        break_down(out=args.out, device=args.device, shapes=shapes, log=log)
         for model, seq_len, global_batch in shapes.trained:
             train(
                 model,
@@ -174,6 +186,25 @@ def calibrate(db: Path, *, out: Path, device: str, shapes: Shapes, log: Log) -> 
         (out / "calibration.txt").write_text(done.stdout + done.stderr)
     with tarfile.open(out / "profiles.tgz", "w:gz") as archive:
         archive.add(db, arcname="profiles")
+
+
+def break_down(*, out: Path, device: str, shapes: Shapes, log: Log) -> None:
+    """Each block's kernels beside the cost model's terms, one after another in
+    ``kernels.txt``."""
+    script = str(ROOT / "benchmarks" / "kernel_breakdown.py")
+    tables: list[str] = []
+    for model, seq_len, size in shapes.broken_down:
+        done = log.run(
+            f"kernels {model} s{seq_len}",
+            [
+                sys.executable, script, "--model", model, "--seq-len", str(seq_len),
+                "--micro-batch-size", str(size), "--device", device,
+            ],
+        )  # fmt: skip
+        if done is not None:
+            tables.append(done.stdout)
+    if tables:
+        (out / "kernels.txt").write_text("\n".join(tables))
 
 
 def train(

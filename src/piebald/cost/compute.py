@@ -50,6 +50,7 @@ __all__ = [
     "KERNEL_LAUNCH_S",
     "EfficiencyCurve",
     "PassKind",
+    "PassTerms",
     "PassWork",
     "forward_work",
     "layer_backward_time_s",
@@ -147,15 +148,21 @@ class EfficiencyCurve:
         """The time of ``work`` on ``device`` computing in ``dtype`` (module docstring)."""
         if work.is_empty:
             return 0.0
+        return self.terms(work=work, device=device, dtype=dtype).total_s
+
+    def terms(self, *, work: PassWork, device: DeviceType, dtype: Dtype) -> PassTerms:
+        """:meth:`time_s` term by term (module docstring), for a breakdown beside measured
+        kernel times."""
         peak = device.peak_flops(dtype)
         bandwidth = device.memory_bandwidth_bytes_per_s * self.bandwidth_fraction
         gemm_s = work.matmul_flops / (peak * self.matmul_fraction(device))
         gemm_traffic_s = work.gemm_bytes / bandwidth
-        hidden = max(gemm_s, gemm_traffic_s) + (1.0 - self.overlap) * min(gemm_s, gemm_traffic_s)
-        attention_s = work.attention_flops / (peak * self.attention_fraction(device))
-        stream_s = work.stream_bytes / bandwidth
-        fixed_s = work.kernels * self.kernel_s + self.half_saturation_s
-        return hidden + attention_s + stream_s + fixed_s
+        return PassTerms(
+            gemm_s=max(gemm_s, gemm_traffic_s) + (1.0 - self.overlap) * min(gemm_s, gemm_traffic_s),
+            attention_s=work.attention_flops / (peak * self.attention_fraction(device)),
+            stream_s=work.stream_bytes / bandwidth,
+            fixed_s=work.kernels * self.kernel_s + self.half_saturation_s,
+        )
 
     def measured_time_s(
         self, layer: LayerSpec, *, shape: PassShape, kind: PassKind
@@ -184,6 +191,20 @@ class EfficiencyCurve:
 
 
 DEFAULT_CURVE = EfficiencyCurve()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassTerms:
+    """A pass's time by term (:meth:`EfficiencyCurve.terms`)."""
+
+    gemm_s: float  # the GEMMs, their traffic hidden behind them as far as ``overlap`` says
+    attention_s: float  # fused attention
+    stream_s: float  # memory-bound kernels
+    fixed_s: float  # kernel launches and any further fixed time
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.stream_s + self.fixed_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
