@@ -144,6 +144,19 @@ def _model(model: str | Path | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
+def _plan(plan: Plan | str | Path) -> Plan:
+    """A plan, or the plan JSON file at a path (:func:`load_plan`)."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, Path)):
+        return load_plan(plan)
+    raise ArgumentError(
+        argument="plan",
+        value=type(plan).__name__,
+        expected="a Plan (from piebald.plan or load_plan) or the path of a plan JSON file",
+    )
+
+
 def _profiled(
     profiles: Profiles | None, *, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
 ) -> ProfiledInputs | None:
@@ -261,31 +274,33 @@ def compare(
     )
 
 
-def estimate(plan: Plan, *, profiles: Profiles | None = None) -> PlanEstimate:
-    """The cost model's estimate of one step of ``plan``: ``step_time_s``,
-    ``tokens_per_s``, per-stage times and per-rank peak memory. Priced from ``profiles``
-    if given, else from the measurements the plan records (a plan made with a profile DB),
-    else analytically -- as ``simulate`` prices it, so the two compare like for like.
+def estimate(plan: Plan | str | Path, *, profiles: Profiles | None = None) -> PlanEstimate:
+    """The cost model's estimate of one step of ``plan`` (or of the plan file at that
+    path): ``step_time_s``, ``tokens_per_s``, per-stage times and per-rank peak memory.
+    Priced from ``profiles`` if given, else from the measurements the plan records (a plan
+    made with a profile DB), else analytically -- as ``simulate`` prices it, so the two
+    compare like for like.
 
     >>> estimate(best).step_time_s == best.predicted.step_time_s  # doctest: +SKIP
     True
     """
-    prices = plan_prices(plan, profiles=profiles)
+    prices = plan_prices(_plan(plan), profiles=profiles)
     return estimate_plan(prices.plan, curve=prices.curve)
 
 
 def simulate(
-    plan: Plan, *, profiles: Profiles | None = None, timeline: bool = False
+    plan: Plan | str | Path, *, profiles: Profiles | None = None, timeline: bool = False
 ) -> SimulationResult:
-    """Execute one step of ``plan`` event by event (``piebald simulate``): ``step_time_s``,
-    ``tokens_per_s``, ``bubble_fraction``, per-rank busy/blocked/idle time and peak memory,
-    and ``deadlock`` (None when the step completes). Priced as :func:`estimate` prices it.
+    """Execute one step of ``plan`` (or of the plan file at that path) event by event
+    (``piebald simulate``): ``step_time_s``, ``tokens_per_s``, ``bubble_fraction``, per-rank
+    busy/blocked/idle time and peak memory, and ``deadlock`` (None when the step
+    completes). Priced as :func:`estimate` prices it.
     ``timeline=True`` also keeps every operation's interval (``intervals``, for traces).
 
     >>> result = simulate(best)  # doctest: +SKIP
     >>> result.step_time_s / estimate(best).step_time_s  # within a few percent
     """
-    prices = plan_prices(plan, profiles=profiles)
+    prices = plan_prices(_plan(plan), profiles=profiles)
     return simulate_step(
         prices.plan, prices=Prices(prices.plan, curve=prices.curve), record=timeline
     )
@@ -310,7 +325,7 @@ def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> None:
 
 
 def emulate(
-    plan: Plan,
+    plan: Plan | str | Path,
     *,
     steps: int = 2,
     seed: int = 0,
@@ -318,13 +333,14 @@ def emulate(
     max_params: int = 50_000_000,
     config: TrainConfig | None = None,
 ) -> RunSummary:
-    """Train ``steps`` steps under ``plan`` on this machine, one CPU process per GPU of the
-    plan's cluster (gloo over loopback), as ``piebald train --emulate`` does; models above
-    ``max_params`` parameters train at reduced width. ``time_scale`` paces every operation
-    to the emulated GPU's time (wall seconds per emulated second; None: as fast as this
-    machine goes). ``config`` (a ``TrainConfig``) gives every other setting (data,
-    checkpoints, optimizer...) and then replaces ``steps``, ``seed`` and ``time_scale``.
-    Imports torch; the workers print one line per step on stdout.
+    """Train ``steps`` steps under ``plan`` (or the plan file at that path) on this
+    machine, one CPU process per GPU of the plan's cluster (gloo over loopback), as
+    ``piebald train --emulate`` does; models above ``max_params`` parameters train at
+    reduced width. ``time_scale`` paces every operation to the emulated GPU's time (wall
+    seconds per emulated second; None: as fast as this machine goes). ``config`` (a
+    ``TrainConfig``) gives every other setting (data, checkpoints, optimizer...) and then
+    replaces ``steps``, ``seed`` and ``time_scale``. Imports torch; the workers print one
+    line per step on stdout.
 
     >>> summary = emulate(load_plan("plan.json"), steps=2)  # doctest: +SKIP
     >>> summary.losses  # doctest: +SKIP
@@ -334,24 +350,24 @@ def emulate(
 
     if config is None:
         config = TrainConfig(steps=steps, seed=seed, time_scale=time_scale)
-    return emulate_plan(plan, config, max_params=max_params)
+    return emulate_plan(_plan(plan), config, max_params=max_params)
 
 
 def train(
-    plan: Plan,
+    plan: Plan | str | Path,
     *,
     steps: int = 10,
     seed: int = 0,
     device: str | None = None,
     config: TrainConfig | None = None,
 ) -> RunSummary | None:
-    """Train this rank under ``plan``, in a script that ``torchrun`` runs once per GPU of
-    the plan's cluster (``piebald launch --plan`` prints those commands); the leader (rank
-    0) returns the run's summary, the other ranks None. ``device``: cpu or cuda (default:
-    cuda if there is one); GPUs compute in the dtype the plan priced. ``config`` (a
-    ``TrainConfig``) gives every other setting and then replaces ``steps`` and ``seed``.
-    Outside torchrun this is a RuntimeError: use :func:`emulate` to run the plan's cluster
-    on this machine. Imports torch.
+    """Train this rank under ``plan`` (or the plan file at that path), in a script that
+    ``torchrun`` runs once per GPU of the plan's cluster (``piebald launch --plan`` prints
+    those commands); the leader (rank 0) returns the run's summary, the other ranks None.
+    ``device``: cpu or cuda (default: cuda if there is one); GPUs compute in the dtype the
+    plan priced. ``config`` (a ``TrainConfig``) gives every other setting and then replaces
+    ``steps`` and ``seed``. Outside torchrun this is a RuntimeError: use :func:`emulate` to
+    run the plan's cluster on this machine. Imports torch.
 
     >>> summary = train(load_plan("plan.json"), steps=100)  # doctest: +SKIP
     """
@@ -366,4 +382,4 @@ def train(
     from piebald.runtime.training.config import TrainConfig
     from piebald.runtime.training.torchrun import train_rank
 
-    return train_rank(plan, config or TrainConfig(steps=steps, seed=seed), device=device)
+    return train_rank(_plan(plan), config or TrainConfig(steps=steps, seed=seed), device=device)

@@ -237,6 +237,20 @@ def test_save_plan_keeps_an_existing_file(tmp_path: Path) -> None:
     assert piebald.load_plan(path) == plan
 
 
+def test_a_plan_file_path_is_taken_where_a_plan_is(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CPU_CLUSTER)
+    plan = piebald.plan(cluster, "tiny", piebald.build_job(global_batch=8, seq_len=64))
+    path = tmp_path / "plan.json"
+    piebald.save_plan(plan, path)
+    for given in (path, str(path)):
+        assert piebald.estimate(given) == piebald.estimate(plan)
+        assert piebald.simulate(given).step_time_s == piebald.simulate(plan).step_time_s
+    with pytest.raises(ArgumentError) as error:
+        piebald.simulate(plan_to_dict(plan))  # type: ignore[arg-type]
+    assert error.value.argument == "plan" and "path of a plan JSON file" in str(error.value)
+
+
 def test_train_outside_torchrun_says_what_to_do(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CPU_CLUSTER)
