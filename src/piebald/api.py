@@ -144,6 +144,16 @@ def _model(model: str | Path | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
+def _check_job(job: JobSpec) -> None:
+    """``job`` is a :class:`JobSpec` (a dict or the CLI's words are not)."""
+    if not isinstance(job, JobSpec):
+        raise ArgumentError(
+            argument="job",
+            value=type(job).__name__,
+            expected="a JobSpec (piebald.build_job(global_batch=..., seq_len=...))",
+        )
+
+
 def _plan(plan: Plan | str | Path) -> Plan:
     """A plan, or the plan JSON file at a path (:func:`load_plan`)."""
     if isinstance(plan, Plan):
@@ -208,6 +218,7 @@ def plan(
     >>> best.predicted.step_time_s > 0
     True
     """
+    _check_job(job)
     cluster_spec, model_spec = _cluster(cluster), _model(model)
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
@@ -255,6 +266,7 @@ def compare(
     >>> compare("src/piebald/examples/lab-mix.yaml", "gpt2", job).rows[0].strategy
     'piebald'
     """
+    _check_job(job)
     cluster_spec, model_spec = _cluster(cluster), _model(model)
     chosen = (
         tuple(STRATEGIES.values())

@@ -208,6 +208,8 @@ def test_bad_arguments_name_the_argument_not_a_flag(tmp_path: Path) -> None:
         ),
         (lambda: piebald.load_model("no-such-model"), "model"),
         (lambda: piebald.build_job(global_batch=0, seq_len=64), "global_batch"),
+        (lambda: piebald.plan(example_path(), "tiny", {"global_batch": 8}), "job"),  # type: ignore[arg-type]
+        (lambda: piebald.compare(example_path(), "tiny", None), "job"),  # type: ignore[arg-type]
         (lambda: piebald.build_job(global_batch=8, seq_len=64, precision="fp8"), "precision"),
         (
             lambda: piebald.plan(
