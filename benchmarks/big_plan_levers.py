@@ -39,14 +39,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from piebald.api import simulate
 from piebald.cost.compute import DEFAULT_CURVE
-from piebald.cost.in_flight import (
-    in_flight_micro_batches,
-    ranks_to_end,
-    slack_of,
-)
+from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.rank_pass import plan_rank_pass
@@ -108,21 +105,12 @@ def print_partial_recompute(plan: Plan) -> None:
         "GiB, all | GiB available | fewest recomputed | pass (s): none | all | fewest |"
     )
     print("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    counts = [stage.group_micro_batches for stage in plan.stages]
     for index, stage in enumerate(plan.stages):
-        widths = [sum(1 for n in c if n) for c in counts[index:]]
-        budget = in_flight_micro_batches(
-            schedule=plan.schedule,
-            ranks_to_end=ranks_to_end(counts, index),
-            rank_micro_batches=stage.num_micro_batches[0],
-            stage_micro_batches=sum(counts[index]),
-            slack=slack_of(schedule=plan.schedule, widths=widths),
-            last_stage=index == plan.num_stages - 1,
-        )
+        # Without a recorded budget the stage holds Little's (the planner's raise undone).
+        budget = stage_in_flight(_with_stage(plan, index, max_in_flight=None), index)[0]
         memory, pass_s = {}, {}
         for mode in (Recompute.NONE, Recompute.FULL):
-            moded = replace(stage, recompute=mode, max_in_flight=None)
-            variant = replace(plan, stages=(*plan.stages[:index], moded, *plan.stages[index + 1 :]))
+            variant = _with_stage(plan, index, recompute=mode, max_in_flight=None)
             memory[mode] = plan_rank_memory(
                 variant, stage_index=index, position=0, num_in_flight=budget
             ).total_bytes
@@ -150,6 +138,12 @@ def print_partial_recompute(plan: Plan) -> None:
             f"{stage.recompute.value} | {budget} | {memory[Recompute.NONE] / GiB:.1f} | "
             f"{memory[Recompute.FULL] / GiB:.1f} | {device.memory_bytes / GiB:.1f} | {cells}"
         )
+
+
+def _with_stage(plan: Plan, index: int, **changes: Any) -> Plan:
+    """``plan`` with stage ``index`` changed as ``dataclasses.replace`` changes it."""
+    stage = replace(plan.stages[index], **changes)
+    return replace(plan, stages=(*plan.stages[:index], stage, *plan.stages[index + 1 :]))
 
 
 def _fewest_recomputed(

@@ -39,7 +39,7 @@ from piebald.profiler.calibrate import (
 )
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.profiler.records import ComputeProfile, LayerTiming
-from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.devices import Dtype
 from piebald.specs.presets import load_model
 
 TARGET = 0.15
@@ -97,24 +97,8 @@ def _fastest_run(runs: tuple[ComputeProfile, ...]) -> ComputeProfile:
     return replace(runs[-1], timings=tuple(by_size[size] for size in sorted(by_size)))
 
 
-def _device_type(profile: ComputeProfile) -> DeviceType:
-    info = profile.device_info
-    if info.in_catalog:
-        return builtin_catalog()[info.name]
-    assert info.matmul_flops and info.copy_bytes_per_s, "a measured device needs its rates"
-    dtype = profile.key.dtype
-    return DeviceType(
-        name=info.name,
-        memory_bytes=info.memory_bytes,
-        bf16_flops=info.matmul_flops if dtype is Dtype.BF16 else 0.0,
-        fp16_flops=info.matmul_flops if dtype is Dtype.FP16 else 0.0,
-        fp32_flops=info.matmul_flops,
-        memory_bandwidth_bytes_per_s=info.copy_bytes_per_s,
-    )
-
-
 def _report(profiles: list[ComputeProfile]) -> float:
-    device = _device_type(profiles[0])
+    device = profiles[0].device_info.device_type(profiles[0].key.dtype)
     dtype = profiles[0].key.dtype
     observations = observations_of(profiles)
     fitted = calibrated_curve(calibrate_device(observations, device=device, dtype=dtype))

@@ -35,7 +35,7 @@ from piebald.cost.pass_shape import PassShape
 from piebald.profiler.measure_compute import detect_device
 from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models.stage_part import build_stage_part
-from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.presets import load_model
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_model(args.model)
     dtype = Dtype.BF16 if args.device == "cuda" else Dtype.FP32
-    device = _device_type(args.device, dtype)
+    # The catalog entry of this GPU, or this CPU's measured rates.
+    device = detect_device(torch.device(args.device), dtype).device_type(dtype)
     block = next(layer for layer in model.layers if layer.kind is LayerKind.BLOCK)
     shape = PassShape.for_job(
         JobSpec(global_batch_size=args.micro_batch_size, seq_len=args.seq_len, precision=dtype),
@@ -89,22 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     report(measured, priced, priced_kernels=3 * work.kernels)
     return 0
-
-
-def _device_type(device: str, dtype: Dtype) -> DeviceType:
-    """The catalog entry of this GPU, or this CPU's measured rates."""
-    info = detect_device(torch.device(device), dtype)
-    if info.in_catalog:
-        return builtin_catalog()[info.name]
-    assert info.matmul_flops and info.copy_bytes_per_s, "a measured device needs its rates"
-    return DeviceType(
-        name=info.name,
-        memory_bytes=info.memory_bytes,
-        bf16_flops=0.0,
-        fp16_flops=0.0,
-        fp32_flops=info.matmul_flops,
-        memory_bandwidth_bytes_per_s=info.copy_bytes_per_s,
-    )
 
 
 def measure(model: ModelSpec, index: int, *, args: argparse.Namespace, dtype: Dtype) -> Measured:

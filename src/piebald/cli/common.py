@@ -30,6 +30,7 @@ from rich.progress import (
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_fit import first_memory_overflow
 from piebald.errors import ArgumentError, SpecError
+from piebald.extras import install_hint
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible
 from piebald.planner.strategies import STRATEGIES
@@ -89,20 +90,9 @@ FLAG_OF_ARGUMENT = {
 }
 
 
-# The optional dependencies (pyproject.toml's extras), by the module a command imports: planning
-# and simulation run without them, training, profiling and data preparation do not.
-EXTRA_OF_MODULE = {
-    "torch": "train",
-    "safetensors": "train",
-    "tokenizers": "data",
-    "pyarrow": "data",
-    "tensorboardX": "tensorboard",
-}
-
-
 def require_installed(module: str) -> None:
-    """Stop a command that will need ``module`` (one of ``EXTRA_OF_MODULE``) before it does
-    any work, where it is not installed (``user_errors`` reports it)."""
+    """Stop a command that will need ``module`` (an optional dependency, ``piebald.extras``)
+    before it does any work, where it is not installed (``user_errors`` reports it)."""
     if importlib.util.find_spec(module) is None:
         raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
@@ -117,9 +107,9 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
             return command(*args, **kwargs)
         except ModuleNotFoundError as error:
             module = (error.name or "").partition(".")[0]
-            if module not in EXTRA_OF_MODULE:
+            install = install_hint(module)
+            if install is None:
                 raise
-            install = f"pip install 'piebald[{EXTRA_OF_MODULE[module]}]'"
             errors.print(
                 f"[red]error:[/red] this command needs {module}, which is not installed: "
                 f"{escape(install)}",

@@ -342,19 +342,7 @@ def calibrate(
             source=str(profiles), field="", has_value=False, expected="compute profiles to fit"
         )
     for (name, dtype), chosen in sorted(groups.items()):
-        info = chosen[0].device_info
-        measured = (
-            DeviceType(
-                name=name,
-                memory_bytes=info.memory_bytes,
-                bf16_flops=info.matmul_flops if dtype is Dtype.BF16 else 0.0,
-                fp16_flops=info.matmul_flops if dtype is Dtype.FP16 else 0.0,
-                fp32_flops=info.matmul_flops,
-                memory_bandwidth_bytes_per_s=info.copy_bytes_per_s,
-            )
-            if info.matmul_flops and info.copy_bytes_per_s
-            else None
-        )
+        measured = chosen[0].device_info.measured_device_type(dtype)
         device = _device_type(name, spec, measured)
         observations = observations_of(chosen)
         kind_curves = calibrate_device(observations, device=device, dtype=dtype)

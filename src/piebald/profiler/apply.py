@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol, TypedDict, TypeVar
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
 from piebald.cost.pass_shape import PassShape
@@ -172,17 +172,35 @@ class _Measured:
     layer: LayerSpec
     signature: str
 
+    def header(self, rows: Sequence[_Row]) -> _Header:
+        """The fields every table of these rows starts with."""
+        return _Header(
+            device=self.device,
+            dtype=self.dtype,
+            seq_len=self.seq_len,
+            layer=layer_key(self.layer),
+            layer_kind=self.layer.kind,
+            signature=self.signature,
+            micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        )
+
+
+class _Header(TypedDict):
+    """What a ``LayerTable`` and an ``ActivationTable`` are of (``_Measured.header``)."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: tuple[object, ...]
+    layer_kind: LayerKind
+    signature: str
+    micro_batch_sizes: tuple[int, ...]
+
 
 def _layer_table(of: _Measured, rows: Sequence[_TimesRow]) -> LayerTable:
     """Rows of ascending micro-batch sizes as a table of times."""
     return LayerTable(
-        device=of.device,
-        dtype=of.dtype,
-        seq_len=of.seq_len,
-        layer=layer_key(of.layer),
-        layer_kind=of.layer.kind,
-        signature=of.signature,
-        micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        **of.header(rows),
         forward_s=tuple(row.forward_s for row in rows),
         backward_s=tuple(row.backward_s for row in rows),
         backward_recompute_s=_column([row.backward_recompute_s for row in rows]),
@@ -193,13 +211,7 @@ def _layer_table(of: _Measured, rows: Sequence[_TimesRow]) -> LayerTable:
 def _activation_table(of: _Measured, rows: Sequence[_BytesRow]) -> ActivationTable:
     """Rows of ascending micro-batch sizes as a table of activation bytes."""
     return ActivationTable(
-        device=of.device,
-        dtype=of.dtype,
-        seq_len=of.seq_len,
-        layer=layer_key(of.layer),
-        layer_kind=of.layer.kind,
-        signature=of.signature,
-        micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        **of.header(rows),
         activation_bytes=tuple(row.activation_bytes for row in rows),
         activation_recompute_bytes=_column([row.activation_recompute_bytes for row in rows]),
         activation_selective_bytes=_column([row.activation_selective_bytes for row in rows]),

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from piebald.profiler.keys import ComputeKey, layer_signature, slug
-from piebald.specs.devices import Dtype
+from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
 from piebald.specs.fields import Fields
 from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.presets import model_from_dict, model_to_dict
@@ -58,6 +58,29 @@ class DeviceInfo:
     memory_bytes: float
     matmul_flops: float | None = None  # measured large-GEMM rate, in the profiled dtype
     copy_bytes_per_s: float | None = None  # measured large-copy rate (read + write)
+
+    def measured_device_type(self, dtype: Dtype) -> DeviceType | None:
+        """A device type of the measured rates, its peak in ``dtype`` (the profiled one)
+        the measured GEMM rate; None where the rates were not measured (a catalog GPU)."""
+        if not (self.matmul_flops and self.copy_bytes_per_s):
+            return None
+        return DeviceType(
+            name=self.name,
+            memory_bytes=self.memory_bytes,
+            bf16_flops=self.matmul_flops if dtype is Dtype.BF16 else 0.0,
+            fp16_flops=self.matmul_flops if dtype is Dtype.FP16 else 0.0,
+            fp32_flops=self.matmul_flops,
+            memory_bandwidth_bytes_per_s=self.copy_bytes_per_s,
+        )
+
+    def device_type(self, dtype: Dtype) -> DeviceType:
+        """The catalog entry of a known device, else :meth:`measured_device_type`."""
+        if self.in_catalog:
+            return builtin_catalog()[self.name]
+        measured = self.measured_device_type(dtype)
+        if measured is None:
+            raise ValueError(f"device {self.name!r}: not in the catalog and no rates measured")
+        return measured
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -69,15 +69,16 @@ def why_infeasible(state: SearchState) -> str:
             f"divides the micro-batches of a global batch of {state.job.global_batch_size}"
         )
     diagnosis = diagnose_infeasible(state.cluster, model=state.model, job=state.job)
-    degrees = state.strategy.stage_rules.tensor_parallel_degrees
-    if min(degrees) > 1:  # every stage at a degree the user asked for (--tensor-parallel)
+    # Every stage at a degree above 1: the one the user asked for (--tensor-parallel).
+    degree = min(state.strategy.stage_rules.tensor_parallel_degrees)
+    if degree > 1:
         uneven = sorted(
-            {g.gpus_per_node for g in state.cluster.node_groups if g.gpus_per_node % min(degrees)}
+            {g.gpus_per_node for g in state.cluster.node_groups if g.gpus_per_node % degree}
         )
         if uneven:
             diagnosis += (
                 f"; or the tensor-parallel degree: every stage runs tensor groups of "
-                f"{min(degrees)} GPUs inside one node, which nodes of "
+                f"{degree} GPUs inside one node, which nodes of "
                 f"{' or '.join(map(str, uneven))} GPUs do not divide into"
             )
     return diagnosis

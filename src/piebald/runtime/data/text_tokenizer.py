@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from piebald.errors import SpecError
+from piebald.extras import install_hint
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -28,7 +29,6 @@ __all__ = ["KNOWN_EOS_TOKENS", "TextTokenizer", "load_text_tokenizer", "require_
 # End-of-text tokens of common model families (GPT-2/NeoX, Llama 1-2/Mistral, Llama 3, Gemma),
 # the fallback for a bare tokenizer.json without a tokenizer_config.json.
 KNOWN_EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-_INSTALL_HINT = "pip install 'piebald[data]'"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -52,7 +52,7 @@ def require_module(name: str, *, purpose: str, source: str) -> Any:
             source=source,
             field="",
             has_value=False,
-            expected=f"the {name} package {purpose} ({_INSTALL_HINT})",
+            expected=f"the {name} package {purpose} ({install_hint(name)})",
         ) from None
 
 
