@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         dtype = device.training_dtype(Dtype.BF16)
         print(
             f"| {gpu} | {dtype.value} | {device.peak_flops(dtype) / 1e12:,.1f} | "
-            f"{device.sustained_matmul_efficiency:.2f} | "
-            f"{device.sustained_attention_efficiency:.2f} | "
+            f"{device.sustained_matmul_efficiency(dtype):.2f} | "
+            f"{device.sustained_attention_efficiency(dtype):.2f} | "
             f"{speed:,.0f} | {speed / reference:.2f} |"
         )
     points = {point.point_id: point for point in load_points()}

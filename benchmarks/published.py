@@ -29,6 +29,7 @@ from piebald.errors import SpecError
 from piebald.planner.search import Infeasible, search
 from piebald.planner.strategies import PIEBALD
 from piebald.specs.cluster import ClusterSpec
+from piebald.specs.devices import DeviceType
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode, round_robin_routes
 from published_points import (
@@ -66,15 +67,16 @@ class Outcome:
         return self.predicted_tokens_per_s_per_gpu / self.point.measured_tokens_per_s_per_gpu
 
 
-def predict(point: PublishedPoint) -> Outcome:
-    """Plan ``point`` as it was run and return the cost model's tokens/s per GPU."""
+def predict(point: PublishedPoint, *, device: DeviceType | None = None) -> Outcome:
+    """Plan ``point`` as it was run and return the cost model's tokens/s per GPU (on
+    ``device`` in place of the catalog's entry of its GPU, when given)."""
     try:
         model, model_notes = build_model(point)
     except ValueError as error:
         return _none(point, point.model, f"model not buildable: {error}")
     degree = tensor_parallel_degree(point)
     try:
-        cluster, cluster_notes = build_cluster(point)
+        cluster, cluster_notes = build_cluster(point, device=device)
     except ValueError as error:
         return _none(point, model.name, str(error))
     choice = plan_choice(point)

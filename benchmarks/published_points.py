@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.cluster_yaml import parse_cluster, read_yaml
-from piebald.specs.devices import builtin_catalog
+from piebald.specs.cluster_yaml import device_to_dict, parse_cluster, read_yaml
+from piebald.specs.devices import DeviceType, builtin_catalog
 from piebald.specs.fields import Fields
 from piebald.specs.job import JobSpec
 from piebald.specs.model import Family, ModelArch, ModelSpec
@@ -90,6 +90,13 @@ class PublishedPoint:
     micro_batch: int | None  # sequences per GPU per micro-batch, when the source states it
     tensor_layout: TensorLayout | None  # what its tensor groups split, where it has them
     measured_tokens_per_s_per_gpu: float
+    system: str  # free text: "torchtitan (Apr 2024)", "Megatron-Core r0.8.0", ...
+
+    @property
+    def framework(self) -> str:
+        """The training framework that ran the point: ``system``'s first word (before a
+        space or a slash), so a framework's releases and dates share it."""
+        return re.split(r"[ /]", self.system.strip(), maxsplit=1)[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +141,7 @@ def load_points(path: Path = PUBLISHED_YAML) -> tuple[PublishedPoint, ...]:
             measured_tokens_per_s_per_gpu=entry.number(
                 "tokens_per_s_per_gpu", strictly_positive=True
             ),
+            system=entry.string("system"),
         )
         if layout is not None and tensor_parallel_degree(point) == 1:
             raise entry.error("tensor_layout", layout.value, "a point whose parallelism has TP")
@@ -177,9 +185,13 @@ def nic_gbit_per_node(point: PublishedPoint) -> tuple[float, str | None]:
     return rate, f"NIC not stated ({text!r}); assumed {rate:g} Gb/s InfiniBand per node"
 
 
-def build_cluster(point: PublishedPoint) -> tuple[ClusterSpec, tuple[str, ...]]:
+def build_cluster(
+    point: PublishedPoint, *, device: DeviceType | None = None
+) -> tuple[ClusterSpec, tuple[str, ...]]:
     """N identical GPUs, ``gpus_per_node`` a node, NVLink inside and InfiniBand between;
-    with the assumptions made. A GPU the catalog lacks is a ValueError naming it."""
+    with the assumptions made. A GPU the catalog lacks is a ValueError naming it.
+    ``device``, when given, replaces the catalog's entry of the point's GPU (a fit tries
+    other efficiencies so)."""
     gpu = catalog_gpu_name(point.gpu_name)
     if gpu is None:
         raise ValueError(f"GPU type {point.gpu_name!r} is not in piebald's catalog")
@@ -196,9 +208,12 @@ def build_cluster(point: PublishedPoint) -> tuple[ClusterSpec, tuple[str, ...]]:
         "intra_link": _NVLINK[gpu],
         "nic": {"kind": "infiniband", "bandwidth": f"{gbit:g}Gb/s"},
     }
-    cluster = parse_cluster(
-        {"name": point.point_id, "nodes": [group]}, source=f"published:{point.point_id}"
-    )
+    spec: dict[str, Any] = {"name": point.point_id, "nodes": [group]}
+    if device is not None:
+        if device.name != gpu:
+            raise ValueError(f"device {device.name!r} replaces {gpu!r}: expected the same name")
+        spec["gpu_types"] = [device_to_dict(device)]
+    cluster = parse_cluster(spec, source=f"published:{point.point_id}")
     return cluster, (() if note is None else (note,))
 
 

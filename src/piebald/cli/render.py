@@ -32,6 +32,16 @@ def _tflops(flops: float) -> str:
     return f"{flops / 1e12:,.1f}" if flops else "-"
 
 
+def _efficiencies(device: DeviceType, dtype: Dtype) -> str:
+    """A device's GEMM and attention fractions in ``dtype``, '*' after an assumed one."""
+    matmul = device.measured_matmul_efficiency(dtype)
+    attention = device.measured_attention_efficiency(dtype)
+    return (
+        f"{device.sustained_matmul_efficiency(dtype):.2f}{'*' if matmul is None else ''} / "
+        f"{device.sustained_attention_efficiency(dtype):.2f}{'*' if attention is None else ''}"
+    )
+
+
 def cluster_table(cluster: ClusterSpec) -> Table:
     table = Table(
         title=f"cluster {cluster.name}: {cluster.num_gpus} GPUs, {len(cluster.nodes)} nodes, "
@@ -83,8 +93,8 @@ def cluster_table(cluster: ClusterSpec) -> Table:
 
 def catalog_table(devices: list[DeviceType]) -> Table:
     table = Table(
-        title="GPU catalog (dense peaks; GEMM and attention: the sustained fractions of them, "
-        "* where assumed, not measured)"
+        title="GPU catalog (dense peaks; GEMM / attention: the fractions of the 16-bit and the "
+        "fp32 peak a transformer block's kernels sustain, * where assumed, not measured)"
     )
     for column in (
         "name",
@@ -93,8 +103,8 @@ def catalog_table(devices: list[DeviceType]) -> Table:
         "fp16 TFLOP/s",
         "fp32 TFLOP/s",
         "memory bandwidth",
-        "GEMM",
-        "attention",
+        "16-bit GEMM / attention",
+        "fp32 GEMM / attention",
     ):
         table.add_column(column, justify="left" if column == "name" else "right")
     for device in devices:
@@ -105,10 +115,7 @@ def catalog_table(devices: list[DeviceType]) -> Table:
             _tflops(device.fp16_flops),
             _tflops(device.fp32_flops),
             f"{device.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
-            f"{device.sustained_matmul_efficiency:.2f}"
-            + ("*" if device.matmul_efficiency is None else ""),
-            f"{device.sustained_attention_efficiency:.2f}"
-            + ("*" if device.attention_efficiency is None else ""),
+            *(_efficiencies(device, dtype) for dtype in (Dtype.BF16, Dtype.FP32)),
         )
     return table
 

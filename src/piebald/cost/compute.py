@@ -6,14 +6,15 @@ A forward pass of ``T`` tokens through a layer (its ops from ``specs/layer_ops.p
     t = max(g, m) + (1 - overlap) * min(g, m) + a + k + n * kernel_s + half_saturation_s
 
 * ``g = matmul_flops / (peak * max_fraction)``: the GEMMs at the fraction of the dense peak
-  that large GEMMs sustain on this device (``DeviceType.matmul_efficiency``, measured);
+  a block's GEMMs sustain on this device in this dtype
+  (``DeviceType.sustained_matmul_efficiency``, fitted to measured block times);
 * ``m = (weights + GEMM inputs and outputs) / (bandwidth * bandwidth_fraction)``: the
   GEMMs' own traffic, hidden behind their math on a GPU (``overlap = 1``, the roofline of
   Williams et al. 2009) and not on a CPU core that streams a layer's weights through a
   GEMM of few rows (calibration fits ``overlap`` per device);
 * ``a = causal attention FLOPs / (peak * attention fraction)``: fused attention skips
-  the masked half of the scores, at the fraction flash attention sustains
-  (``DeviceType.attention_efficiency``, measured; far below the GEMMs' on an H100);
+  the masked half of the scores, at the fraction the device's fused attention sustains
+  (``DeviceType.sustained_attention_efficiency``; far below the GEMMs' on an H100);
 * ``k = memory-bound bytes / (bandwidth * bandwidth_fraction)``: norms, rotary
   embeddings, residual adds, activations and the loss, each its own kernel, overlapping
   nothing -- the term that grows as a GPU's FLOP/s outpace its memory;
@@ -131,18 +132,19 @@ class EfficiencyCurve:
                 f"embedding_table_passes = {self.embedding_table_passes}; expected >= 0"
             )
 
-    def matmul_fraction(self, device: DeviceType) -> float:
-        return (
-            device.sustained_matmul_efficiency if self.max_fraction is None else self.max_fraction
-        )
+    def matmul_fraction(self, device: DeviceType, dtype: Dtype) -> float:
+        """The fraction of ``device``'s ``dtype`` peak its GEMMs sustain."""
+        if self.max_fraction is None:
+            return device.sustained_matmul_efficiency(dtype)
+        return self.max_fraction
 
-    def attention_fraction(self, device: DeviceType) -> float:
-        """The device's flash-attention fraction; a calibrated GEMM fraction scales it by
-        the same factor as the device's GEMM fraction."""
-        measured = device.sustained_attention_efficiency
+    def attention_fraction(self, device: DeviceType, dtype: Dtype) -> float:
+        """The device's attention fraction in ``dtype``; a calibrated GEMM fraction scales
+        it by the same factor as the device's GEMM fraction."""
+        measured = device.sustained_attention_efficiency(dtype)
         if self.max_fraction is None:
             return measured
-        return min(1.0, measured * self.max_fraction / device.sustained_matmul_efficiency)
+        return min(1.0, measured * self.max_fraction / device.sustained_matmul_efficiency(dtype))
 
     def time_s(self, *, work: PassWork, device: DeviceType, dtype: Dtype) -> float:
         """The time of ``work`` on ``device`` computing in ``dtype`` (module docstring)."""
@@ -155,11 +157,11 @@ class EfficiencyCurve:
         kernel times."""
         peak = device.peak_flops(dtype)
         bandwidth = device.memory_bandwidth_bytes_per_s * self.bandwidth_fraction
-        gemm_s = work.matmul_flops / (peak * self.matmul_fraction(device))
+        gemm_s = work.matmul_flops / (peak * self.matmul_fraction(device, dtype))
         gemm_traffic_s = work.gemm_bytes / bandwidth
         return PassTerms(
             gemm_s=max(gemm_s, gemm_traffic_s) + (1.0 - self.overlap) * min(gemm_s, gemm_traffic_s),
-            attention_s=work.attention_flops / (peak * self.attention_fraction(device)),
+            attention_s=work.attention_flops / (peak * self.attention_fraction(device, dtype)),
             stream_s=work.stream_bytes / bandwidth,
             fixed_s=work.kernels * self.kernel_s + self.half_saturation_s,
         )

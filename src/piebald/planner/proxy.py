@@ -116,19 +116,23 @@ def polish_bounds(
     a boundary can still shorten the step. Boundaries move one layer at a time while the
     proxy improves; ``coarse`` (small clusters, where a proxy is cheap) first by halving
     steps from a stage's mean share of the layers: a sync worth several layers moves a
-    boundary several layers, past where one-layer moves stall."""
+    boundary several layers, past where one-layer moves stall. Two neighbouring boundaries
+    also move together: a stage between two others then passes a layer on, which single
+    moves cannot reach when each of them alone makes its neighbour the slowest stage."""
     improved = True
     while improved:
         improved = False
         step = max(1, (bounds[-1] - bounds[0]) // (2 * (len(bounds) - 1))) if coarse else 1
         while step >= 1:
-            for index in range(1, len(bounds) - 1):
-                for moved in (bounds[index] - step, bounds[index] + step):
-                    if not bounds[index - 1] < moved < bounds[index + 1]:
-                        continue
-                    trial = (*bounds[:index], moved, *bounds[index + 1 :])
-                    value = pipeline_proxy(costs, trial, boundaries, trips, widths)
-                    if improves(value, proxy):
-                        bounds, proxy, improved = trial, value, True
+            for first in range(1, len(bounds) - 1):
+                for last in range(first, min(first + 2, len(bounds) - 1)):
+                    for delta in (-step, step):
+                        moved = tuple(bound + delta for bound in bounds[first : last + 1])
+                        trial = (*bounds[:first], *moved, *bounds[last + 1 :])
+                        if not all(a < b for a, b in itertools.pairwise(trial)):
+                            continue
+                        value = pipeline_proxy(costs, trial, boundaries, trips, widths)
+                        if improves(value, proxy):
+                            bounds, proxy, improved = trial, value, True
             step //= 2
     return bounds, proxy

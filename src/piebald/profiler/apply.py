@@ -333,7 +333,9 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
                         device=name,
                         layer_kind=layer.kind.value,
                         pass_kind=pass_kind.value,
-                        max_fraction=applied.matmul_fraction(device_of[name]),
+                        max_fraction=applied.matmul_fraction(
+                            device_of[name], device_of[name].training_dtype(job.precision)
+                        ),
                         bandwidth_fraction=applied.bandwidth_fraction,
                         half_saturation_s=applied.half_saturation_s,
                         embedding_table_passes=applied.embedding_table_passes,

@@ -157,7 +157,7 @@ def _fit_one(
     default_fixed = math.log(start.half_saturation_s or _TYPICAL_FIXED_S)
     default = np.array(
         [
-            math.log(start.matmul_fraction(device)),
+            math.log(start.matmul_fraction(device, dtype)),
             math.log(start.bandwidth_fraction),
             default_fixed,
             start.overlap,

@@ -24,7 +24,12 @@ from piebald.specs.cluster import (
     NodeGroup,
     SiteLink,
 )
-from piebald.specs.devices import DeviceType, builtin_catalog, device_types_from
+from piebald.specs.devices import (
+    EFFICIENCY_FIELDS,
+    DeviceType,
+    builtin_catalog,
+    device_types_from,
+)
 from piebald.specs.fields import Fields, suggest
 from piebald.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, limit_text
 from piebald.specs.yaml_bounded import YamlExpansionError, safe_load_bounded
@@ -271,27 +276,26 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s!r}B/s"
 
 
+def device_to_dict(device: DeviceType) -> dict[str, Any]:
+    """A ``gpu_types`` entry :func:`parse_cluster` reads back to an equal type (exact floats)."""
+    return {
+        "name": device.name,
+        "memory": f"{device.memory_bytes!r}B",
+        "bf16_tflops": device.bf16_flops / 1e12,
+        "fp16_tflops": device.fp16_flops / 1e12,
+        "fp32_tflops": device.fp32_flops / 1e12,
+        "memory_bandwidth": _rate(device.memory_bandwidth_bytes_per_s),
+        **{
+            name: getattr(device, name)
+            for name in EFFICIENCY_FIELDS
+            if getattr(device, name) is not None
+        },
+    }
+
+
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
     """A mapping :func:`parse_cluster` reads back to an equal cluster (exact floats)."""
-    gpu_types = [
-        {
-            "name": device.name,
-            "memory": f"{device.memory_bytes!r}B",
-            "bf16_tflops": device.bf16_flops / 1e12,
-            "fp16_tflops": device.fp16_flops / 1e12,
-            "fp32_tflops": device.fp32_flops / 1e12,
-            "memory_bandwidth": _rate(device.memory_bandwidth_bytes_per_s),
-            **{
-                name: value
-                for name, value in (
-                    ("matmul_efficiency", device.matmul_efficiency),
-                    ("attention_efficiency", device.attention_efficiency),
-                )
-                if value is not None
-            },
-        }
-        for device in cluster.custom_types
-    ]
+    gpu_types = [device_to_dict(device) for device in cluster.custom_types]
     nodes = [
         {
             "name": group.name,

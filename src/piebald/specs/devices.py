@@ -5,12 +5,16 @@ clusters may add their own types with the same fields. Which dtype a device real
 in is decided here once: bf16 if asked for and supported, else fp16 with loss scaling if
 that is faster than fp32 (not on a P40), else fp32.
 
-Beside its peaks a type says how much of them real kernels sustain: ``matmul_efficiency``
-is the fraction of the dense peak large GEMMs reach (the "maximum achievable matmul FLOPS"
-measured per GPU, cited in the catalog), ``attention_efficiency`` the fraction fused
-(flash) attention reaches. Both are data, not fits: a faster GPU does not reach the same
-fraction of its peak (H100 0.80 of its GEMM peak and 0.33 in flash attention, A100 0.87
-and 0.58), which is much of why it trains less than its FLOP/s ratio faster.
+Beside its peaks a type says how much of them a transformer block's kernels sustain, per
+dtype: ``matmul_efficiency`` is the fraction of the dense 16-bit (bf16 and fp16: the same
+tensor cores) peak its GEMMs reach, ``attention_efficiency`` the fraction its fused
+attention reaches, and ``fp32_matmul_efficiency`` / ``fp32_attention_efficiency`` the same
+for the fp32 peak. The catalog's are fitted to measured block times and cite them
+(``catalog.yaml``; ``profiler/block_fit.py``). A faster GPU does not reach the same fraction
+of its peak, and the fraction depends on the dtype on one card (the fp32 peak of Ampere and
+Ada workstation cards counts a dual-issue rate GEMMs never reach; PyTorch's fp16 GEMMs on a
+P100 run no faster than its fp32 ones), which is much of why GPUs train at other ratios
+than their peaks'.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from piebald.specs.fields import Fields
 __all__ = [
     "ATTENTION_SHARE_OF_MATMUL",
     "DEFAULT_MATMUL_EFFICIENCY",
+    "EFFICIENCY_FIELDS",
     "MAX_BANDWIDTH_FRACTION",
     "DeviceType",
     "Dtype",
@@ -38,12 +43,9 @@ __all__ = [
 
 TFLOPS = 1e12
 MAX_TFLOPS = 1e6  # one EFLOP/s per device: anything above is a typo
-# A type without a measured GEMM efficiency: the middle of the measured data-centre NVIDIA
-# parts (A100 SXM 0.87, A100 PCIe 0.81, H100 SXM 0.80, GH200 0.84; catalog.yaml [MAMF]).
-DEFAULT_MATMUL_EFFICIENCY = 0.8
-# A type without a measured flash-attention efficiency reaches this share of its GEMM
-# efficiency: A100's measured ratio (FlashAttention-2 0.575 of peak against GEMMs' 0.869,
-# catalog.yaml [AzureA100]), the generation whose attention kernels most GPUs run.
+# A type without a measured attention efficiency reaches this share of its GEMM
+# efficiency: A100's ratio (FlashAttention-2 0.575 of peak against GEMMs' 0.869,
+# catalog.yaml [AzureA100]); the block fit's prior too.
 ATTENTION_SHARE_OF_MATMUL = 0.66
 # A calibrated effective bandwidth over a device's measured copy rate may exceed 1: a CPU's
 # small layers stream from cache, not memory (the analytic GPU fraction stays 0.8).
@@ -62,6 +64,12 @@ class Dtype(StrEnum):
         return 4 if self is Dtype.FP32 else 2
 
 
+# A type without a measured GEMM efficiency in a dtype: the median of the catalog's fitted
+# block efficiencies in that dtype (catalog.yaml [ZorseFit]; benchmarks/block_times.py
+# --check, run by the tests, holds the two equal).
+DEFAULT_MATMUL_EFFICIENCY = {Dtype.BF16: 0.55, Dtype.FP16: 0.55, Dtype.FP32: 0.67}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceType:
     """One GPU type, as PyTorch sees one device."""
@@ -73,28 +81,43 @@ class DeviceType:
     fp32_flops: float
     memory_bandwidth_bytes_per_s: float
     # Measured fractions of the dense peak (None: not measured, piebald's assumption):
-    matmul_efficiency: float | None = None  # large GEMMs
-    attention_efficiency: float | None = None  # flash attention
+    matmul_efficiency: float | None = None  # GEMMs in bf16 / fp16
+    attention_efficiency: float | None = None  # fused attention in bf16 / fp16
+    fp32_matmul_efficiency: float | None = None  # GEMMs in fp32
+    fp32_attention_efficiency: float | None = None  # attention in fp32
 
     def __post_init__(self) -> None:
         assert self.memory_bytes > 0 and self.memory_bandwidth_bytes_per_s > 0, self
         assert self.fp32_flops > 0 and self.fp16_flops >= 0 and self.bf16_flops >= 0, self
-        for fraction in (self.matmul_efficiency, self.attention_efficiency):
+        for fraction in (
+            self.matmul_efficiency,
+            self.attention_efficiency,
+            self.fp32_matmul_efficiency,
+            self.fp32_attention_efficiency,
+        ):
             assert fraction is None or 0 < fraction <= 1, self
 
-    @property
-    def sustained_matmul_efficiency(self) -> float:
-        """The measured GEMM efficiency, or piebald's default where none was measured."""
-        if self.matmul_efficiency is not None:
-            return self.matmul_efficiency
-        return DEFAULT_MATMUL_EFFICIENCY
+    def measured_matmul_efficiency(self, dtype: Dtype) -> float | None:
+        """The GEMM efficiency measured in ``dtype`` (None: not measured)."""
+        return self.fp32_matmul_efficiency if dtype is Dtype.FP32 else self.matmul_efficiency
 
-    @property
-    def sustained_attention_efficiency(self) -> float:
-        """The measured flash-attention efficiency, or the assumed share of the GEMMs'."""
-        if self.attention_efficiency is not None:
-            return self.attention_efficiency
-        return self.sustained_matmul_efficiency * ATTENTION_SHARE_OF_MATMUL
+    def measured_attention_efficiency(self, dtype: Dtype) -> float | None:
+        """The attention efficiency measured in ``dtype`` (None: not measured)."""
+        if dtype is Dtype.FP32:
+            return self.fp32_attention_efficiency
+        return self.attention_efficiency
+
+    def sustained_matmul_efficiency(self, dtype: Dtype) -> float:
+        """The GEMM efficiency in ``dtype``, or piebald's default where none was measured."""
+        measured = self.measured_matmul_efficiency(dtype)
+        return DEFAULT_MATMUL_EFFICIENCY[dtype] if measured is None else measured
+
+    def sustained_attention_efficiency(self, dtype: Dtype) -> float:
+        """The attention efficiency in ``dtype``, or the assumed share of the GEMMs'."""
+        measured = self.measured_attention_efficiency(dtype)
+        if measured is not None:
+            return measured
+        return self.sustained_matmul_efficiency(dtype) * ATTENTION_SHARE_OF_MATMUL
 
     @property
     def bf16_supported(self) -> bool:
@@ -130,7 +153,10 @@ _DEVICE_FIELDS = (
     "memory_bandwidth",
     "matmul_efficiency",
     "attention_efficiency",
+    "fp32_matmul_efficiency",
+    "fp32_attention_efficiency",
 )
+EFFICIENCY_FIELDS = _DEVICE_FIELDS[-4:]
 
 
 def parse_device_type(fields: Fields) -> DeviceType:
@@ -143,6 +169,9 @@ def parse_device_type(fields: Fields) -> DeviceType:
         )
         return number * TFLOPS
 
+    def fraction(name: str) -> float | None:
+        return fields.optional_number(name, strictly_positive=True, maximum=1.0)
+
     return DeviceType(
         name=fields.string("name"),
         memory_bytes=fields.size_bytes("memory"),
@@ -150,12 +179,10 @@ def parse_device_type(fields: Fields) -> DeviceType:
         fp16_flops=tflops("fp16_tflops", default=0.0),
         fp32_flops=tflops("fp32_tflops"),
         memory_bandwidth_bytes_per_s=fields.rate_bytes_per_s("memory_bandwidth"),
-        matmul_efficiency=fields.optional_number(
-            "matmul_efficiency", strictly_positive=True, maximum=1.0
-        ),
-        attention_efficiency=fields.optional_number(
-            "attention_efficiency", strictly_positive=True, maximum=1.0
-        ),
+        matmul_efficiency=fraction("matmul_efficiency"),
+        attention_efficiency=fraction("attention_efficiency"),
+        fp32_matmul_efficiency=fraction("fp32_matmul_efficiency"),
+        fp32_attention_efficiency=fraction("fp32_attention_efficiency"),
     )
 
 

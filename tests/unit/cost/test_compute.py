@@ -130,10 +130,10 @@ def test_memory_bound_gemms_take_their_traffic_time() -> None:
 
 def test_attention_streams_and_launches_add_to_the_gemms() -> None:
     # GEMMs 1e9 / 0.5e12 = 2 ms; attention 1e9 FLOPs at the device's attention fraction
-    # scaled like its GEMM fraction (0.8 x 0.66 x 0.5 / 0.8 = 0.33 of 1 TFLOP/s);
+    # scaled like its GEMM fraction (default x 0.66 x 0.5 / default = 0.33 of 1 TFLOP/s);
     # 8e8 streamed bytes at 0.8 TB/s = 1 ms; 100 kernels x 4 us = 0.4 ms.
-    attention_fraction = 0.8 * ATTENTION_SHARE_OF_MATMUL * 0.5 / 0.8
-    assert CURVE.attention_fraction(DEVICE) == pytest.approx(attention_fraction)
+    attention_fraction = ATTENTION_SHARE_OF_MATMUL * 0.5
+    assert CURVE.attention_fraction(DEVICE, Dtype.BF16) == pytest.approx(attention_fraction)
     time_s = CURVE.time_s(
         work=_work(matmul_flops=1e9, attention_flops=1e9, stream_bytes=8e8, kernels=100),
         device=DEVICE,
@@ -146,8 +146,8 @@ def test_attention_streams_and_launches_add_to_the_gemms() -> None:
 def test_the_analytic_curve_takes_the_device_s_measured_efficiencies() -> None:
     measured = replace(DEVICE, matmul_efficiency=0.7, attention_efficiency=0.35)
     curve = EfficiencyCurve()  # the analytic default: no fractions of its own
-    assert curve.matmul_fraction(measured) == 0.7
-    assert curve.attention_fraction(measured) == 0.35
+    assert curve.matmul_fraction(measured, Dtype.BF16) == 0.7
+    assert curve.attention_fraction(measured, Dtype.BF16) == 0.35
     time_s = curve.time_s(
         work=_work(matmul_flops=7e11, attention_flops=3.5e11), device=measured, dtype=Dtype.BF16
     )
@@ -193,7 +193,7 @@ def _block_forward_by_hand(*, dtype: Dtype, peak: float, bandwidth: float) -> fl
     kernels = BLOCK_KERNELS_BF16 if dtype_bytes == 2 else BLOCK_KERNELS_FP32
     gemm_s = 2 * 36864 * TOKENS / (0.5 * peak)
     traffic_s = (BLOCK_PARAMS + BLOCK_GEMM_IO_VALUES * TOKENS) * dtype_bytes / (0.8 * bandwidth)
-    attention_s = ATTENTION_FLOPS / (CURVE.attention_fraction(DEVICE) * peak)
+    attention_s = ATTENTION_FLOPS / (CURVE.attention_fraction(DEVICE, dtype) * peak)
     stream_s = stream * TOKENS / (0.8 * bandwidth)
     return max(gemm_s, traffic_s) + attention_s + stream_s + kernels * KERNEL_LAUNCH_S + 1e-5
 
@@ -244,7 +244,7 @@ def test_backward_is_twice_the_forward_work(layer_name: str) -> None:
     work = forward_work(layer, shape=shape)
     backward = CURVE.time_s(work=work.backward(), device=DEVICE, dtype=Dtype.BF16)
     assert backward_s == pytest.approx(backward, rel=1e-12)
-    attention_s = work.attention_flops / (CURVE.attention_fraction(DEVICE) * 1e12)
+    attention_s = work.attention_flops / (CURVE.attention_fraction(DEVICE, Dtype.BF16) * 1e12)
     assert attention_s == (pytest.approx(ATTENTION_FLOPS / (0.33 * 1e12)) if layer is BLOCK else 0)
     assert backward_s == pytest.approx(2 * _forward_s(layer) - 1e-5 + 0.5 * attention_s)
 

@@ -492,14 +492,15 @@ def test_example_cluster_loads() -> None:
 
 
 def test_a_custom_type_may_give_its_measured_efficiencies(tmp_path: Path) -> None:
-    """Measured GEMM and attention fractions are kept, round-trip through a plan's cluster,
-    and default (as ``piebald gpus`` marks) where not given; a fraction above 1 is an error
-    naming the field."""
+    """Measured GEMM and attention fractions, per dtype, are kept, round-trip through a
+    plan's cluster, and default (as ``piebald gpus`` marks) where not given; a fraction
+    above 1 is an error naming the field."""
     text = """\
 name: measured
 gpu_types:
   - {name: Mine, memory: 40GiB, bf16_tflops: 100, fp32_tflops: 10, memory_bandwidth: 1TB/s,
-     matmul_efficiency: 0.7, attention_efficiency: 0.4}
+     matmul_efficiency: 0.7, attention_efficiency: 0.4, fp32_matmul_efficiency: 0.6,
+     fp32_attention_efficiency: 0.3}
   - {name: Unmeasured, memory: 40GiB, bf16_tflops: 100, fp32_tflops: 10, memory_bandwidth: 1TB/s}
 nodes:
   - {name: a, gpu: Mine, gpus_per_node: 1}
@@ -507,13 +508,23 @@ nodes:
 """
     cluster = load_text(tmp_path, text)
     mine, unmeasured = cluster.device_of(0), cluster.device_of(1)
-    assert (mine.sustained_matmul_efficiency, mine.sustained_attention_efficiency) == (0.7, 0.4)
-    assert unmeasured.matmul_efficiency is None and unmeasured.attention_efficiency is None
-    assert unmeasured.sustained_matmul_efficiency == DEFAULT_MATMUL_EFFICIENCY
-    assert unmeasured.sustained_attention_efficiency == pytest.approx(
-        DEFAULT_MATMUL_EFFICIENCY * ATTENTION_SHARE_OF_MATMUL
-    )
+    for dtype in (Dtype.BF16, Dtype.FP16):
+        assert mine.sustained_matmul_efficiency(dtype) == 0.7
+        assert mine.sustained_attention_efficiency(dtype) == 0.4
+    assert mine.sustained_matmul_efficiency(Dtype.FP32) == 0.6
+    assert mine.sustained_attention_efficiency(Dtype.FP32) == 0.3
+    assert unmeasured.matmul_efficiency is None and unmeasured.fp32_matmul_efficiency is None
+    for dtype in Dtype:
+        default = DEFAULT_MATMUL_EFFICIENCY[dtype]
+        assert unmeasured.sustained_matmul_efficiency(dtype) == default
+        assert unmeasured.sustained_attention_efficiency(dtype) == pytest.approx(
+            default * ATTENTION_SHARE_OF_MATMUL
+        )
     again = parse_cluster(json.loads(json.dumps(cluster_to_dict(cluster))), source="json")
     assert again.custom_types == cluster.custom_types
     with pytest.raises(SpecError, match="matmul_efficiency"):
         load_text(tmp_path, text.replace("matmul_efficiency: 0.7", "matmul_efficiency: 1.5"))
+    with pytest.raises(SpecError, match="fp32_matmul_efficiency"):
+        load_text(
+            tmp_path, text.replace("fp32_matmul_efficiency: 0.6", "fp32_matmul_efficiency: 0")
+        )
