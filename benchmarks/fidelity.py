@@ -25,7 +25,7 @@ import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from block_times import chart as blocks_chart
@@ -37,6 +37,7 @@ from zorse_block_times import load_rows
 
 # Runs of one framework on H100s and A100s with the same model and recipe:
 # (framework, H100 point, A100 point).
+STANDARD_H100 = "H100-SXM"
 H100_A100_PAIRS = (
     ("torchtitan", "tt-8b-8gpu-fsdp-eager", "tt-a100-8b-64gpu-fsdp"),
     ("llm-foundry", "mpt-7b-8xh100", "mpt-7b-8xa100-80"),
@@ -124,25 +125,31 @@ def published_report(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def h100_a100_lines(outcomes: Sequence[Outcome]) -> list[str]:
-    """Per pair, the predicted H100 / A100 per-GPU ratio beside the measured one."""
+    """Per pair, the predicted H100 / A100 per-GPU ratio beside the measured one: with the
+    H100 entry the run is recorded on, and with the standard ``H100-SXM`` (torchtitan's
+    runs were on a 96 GB, 500 W part whose peak no source states)."""
     by_id = {o.point.point_id: o for o in outcomes}
     lines = [
-        "| framework | H100 run / A100 run | H100 entry | measured | predicted | error |",
-        "|---|---|---|---:|---:|---:|",
+        "| framework | H100 run / A100 run | measured | predicted, as recorded | "
+        f"predicted, {STANDARD_H100} |",
+        "|---|---|---:|---:|---:|",
     ]
     for framework, h100_id, a100_id in H100_A100_PAIRS:
         h100, a100 = by_id[h100_id], by_id[a100_id]
         measured = (
             h100.point.measured_tokens_per_s_per_gpu / a100.point.measured_tokens_per_s_per_gpu
         )
-        if h100.ratio is None or a100.ratio is None:
-            predicted, error = "-", "-"
-        else:
-            ratio = measured * h100.ratio / a100.ratio
-            predicted, error = f"{ratio:.2f}", f"{ratio / measured - 1:+.1%}"
+        standard = predict(replace(h100.point, gpu_name=STANDARD_H100))
+        cells = []
+        for outcome in (h100, standard):
+            if outcome.ratio is None or a100.ratio is None:
+                cells.append("-")
+                continue
+            ratio = measured * outcome.ratio / a100.ratio
+            cells.append(f"{ratio:.2f} ({ratio / measured - 1:+.1%})")
         lines.append(
-            f"| {framework} | {h100_id} / {a100_id} | {h100.point.gpu_name} | {measured:.2f} "
-            f"| {predicted} | {error} |"
+            f"| {framework} | {h100_id} / {a100_id} | {measured:.2f} | {cells[0]} "
+            f"({h100.point.gpu_name}) | {cells[1]} |"
         )
     return lines
 
