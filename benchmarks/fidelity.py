@@ -20,7 +20,6 @@ run, by framework) there.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from collections import defaultdict
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from block_times import chart as blocks_chart
 from block_times import error_table, price_rows
+from h100_share import framework_multiplier
 from piebald.profiler.block_fit import fit_block_times
 from published import Outcome, predict
 from published_points import load_points
@@ -61,9 +61,9 @@ class LeftOut:
 
 
 def multiplier(outcomes: Sequence[Outcome]) -> float | None:
-    """The geometric mean of measured / predicted over ``outcomes`` with a prediction."""
-    logs = [-math.log(o.ratio) for o in outcomes if o.ratio is not None]
-    return math.exp(statistics.fmean(logs)) if logs else None
+    """The framework multiplier of ``outcomes`` with a prediction (None: none has one)."""
+    ratios = [o.ratio for o in outcomes if o.ratio is not None]
+    return framework_multiplier(ratios) if ratios else None
 
 
 def leave_one_out(outcomes: Sequence[Outcome]) -> list[LeftOut]:

@@ -37,6 +37,12 @@ SCALES = tuple(round(0.9 + 0.02 * i, 2) for i in range(26))  # 0.90 .. 1.40
 CATALOG_DIGITS = 3
 
 
+def framework_multiplier(ratios: Iterable[float]) -> float:
+    """What a framework makes of piebald's prediction: the geometric mean of measured /
+    predicted over its runs' predicted / measured ``ratios``."""
+    return math.exp(-statistics.fmean(math.log(ratio) for ratio in ratios))
+
+
 def scaled(device: DeviceType, scale: float) -> DeviceType:
     """``device`` with the NVL's 16-bit fractions times ``scale`` (rounded as the catalog
     writes them)."""
@@ -113,26 +119,15 @@ def leave_one_out(
     for point_id in table:
         others = [i for i in table if i != point_id]
         scale = best_scale(table, frameworks, ids=others)
-        same = [i for i in others if frameworks[i] == frameworks[point_id]]
-        if not same:
-            out.append(
-                LeftOut(
-                    point_id=point_id,
-                    framework=frameworks[point_id],
-                    scale=scale,
-                    multiplier=None,
-                    error=None,
-                )
-            )
-            continue
-        factor = math.exp(-statistics.fmean(math.log(table[i][scale]) for i in same))
+        same = [table[i][scale] for i in others if frameworks[i] == frameworks[point_id]]
+        factor = framework_multiplier(same) if same else None
         out.append(
             LeftOut(
                 point_id=point_id,
                 framework=frameworks[point_id],
                 scale=scale,
                 multiplier=factor,
-                error=table[point_id][scale] * factor - 1.0,
+                error=None if factor is None else table[point_id][scale] * factor - 1.0,
             )
         )
     return out
