@@ -14,6 +14,7 @@ fitted on the other rows (``benchmarks/block_times.py``) and judged on these.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from piebald.profiler.block_fit import BlockTime
@@ -36,14 +37,12 @@ def is_held_out(micro_batch_size: int) -> bool:
     return micro_batch_size % HELD_OUT_EVERY == 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ZorseRow:
     """One usable Llama row: the data's GPU name and the block time piebald prices."""
 
-    __slots__ = ("gpu", "time")
-
-    def __init__(self, *, gpu: str, time: BlockTime) -> None:
-        self.gpu = gpu  # the data's name (v100-pciex16 and v100x16 share V100-16GB)
-        self.time = time
+    gpu: str  # the data's name (v100-pciex16 and v100x16 share V100-16GB)
+    time: BlockTime
 
     @property
     def held_out(self) -> bool:

@@ -9,7 +9,7 @@ cost model's own pricing of the block (``cost.compute``: GEMMs, attention, memor
 kernels, launches) plus that traffic at the device's bandwidth matches the measurements.
 
 Least squares on log(predicted / measured) of each forward and each backward (scipy
-``least_squares``, trust-region reflective, bounded), with a weak prior that pulls each
+``least_squares``, trust-region reflective, bounded), with a prior that pulls each
 attention fraction towards ``ATTENTION_SHARE_OF_MATMUL`` of its GEMM fraction: at short
 sequences attention is a few percent of a block, and there the data cannot tell the two
 apart. Nothing is fitted per point: a (GPU type, dtype) pair has its two fractions over all
@@ -52,9 +52,8 @@ __all__ = [
 ]
 
 # Residual per e-fold between a fitted attention fraction and its share of the GEMM
-# fraction. The data barely sees attention (a few percent of a 7B block at 512 tokens):
-# at weights 0.1 to 3 the fit's errors move by under a point, but at 0.1 the attention
-# fractions drift to 0.09 (L4) and 0.99 (A100-80GB), which no kernel measurement supports.
+# fraction: one row's worth, so it holds attention where the data cannot see it (a few
+# percent of a 7B block at 512 tokens) and yields to a misfit across many rows.
 _PRIOR_WEIGHT = 1.0
 _MIN_FRACTION = 1e-3
 _MAX_BYTES_PER_PARAM = 64.0  # more than a pass could move per parameter
