@@ -33,6 +33,7 @@ from pathlib import Path
 
 from piebald.profiler.block_fit import BlockFit, fit_block_times, predicted_times_s
 from piebald.specs.devices import (
+    BLOCK_SHARE_OF_BENCHMARK_GEMM,
     DEFAULT_MATMUL_EFFICIENCY,
     EFFICIENCY_FIELDS,
     Dtype,
@@ -214,6 +215,9 @@ def catalog_differences(fit: BlockFit) -> list[str]:
                 shipped is not None and value is not None and abs(shipped - value) > 1e-9
             ):
                 out.append(f"{name}.{field}: catalog {shipped}, fit {value}")
+    share = round(benchmark_shares(fit)[0], CATALOG_DIGITS)
+    if share != BLOCK_SHARE_OF_BENCHMARK_GEMM:
+        out.append(f"BLOCK_SHARE_OF_BENCHMARK_GEMM: {BLOCK_SHARE_OF_BENCHMARK_GEMM}, fit {share}")
     for dtype, value in expected_defaults(fit).items():
         if DEFAULT_MATMUL_EFFICIENCY[dtype] != value:
             out.append(

@@ -38,7 +38,7 @@ from piebald.profiler.pricing import load_profiles, planning_prices, unmatched_p
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
-from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.devices import BLOCK_SHARE_OF_BENCHMARK_GEMM, DeviceType, Dtype, builtin_catalog
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.presets import load_model
@@ -209,12 +209,18 @@ def compute(
     if not info.in_catalog and info.matmul_flops and info.copy_bytes_per_s:
         tflops = info.matmul_flops / 1e12
         field = "fp32_tflops" if compute_dtype is Dtype.FP32 else f"{compute_dtype}_tflops"
+        # The measured rate is a large GEMM's: a block's GEMMs reach the share of it the
+        # catalog gives a benchmarked type.
+        efficiency = (
+            "fp32_matmul_efficiency" if compute_dtype is Dtype.FP32 else "matmul_efficiency"
+        )
         console.print(
             f"{info.name!r} is not in the catalog; declare it in the cluster file's gpu_types:\n"
             f"  - {{name: {info.name}, memory: {info.memory_bytes / 2**30:.0f}GiB, "
             f"{field}: {tflops:.4g}"
             + ("" if field == "fp32_tflops" else f", fp32_tflops: {tflops:.4g}")
-            + f", memory_bandwidth: {info.copy_bytes_per_s / 1e9:.3g}GB/s}}",
+            + f", memory_bandwidth: {info.copy_bytes_per_s / 1e9:.3g}GB/s, "
+            f"{efficiency}: {BLOCK_SHARE_OF_BENCHMARK_GEMM}}}",
             highlight=False,
         )
 

@@ -32,6 +32,7 @@ from piebald.specs.fields import Fields
 
 __all__ = [
     "ATTENTION_SHARE_OF_MATMUL",
+    "BLOCK_SHARE_OF_BENCHMARK_GEMM",
     "DEFAULT_MATMUL_EFFICIENCY",
     "EFFICIENCY_FIELDS",
     "MAX_BANDWIDTH_FRACTION",
@@ -43,6 +44,11 @@ __all__ = [
 
 TFLOPS = 1e12
 MAX_TFLOPS = 1e6  # one EFLOP/s per device: anything above is a typo
+# The share of a best-shape GEMM benchmark's rate a transformer block's GEMMs reach,
+# measured on the A100s (their block fit over [MAMF]; catalog.yaml [ZorseA100];
+# benchmarks/block_times.py --check holds it): how a type is priced whose only
+# measurement is such a benchmark, or `piebald profile compute`'s large GEMM.
+BLOCK_SHARE_OF_BENCHMARK_GEMM = 0.843
 # A type without a measured attention efficiency reaches this share of its GEMM
 # efficiency: A100's ratio (FlashAttention-2 0.575 of peak against GEMMs' 0.869,
 # catalog.yaml [AzureA100]); the block fit's prior too.

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cli_runner import run_cli
 from piebald.profiler.db import load_profile_db
+from piebald.specs.cluster_yaml import parse_cluster
+from piebald.specs.devices import BLOCK_SHARE_OF_BENCHMARK_GEMM, Dtype
 
 pytest.importorskip("torch")
 
@@ -31,6 +34,14 @@ def test_profile_plan_calibrate_merge(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 0, output
     assert "block" in output and "not in the catalog" in output and "fp32_tflops" in output
+    # The suggested gpu_types entry is one a cluster file takes, its measured GEMM rate
+    # priced at the share a block reaches of such a rate.
+    suggested = next(line for line in output.splitlines() if line.startswith("  - {name:"))
+    (entry,) = yaml.safe_load(suggested)
+    nodes = [{"name": "n", "gpu": entry["name"], "gpus_per_node": 1}]
+    cluster = parse_cluster({"name": "x", "gpu_types": [entry], "nodes": nodes}, source="x")
+    device = cluster.device_of(0)
+    assert device.sustained_matmul_efficiency(Dtype.FP32) == BLOCK_SHARE_OF_BENCHMARK_GEMM
     assert load_profile_db(db).num_files == 3
     cluster = tmp_path / "cpu.yaml"
     cluster.write_text(CLUSTER)
