@@ -12,22 +12,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from block_times import catalog_differences, error_table, price_rows
-from piebald.profiler.block_fit import fit_block_times
-from zorse_block_times import load_rows
+from piebald.profiler.block_fit import BlockFit, fit_block_times
+from zorse_block_times import ZorseRow, load_rows
+
+RowsAndFit = tuple[list[ZorseRow], BlockFit]
 
 
 @pytest.fixture(scope="module")
-def rows_and_fit():  # type: ignore[no-untyped-def]
+def rows_and_fit() -> RowsAndFit:
     rows = load_rows()
     return rows, fit_block_times([row.time for row in rows if not row.held_out])
 
 
-def test_the_catalog_carries_what_the_block_times_give(rows_and_fit) -> None:  # type: ignore[no-untyped-def]
+def test_the_catalog_carries_what_the_block_times_give(rows_and_fit: RowsAndFit) -> None:
     _, fit = rows_and_fit
     assert catalog_differences(fit) == []
 
 
-def test_no_held_out_row_was_fitted_and_every_gpu_type_has_some(rows_and_fit) -> None:  # type: ignore[no-untyped-def]
+def test_no_held_out_row_was_fitted_and_every_gpu_type_has_some(
+    rows_and_fit: RowsAndFit,
+) -> None:
     rows, fit = rows_and_fit
     held = [row for row in rows if row.held_out]
     assert held and all(row.time.micro_batch_size % 4 == 0 for row in held)
@@ -42,8 +46,8 @@ def test_no_held_out_row_was_fitted_and_every_gpu_type_has_some(rows_and_fit) ->
     # slower per row as the micro-batch grows) reaches 8.5%.
     [("cal", 0.08), ("held", 0.09)],
 )
-def test_every_measured_gpu_type_meets_the_target(  # type: ignore[no-untyped-def]
-    rows_and_fit, split: str, relative_median: float
+def test_every_measured_gpu_type_meets_the_target(
+    rows_and_fit: RowsAndFit, split: str, relative_median: float
 ) -> None:
     """Relative speed against the A100: median <= 8%, worst <= 25% per GPU type; absolute
     time: median <= 10%."""
