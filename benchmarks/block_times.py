@@ -27,9 +27,10 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from piebald.profiler.block_fit import BlockFit, fit_block_times, predicted_times_s
 from piebald.specs.devices import (
@@ -40,6 +41,8 @@ from piebald.specs.devices import (
     builtin_catalog,
 )
 from zorse_block_times import ZorseRow, load_rows
+
+Shape = tuple[Dtype, int, int]  # ZorseRow.shape_key
 
 REFERENCE = "A100-40GB"
 REFERENCE_OF_REFERENCE = "A100-80GB"
@@ -73,62 +76,100 @@ def price_rows(rows: Sequence[ZorseRow], fit: BlockFit) -> list[Priced]:
     return out
 
 
+def fit_calibration_rows(rows: Sequence[ZorseRow]) -> BlockFit:
+    """The fit of the rows not held out (``zorse_block_times``)."""
+    return fit_block_times([row.time for row in rows if not row.held_out])
+
+
+def _reference(p: Priced, by_gpu_shape: Mapping[tuple[str, Shape], Priced]) -> Priced | None:
+    """The A100 row ``p`` is compared with (module docstring); None where there is none."""
+    reference = by_gpu_shape.get((REFERENCE, p.row.shape_key))
+    if p.row.time.device.name == REFERENCE or reference is None:
+        reference = by_gpu_shape.get((REFERENCE_OF_REFERENCE, p.row.shape_key))
+    return None if reference is p else reference
+
+
+def _by_gpu_shape(priced: Sequence[Priced]) -> dict[tuple[str, Shape], Priced]:
+    return {(p.row.time.device.name, p.row.shape_key): p for p in priced}
+
+
 def relative_errors(priced: Sequence[Priced]) -> dict[str, list[float]]:
     """Per GPU type, each row's relative-speed error against the A100 (module docstring)."""
-    by_gpu_shape = {(p.row.time.device.name, p.row.shape_key): p for p in priced}
+    by_gpu_shape = _by_gpu_shape(priced)
     out: dict[str, list[float]] = defaultdict(list)
     for p in priced:
-        name = p.row.time.device.name
-        reference = by_gpu_shape.get((REFERENCE, p.row.shape_key))
-        if name == REFERENCE or reference is None:
-            reference = by_gpu_shape.get((REFERENCE_OF_REFERENCE, p.row.shape_key))
-        if reference is None or reference is p:
+        reference = _reference(p, by_gpu_shape)
+        if reference is None:
             continue
         predicted = reference.predicted_s / p.predicted_s
         measured = reference.measured_s / p.measured_s
-        out[name].append(predicted / measured - 1.0)
+        out[p.row.time.device.name].append(predicted / measured - 1.0)
     return out
 
 
-def _median_worst(errors: Sequence[float]) -> str:
-    if not errors:
-        return "- | -"
-    worst = max(errors, key=abs)
-    return f"{statistics.median(abs(e) for e in errors):.1%} | {worst:+.1%}"
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Errors:
+    """The median of |error| and the error of largest size (signed) over some rows."""
+
+    median: float
+    worst: float
+
+    @classmethod
+    def of(cls, errors: Sequence[float]) -> Errors | None:
+        if not errors:
+            return None
+        return cls(median=statistics.median(abs(e) for e in errors), worst=max(errors, key=abs))
+
+    @staticmethod
+    def cells(errors: Errors | None) -> str:
+        if errors is None:
+            return "- | -"
+        return f"{errors.median:.1%} | {errors.worst:+.1%}"
 
 
-def error_table(priced: Sequence[Priced]) -> tuple[list[str], dict[str, dict[str, float]]]:
-    """The per-GPU table's lines and, per GPU type and split, the median and worst
-    |relative| and median |absolute| errors."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuErrors:
+    """One GPU type's errors on one split of the rows (calibration or held out)."""
+
+    relative: Errors | None
+    absolute: Errors | None
+
+
+SPLITS = ("cal", "held")
+
+
+def error_table(
+    priced: Sequence[Priced],
+) -> tuple[list[str], dict[tuple[str, str], GpuErrors]]:
+    """The per-GPU table's lines and, per (GPU type, split), its errors."""
     lines = [
         "| GPU | dtypes | rows cal / held | relative cal: median | worst | relative held out: "
         "median | worst | absolute cal: median | worst | absolute held out: median | worst |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    summary: dict[str, dict[str, float]] = {}
-    calibration = [p for p in priced if not p.row.held_out]
-    held = [p for p in priced if p.row.held_out]
-    relative = {"cal": relative_errors(calibration), "held": relative_errors(held)}
+    split_rows = {
+        "cal": [p for p in priced if not p.row.held_out],
+        "held": [p for p in priced if p.row.held_out],
+    }
+    relative = {split: relative_errors(rows) for split, rows in split_rows.items()}
+    summary: dict[tuple[str, str], GpuErrors] = {}
     for name in sorted({p.row.time.device.name for p in priced}):
-        mine = {"cal": [p for p in calibration if p.row.time.device.name == name]}
-        mine["held"] = [p for p in held if p.row.time.device.name == name]
+        mine = {
+            split: [p for p in rows if p.row.time.device.name == name]
+            for split, rows in split_rows.items()
+        }
+        for split in SPLITS:
+            summary[(name, split)] = GpuErrors(
+                relative=Errors.of(relative[split].get(name, [])),
+                absolute=Errors.of([p.error for p in mine[split]]),
+            )
         dtypes = sorted({p.row.time.dtype.value for p in mine["cal"] + mine["held"]})
+        cal, held = summary[(name, "cal")], summary[(name, "held")]
         lines.append(
             f"| {name} | {', '.join(dtypes)} | {len(mine['cal'])} / {len(mine['held'])} | "
-            f"{_median_worst(relative['cal'].get(name, []))} | "
-            f"{_median_worst(relative['held'].get(name, []))} | "
-            f"{_median_worst([p.error for p in mine['cal']])} | "
-            f"{_median_worst([p.error for p in mine['held']])} |"
+            f"{Errors.cells(cal.relative)} | {Errors.cells(held.relative)} | "
+            f"{Errors.cells(cal.absolute)} | {Errors.cells(held.absolute)} |"
         )
-        for split in ("cal", "held"):
-            rel = relative[split].get(name, [])
-            summary[f"{name}/{split}"] = {
-                "relative_median": statistics.median(abs(e) for e in rel) if rel else 0.0,
-                "relative_worst": max((abs(e) for e in rel), default=0.0),
-                "absolute_median": statistics.median(abs(p.error) for p in mine[split])
-                if mine[split]
-                else 0.0,
-            }
     return lines, summary
 
 
@@ -227,29 +268,32 @@ def catalog_differences(fit: BlockFit) -> list[str]:
     return out
 
 
-def chart(priced: Sequence[Priced], path: Path) -> None:
-    """Predicted against measured speed relative to the A100, one point per row."""
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_gpu_shape = {(p.row.time.device.name, p.row.shape_key): p for p in priced}
+    return plt
+
+
+def chart(priced: Sequence[Priced], path: Path) -> None:
+    """Predicted against measured speed relative to the A100, one point per row."""
+    plt = pyplot()
+    by_gpu_shape = _by_gpu_shape(priced)
     figure, axes = plt.subplots(figsize=(7.5, 6.5))
     names = sorted({p.row.time.device.name for p in priced} - {REFERENCE})
     colours = plt.get_cmap("tab20")
     for i, name in enumerate(names):
-        xs, ys = [], []
-        for p in priced:
-            if p.row.time.device.name != name:
-                continue
-            reference = by_gpu_shape.get((REFERENCE, p.row.shape_key)) or by_gpu_shape.get(
-                (REFERENCE_OF_REFERENCE, p.row.shape_key)
-            )
-            if reference is None or reference is p:
-                continue
-            xs.append(reference.measured_s / p.measured_s)
-            ys.append(reference.predicted_s / p.predicted_s)
+        pairs = [
+            (p, reference)
+            for p in priced
+            if p.row.time.device.name == name
+            and (reference := _reference(p, by_gpu_shape)) is not None
+        ]
+        xs = [reference.measured_s / p.measured_s for p, reference in pairs]
+        ys = [reference.predicted_s / p.predicted_s for p, reference in pairs]
         axes.scatter(xs, ys, s=12, color=colours(i), label=name)
     axes.set_xscale("log")
     axes.set_yscale("log")
@@ -272,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart", type=Path, help="write the relative-speed chart here")
     args = parser.parse_args(argv)
     rows = load_rows()
-    fit = fit_block_times([row.time for row in rows if not row.held_out])
+    fit = fit_calibration_rows(rows)
     priced = price_rows(rows, fit)
     lines, _ = error_table(priced)
     print("\n".join(lines))

@@ -28,9 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from block_times import chart as blocks_chart
-from block_times import error_table, price_rows
+from block_times import error_table, fit_calibration_rows, price_rows, pyplot
 from h100_share import framework_multiplier
-from piebald.profiler.block_fit import fit_block_times
 from published import Outcome, predict
 from published_points import load_points
 from zorse_block_times import load_rows
@@ -66,15 +65,20 @@ def multiplier(outcomes: Sequence[Outcome]) -> float | None:
     return framework_multiplier(ratios) if ratios else None
 
 
-def leave_one_out(outcomes: Sequence[Outcome]) -> list[LeftOut]:
-    by_framework: dict[str, list[Outcome]] = defaultdict(list)
+def by_framework(outcomes: Sequence[Outcome]) -> dict[str, list[Outcome]]:
+    grouped: dict[str, list[Outcome]] = defaultdict(list)
     for o in outcomes:
-        by_framework[o.point.framework].append(o)
+        grouped[o.point.framework].append(o)
+    return grouped
+
+
+def leave_one_out(outcomes: Sequence[Outcome]) -> list[LeftOut]:
+    grouped = by_framework(outcomes)
     return [
         LeftOut(
             outcome=o,
             multiplier=multiplier(
-                [other for other in by_framework[o.point.framework] if other is not o]
+                [other for other in grouped[o.point.framework] if other is not o]
             ),
         )
         for o in outcomes
@@ -111,14 +115,11 @@ def published_report(outcomes: Sequence[Outcome]) -> list[str]:
         f"framework multiplier left out in turn: median {statistics.median(errors):.1%}, worst "
         f"{max(errors):.1%} over {len(errors)} points (a framework's only point has no other)"
     )
-    by_framework: dict[str, list[Outcome]] = defaultdict(list)
-    for o in outcomes:
-        by_framework[o.point.framework].append(o)
     lines.append(
         "framework multipliers on all their points: "
         + ", ".join(
             f"{name} {multiplier(points) or float('nan'):.3f} ({len(points)})"
-            for name, points in sorted(by_framework.items())
+            for name, points in sorted(by_framework(outcomes).items())
         )
     )
     return lines
@@ -156,11 +157,7 @@ def h100_a100_lines(outcomes: Sequence[Outcome]) -> list[str]:
 
 def published_chart(outcomes: Sequence[Outcome], path: Path) -> None:
     """predicted / measured per run, grouped and coloured by framework."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     shown = sorted(
         (o for o in outcomes if o.ratio is not None),
         key=lambda o: (o.point.framework, o.point.point_id),
@@ -198,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--charts", type=Path, help="write the two charts into this folder")
     args = parser.parse_args(argv)
     rows = load_rows()
-    fit = fit_block_times([row.time for row in rows if not row.held_out])
-    priced = price_rows(rows, fit)
+    priced = price_rows(rows, fit_calibration_rows(rows))
     lines, _ = error_table(priced)
     print("## Block times (Llama-7B block, Zorse measurements)\n")
     print("\n".join(lines))

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from block_times import PUBLISHED_FIT
+from block_times import CATALOG_DIGITS, PUBLISHED_FIT
 from piebald.specs.devices import DeviceType, builtin_catalog
 from published import predict
 from published_points import PublishedPoint, catalog_gpu_name, load_points
@@ -34,7 +34,6 @@ from published_points import PublishedPoint, catalog_gpu_name, load_points
 MEASURED_TWIN = "H100-NVL"
 FITTED = PUBLISHED_FIT
 SCALES = tuple(round(0.9 + 0.02 * i, 2) for i in range(26))  # 0.90 .. 1.40
-CATALOG_DIGITS = 3
 
 
 def framework_multiplier(ratios: Iterable[float]) -> float:

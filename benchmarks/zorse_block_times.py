@@ -19,7 +19,7 @@ from pathlib import Path
 
 from piebald.profiler.block_fit import BlockTime
 from piebald.specs.cluster_yaml import read_yaml
-from piebald.specs.devices import DeviceType, Dtype, builtin_catalog
+from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.fields import Fields
 from piebald.specs.model import Family, LayerKind, ModelArch, ModelSpec
 
@@ -39,9 +39,9 @@ def is_held_out(micro_batch_size: int) -> bool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZorseRow:
-    """One usable Llama row: the data's GPU name and the block time piebald prices."""
+    """One usable Llama row: the block time piebald prices (the data's v100-pciex16 and
+    v100x16 both on the catalog's V100-16GB)."""
 
-    gpu: str  # the data's name (v100-pciex16 and v100x16 share V100-16GB)
     time: BlockTime
 
     @property
@@ -69,20 +69,17 @@ def _block(row: Fields) -> ModelSpec:
     return ModelSpec(name=row.string("model"), arch=arch)
 
 
-def load_rows(
-    path: Path = ZORSE_YAML, *, catalog: dict[str, DeviceType] | None = None
-) -> list[ZorseRow]:
-    """Every usable Llama row of ``path``, priced on ``catalog``'s devices (the built-in
-    one by default); a row whose GPU the catalog lacks is an error naming it."""
-    devices = builtin_catalog() if catalog is None else catalog
+def load_rows(path: Path = ZORSE_YAML) -> list[ZorseRow]:
+    """Every usable Llama row of ``path``, priced on the built-in catalog's devices; a row
+    whose GPU the catalog lacks is an error naming it."""
+    devices = builtin_catalog()
     top = Fields(read_yaml(path), source=str(path))
     models: dict[str, ModelSpec] = {}
     rows: list[ZorseRow] = []
     for row in top.sub_list("rows", non_empty=True):
         if row.string("activation") != "swiglu" or row.raw("use") is not True:
             continue
-        gpu = row.string("gpu")
-        name = _CATALOG_NAME.get(gpu, row.string("catalog"))
+        name = _CATALOG_NAME.get(row.string("gpu"), row.string("catalog"))
         if name not in devices:
             raise row.error("catalog", name, "a GPU type of the catalog")
         model = models.setdefault(row.string("model"), _block(row))
@@ -96,5 +93,5 @@ def load_rows(
             forward_s=row.number("forward_ms", strictly_positive=True) / 1e3,
             backward_s=row.number("backward_ms", strictly_positive=True) / 1e3,
         )
-        rows.append(ZorseRow(gpu=gpu, time=time))
+        rows.append(ZorseRow(time=time))
     return rows

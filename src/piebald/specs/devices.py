@@ -150,6 +150,12 @@ class DeviceType:
         return self.peak_flops(self.training_dtype(requested))
 
 
+EFFICIENCY_FIELDS = (
+    "matmul_efficiency",
+    "attention_efficiency",
+    "fp32_matmul_efficiency",
+    "fp32_attention_efficiency",
+)
 _DEVICE_FIELDS = (
     "name",
     "memory",
@@ -157,12 +163,8 @@ _DEVICE_FIELDS = (
     "fp16_tflops",
     "fp32_tflops",
     "memory_bandwidth",
-    "matmul_efficiency",
-    "attention_efficiency",
-    "fp32_matmul_efficiency",
-    "fp32_attention_efficiency",
+    *EFFICIENCY_FIELDS,
 )
-EFFICIENCY_FIELDS = _DEVICE_FIELDS[-4:]
 
 
 def parse_device_type(fields: Fields) -> DeviceType:
