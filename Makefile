@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format clean
+.PHONY: demo test test-fast docs lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/piebald demo --force
 
-test: $(STAMP)
+# Everything: lint, types, the docs site (strict: a broken link fails) and every test.
+test: $(STAMP) docs
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy
-	$(BIN)/pytest -n auto
+	$(BIN)/pytest -n auto --durations=25
+
+# The quick loop while changing code: unit tests without the slow and multi-process ones.
+test-fast: $(STAMP)
+	$(BIN)/pytest -n auto -q -m "not slow and not distributed"
+
+# The documentation site into site/ (open site/index.html).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check
@@ -32,4 +41,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out site
