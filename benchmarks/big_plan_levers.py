@@ -1,6 +1,6 @@
 """What would lift the big plan: recompute fewer blocks, or put the idle GPUs elsewhere.
 
-Issue 17 asks for llama-3-70b on its 1,024-GPU six-type cluster at 0.65 of the bound; the
+The target is llama-3-70b on the 1,024-GPU six-type cluster at 0.65 of the bound; the
 search's plan is at 0.58, with full recompute on every H100 stage and the V100 and L4 idle.
 This prints two checks of what the plan space offers beyond it:
 

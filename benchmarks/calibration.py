@@ -4,7 +4,7 @@ Profiles the embedding, one block and the head of each model at each sequence le
 micro-batch size on this machine (``piebald.profiler.measure_compute``), fits the analytic
 efficiency curve per layer kind and pass (``piebald.profiler.calibrate``), and prints, per
 (model, layer kind, pass), the measured median time, the analytic time with the default
-curve and with the calibrated one, and their relative errors. The target (issue 6) is
+curve and with the calibrated one, and their relative errors. The target is
 within 15% after calibration on the measured shapes.
 
 On a CPU the device is described by its measured GEMM rate and copy bandwidth (what

@@ -4,7 +4,7 @@
 Emulation (``piebald train --emulate``) sleeps every operation to the simulator's prices,
 so its agreement with the simulator checks the schedule's dependencies, not the prices.
 Here nothing sleeps: the measured step is what this machine really takes, and the
-simulated step is priced from what the profiler really measured (issue 15, item 5).
+simulated step is priced from what the profiler really measured.
 
 1. Profile: each model's embedding, one block and head on one torch thread
    (``piebald profile compute --device cpu --threads 1``: thread CPU time, cold caches),

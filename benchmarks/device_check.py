@@ -1,8 +1,8 @@
 """One prepared run for a lent GPU: piebald's runtime on it, against piebald's own prices.
 
-No GPU has been lent to this project so far. What issue 15 lacks most is piebald's own
-runtime timed on a real GPU, kernel by kernel and step by step, beside the cost model's
-prices for the same work: the published runs it is measured against used other
+No GPU has been lent to this project so far. What the cost model's fidelity lacks most
+is piebald's own runtime timed on a real GPU, kernel by kernel and step by step, beside
+the cost model's prices for the same work: the published runs it is measured against used other
 frameworks' kernels. The device tool lends one GPU for 15 minutes a task (starts
 included), so this does all of it in one call of a few minutes:
 

@@ -1,6 +1,6 @@
 """Emulated training on the demo cluster: measured tokens/s of the piebald plan and of the
 best homogeneous baseline (Megatron-style or even ZeRO), against the planner's prediction
-and the simulator (issue 5 target: measured within 10% of the simulator).
+and the simulator (target: measured within 10% of the simulator).
 
 The setting of ``piebald demo``: llama-3.2-1b planned for the built-in lab-mix cluster
 (global batch 16 x 512), trained by one CPU process per GPU at reduced width, every

@@ -1,7 +1,8 @@
 """One block's forward and backward, kernel by kernel, beside the cost model's terms.
 
-Issue 15's open question is where piebald's prices and a real step part: the GEMMs at
-their shapes, flash attention, the memory-bound kernels, or the time between kernels.
+The open question of the cost model's fidelity is where piebald's prices and a real step
+part: the GEMMs at their shapes, flash attention, the memory-bound kernels, or the time
+between kernels.
 This runs the runtime's own block (``build_stage_part``) under ``torch.profiler``, sorts
 the device time into those classes by kernel name (on a CPU: the ATen ops' own time), and
 prints them beside the terms ``EfficiencyCurve.terms`` prices the same passes with

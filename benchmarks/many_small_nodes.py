@@ -1,4 +1,4 @@
-"""Planning time on many one-GPU nodes (issue 14, finding 13): 1,024 to 32,768 nodes.
+"""Planning time on many one-GPU nodes (a cluster a hostile user tried): 1,024 to 32,768 nodes.
 
 A unit of the search is a run of identical nodes (``planner.search_units``), so thousands of
 one-GPU nodes plan about as fast as a few hundred eight-GPU ones. Two shapes: one node

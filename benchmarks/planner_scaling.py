@@ -1,12 +1,12 @@
 """Planner scaling: wall time of `search` for 64, 256, 1024 and 4096 GPUs of six types.
 
-Targets on a 2-core machine (issue 3): 1024 GPUs in under 10 s, 4096 in under 60 s.
+Targets on a 2-core machine: 1024 GPUs in under 10 s, 4096 in under 60 s.
 Each size is planned REPEATS times and the median is reported, with the number of coarse
 structures the DP priced and the predicted throughput of the winner.
 
     .venv/bin/python benchmarks/planner_scaling.py [--model llama-3-70b] [--sizes 64,256]
 
-``--cluster FILE`` plans one cluster file instead of the synthetic sizes (issue 17's
+``--cluster FILE`` plans one cluster file instead of the synthetic sizes (the big
 1,024-GPU two-site cluster: ``benchmarks/clusters/six-type-1024.yaml`` with
 ``--global-batch 2048``) and prints the chosen structure stage by stage. ``--workers N``
 limits the processes a search uses (default: every core; the plans are the same).

@@ -1,4 +1,4 @@
-"""Predicted against published, measured training throughput (issue 15's measuring stick).
+"""Predicted against published, measured training throughput (the cost model's measuring stick).
 
 For each point of benchmarks/published.yaml (torchtitan, llm-foundry, Megatron-LM and
 llm.c runs on 8 to 128 identical H100s or A100s) this plans the same model, batch and

@@ -6,7 +6,7 @@ runs its schedule (``piebald.runtime.training.emulate`` without pacing: as fast 
 machine goes); DDP overlaps its bucketed gradient all-reduce with the last micro-batch's
 backward (``no_sync`` on the others). Runs alternate, REPEATS times each, so both see
 the same machine; the table reports the median step time of each run (steps after the
-first) and the ratio of the medians. Target (issue 5): piebald under 10% slower. piebald
+first) and the ratio of the medians. Target: piebald under 10% slower. piebald
 runs without its CPU memory meter (a dispatch mode over every operator, which DDP does not
 pay; on GPUs the meter reads allocator statistics for free); the last columns run it with
 the meter, to show what it costs.

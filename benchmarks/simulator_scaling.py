@@ -1,6 +1,6 @@
 """Simulator scaling: wall time to simulate one step of piebald's plan for 64 to 1024 GPUs.
 
-Target on a 2-core machine (issue 4): a 1024-GPU plan in under 30 s. The clusters and jobs
+Target on a 2-core machine: a 1024-GPU plan in under 30 s. The clusters and jobs
 are those of benchmarks/planner_scaling.py (six GPU types, global batch max(512, GPUs)
 sequences); each plan is made by ``search`` (not timed here), then simulated REPEATS times
 with the timeline recorded (what ``piebald simulate --trace/--gantt`` needs) and once

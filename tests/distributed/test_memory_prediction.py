@@ -1,4 +1,4 @@
-"""Measured against predicted memory on random plans (issue 13): for each of the
+"""Measured against predicted memory on random plans: for each of the
 ``NUM_PLANS`` random plans of ``memory_cases`` (1-4 stages, every ZeRO mode, every
 recompute mode, GPipe and 1F1B, uneven shards and counts, bf16 and fp16 GPUs, ``tiny`` at full
 width), one emulated step in the GPUs' own dtypes, and every rank's measured peak of live

@@ -1,5 +1,5 @@
 """Property: every file a user hands piebald, however mangled, is exit 0, 2 or 3 -- never a
-traceback, never a hang, never a memory blow-up (issue 14's Done-when).
+traceback, never a hang, never a memory blow-up.
 
 Valid files are made first: a cluster YAML (lab-mix's fields, one GPU per node so a plan is
 quick), model config.json files (``tests/data/hf``), a plan JSON made with ``--profiles``

@@ -96,8 +96,8 @@ def pipeline_proxy(
             )
         )
     # The sync hides behind the earlier stages' passes only, not their hops too as in the
-    # plan estimate: with the hops, nine plans of benchmarks/plan_fingerprints.py changed,
-    # four for the better and three for the worse (issue 18).
+    # plan estimate: the proxy ranks structures, and with the hops it ranked a set of
+    # fingerprinted plans no better (benchmarks/plan_fingerprints.py; the docs' results).
     return settle(stages, boundaries, drain_hops=False).step_s
 
 

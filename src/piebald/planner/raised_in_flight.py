@@ -7,16 +7,15 @@ stage's budgets cap the micro-batches in flight through all the later stages, an
 micro-batch queues behind others at busy wide stages: round trips run longer than the
 step model's mean, and ranks starve. Holding more costs only memory: the schedule starts
 more forwards before its first backward (it keeps every rank to the plan's
-``max_in_flight``). Measured in the simulator, raising every stage so lowered issue 17's
-70B plan's step (benchmarks/clusters/six-type-1024.yaml) from 32.0 to 28.8 s and the 14
-literature scenarios' by 0-19% (one 1.7% slower); see the README.
+``max_in_flight``). The docs' search-quality results give what it changes in the simulator.
 
-:func:`raise_in_flight` gives each stage the fewest round trips, below those its budgets
-as built take, whose budgets w = ceil(n / rounds) (never below a rank's budget as built)
-fit every rank's memory, at its shard fraction as built. Not in a chain of one rank per
-stage (Little's budget is exact there: more would hold memory for nothing), nor on the
-last stage (its round trip is its own passes), nor under GPipe (which holds every
-micro-batch already).
+:func:`raise_in_flight` lowers each stage's number of round trips ``rounds`` as far as
+memory allows: with ``rounds`` fewer than its budgets as built take, each rank's budget
+becomes ``w = ceil(n / rounds)`` (never below its budget as built), and the fewest
+``rounds`` whose budgets fit every rank's memory, at its shard fraction as built, wins. Not
+in a chain of one rank per stage (Little's budget is exact there: more would hold memory for
+nothing), nor on the last stage (its round trip is its own passes), nor under GPipe (which
+holds every micro-batch already).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Finding 13 (issue 14): the planner stays fast on many small nodes.
+"""The planner stays fast on many small nodes.
 
 Thousands of one-GPU nodes made thousands of units, and a file listing every node as its
 own group made every node its own class (no shared prices, one idle subset per node).
@@ -88,7 +88,7 @@ def test_finding_13_merged_units_plan_at_least_as_well_as_one_unit_per_node(
 ) -> None:
     """256 one-GPU nodes of two types: the plan over merged units (8 GPUs each here) comes
     within MERGED_UNITS_LOSS of the plan over one unit per node (the search before the
-    change). It matched or beat it until the per-op cost model (issue 15); since then the
+    change). It matched or beat it until the per-op cost model; since then the
     stage widths, multiples of a unit, cost 6% here (1.64 against 1.74 M tokens/s), a loss
     that refining widths node by node after the merged search would win back."""
     cluster = _cluster("mid", _small("a", "A100-80GB", 128), _small("t", "L4", 128, "roce"))

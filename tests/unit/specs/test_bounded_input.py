@@ -1,4 +1,4 @@
-"""Bounded input (issue 14, findings 12, 14, 15, 17, 19, 22, 23, 27, 28): every number a
+"""Bounded input: every number a
 user gives has a limit that is checked before anything is allocated, the cost model never
 wraps, YAML aliases and JSON nesting are bounded, and each mistake is one line."""
 

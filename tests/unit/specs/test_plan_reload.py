@@ -1,4 +1,4 @@
-"""Plans are re-validated on load (issue 14, findings 16 and 18): unknown keys anywhere in a
+"""Plans are re-validated on load: unknown keys anywhere in a
 plan file are refused with a suggestion, and a plan whose embedded cluster no longer has
 the memory its ranks need is refused by every command that reads plans, naming the rank,
 what it needs and what its GPU has."""

@@ -3,17 +3,16 @@ prices, the scans the refinement searches around, the idle subsets tried, the ca
 built exactly.
 
 Pricing a structure is pure Python and numpy over small arrays, one core's work, and at a
-thousand GPUs a search prices about a thousand structures (issue 17's target: 1,024 GPUs
-in seconds). The tasks of a phase share nothing but the ``SearchState``'s caches. This
-process and processes forked with a copy of the state (copy on write, nothing pickled on
-the way in) each take the next task as they finish one (tasks differ in cost several
-fold); this one keeps what it caches for later phases, the forked ones send back each
-task's result, the candidates it priced anew or improved, and how many structures it
-priced. The candidates are merged in task order, each keeping the lowest proxy and the
-place of its first finding, as running the tasks one after another does: the search finds
-the same plans with any number of workers (``tests/unit/planner/test_search_workers.py``).
-What the forked processes cached is lost with them; later phases price again what they
-need.
+thousand GPUs a search prices about a thousand structures, and a user waits for it. The
+tasks of a phase share nothing but the ``SearchState``'s caches. This process and processes
+forked with a copy of the state (copy on write, nothing pickled on the way in) each take
+the next task as they finish one (tasks differ in cost several fold); this one keeps what
+it caches for later phases, the forked ones send back each task's result, the candidates it
+priced anew or improved, and how many structures it priced. The candidates are merged in
+task order, each keeping the lowest proxy and the place of its first finding, as running
+the tasks one after another does: the search finds the same plans with any number of
+workers (``tests/unit/planner/test_search_workers.py``). What the forked processes cached
+is lost with them; later phases price again what they need.
 
 Where ``fork`` is not available (not Linux), or one worker is asked for, the tasks run one
 after another in this process."""
