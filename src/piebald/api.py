@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.errors import ArgumentError
+from piebald.planner import verify
 from piebald.planner.choices import (
     check_tensor_parallel_fits,
     recompute_modes,
@@ -51,7 +52,6 @@ from piebald.profiler.pricing import (
     unmatched_profiles,
 )
 from piebald.schedule.prices import Prices
-from piebald.simulator import verify
 from piebald.simulator.engine import simulate as simulate_step
 from piebald.simulator.result import SimulationResult
 from piebald.specs import cluster_yaml, plan_io, presets

@@ -46,6 +46,7 @@ from piebald.cli.render import (
     plan_summary,
     plan_table,
 )
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
 from piebald.planner.choices import (
@@ -57,10 +58,9 @@ from piebald.planner.choices import (
 )
 from piebald.planner.compare import Comparison
 from piebald.planner.search import search
-from piebald.profiler.apply import recorded_curve
+from piebald.planner.verify import verify_by_simulation
 from piebald.profiler.pricing import plan_with_cost_inputs
 from piebald.report.explain import explain_plan
-from piebald.simulator.verify import verify_by_simulation
 from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.plan_io import plan_to_dict, save_plan

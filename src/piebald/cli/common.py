@@ -29,12 +29,12 @@ from rich.progress import (
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.plan_fit import first_memory_overflow
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError, SpecError
 from piebald.extras import install_hint
 from piebald.planner.compare import Comparison, compare_strategies
 from piebald.planner.search import Infeasible
 from piebald.planner.strategies import STRATEGIES
-from piebald.profiler.apply import recorded_curve
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype

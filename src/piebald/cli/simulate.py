@@ -22,6 +22,7 @@ from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
+from piebald.planner.verify import Verification
 from piebald.profiler.pricing import PriceBasis, plan_prices
 from piebald.report.describe import describe_plan
 from piebald.schedule.prices import Prices
@@ -29,7 +30,6 @@ from piebald.simulator.engine import simulate as simulate_plan
 from piebald.simulator.gantt import plot_gantt
 from piebald.simulator.result import SimulationResult
 from piebald.simulator.trace import write_trace
-from piebald.simulator.verify import Verification
 from piebald.specs.plan import Plan
 
 __all__ = [

@@ -28,7 +28,7 @@ the scores), plus what it runs again of the forward when the layer is recomputed
 reporting keeps counting the full (non-causal) attention FLOPs, as PaLM does.
 
 A measured profile enters through the object passed as ``curve``: a subclass
-(``piebald.profiler.compute_model.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
+(``piebald.cost.profiled_curve.ProfiledCurve``) answers :meth:`EfficiencyCurve.measured_time_s`
 with measured times and :meth:`EfficiencyCurve.for_device` with a per-device calibrated
 curve; the plain curve answers "not measured" and itself, so the analytic path is unchanged.
 The same object carries measured activation memory to ``piebald.cost.memory``

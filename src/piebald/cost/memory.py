@@ -9,7 +9,7 @@ model's per-token bytes (Korthikanti et al. 2022, see ``piebald.specs.model``) t
 tokens of every micro-batch the schedule keeps in flight.
 
 Measured activations. With ``--profiles`` the curve passed here
-(``piebald.profiler.compute_model.ProfiledCurve``, the one that prices compute) holds what
+(``piebald.cost.profiled_curve.ProfiledCurve``, the one that prices compute) holds what
 ``piebald profile compute`` measured per (device type, layer, dtype, sequence length,
 micro-batch size): ``activation_bytes``, the storages a layer's forward saves for its
 backward (saved-tensor hooks, each storage once, parameters excluded), and for blocks

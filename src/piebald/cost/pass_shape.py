@@ -4,7 +4,7 @@ how much of their forward blocks recompute, and the tensor-parallel degree and l
 layers are split by (the pass is one rank's share, ``ModelSpec.layers_at``).
 
 Compute time (``cost.compute``, ``cost.pass_times``), activation memory
-(``cost.memory``) and the profile's measurements (``profiler.compute_model``) all take one
+(``cost.memory``) and the profile's measurements (``cost.profiled_curve``) all take one
 of these instead of the five values one by one. It is hashable (frozen, its hash
 computed once), so the caches on the planner's hot path key on it directly.
 """

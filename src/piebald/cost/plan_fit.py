@@ -5,7 +5,7 @@ type's memory lowered, a wider model): the plan still parses, but a rank no long
 its stage. The planner accepts a plan only where every rank's ``total_bytes``
 (:func:`piebald.cost.memory.plan_rank_memory` with each rank's in-flight budget,
 ``stage_in_flight``) is at most its GPU's memory; this repeats that check on a loaded plan,
-with the same curve (a plan made from profiles: ``profiler.apply.recorded_curve``).
+with the same curve (a plan made from profiles: ``cost.recorded_curve``).
 """
 
 from __future__ import annotations

@@ -6,32 +6,34 @@
 lists, for a finished plan, every measured number that priced it -- per device type, layer
 kind and micro-batch size, whether it was measured, interpolated or extrapolated: layer
 times, activation bytes (what ``piebald.cost.memory`` prices activations with) -- and the
-DB's identity, for the plan file's ``cost_inputs``. :func:`recorded_curve` turns those
-numbers back into a curve, so ``simulate`` and ``explain`` re-price a plan file's time and
-memory exactly as the planner priced them, without the DB (the measured links are already
-in the plan's cluster).
+DB's identity, for the plan file's ``cost_inputs``. ``piebald.cost.recorded_curve`` turns
+those numbers back into a curve, without the DB.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Protocol, TypedDict, TypeVar
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, PassKind
 from piebald.cost.pass_shape import PassShape
-from piebald.errors import SpecError
+from piebald.cost.profiled_curve import (
+    ActivationTable,
+    KindCurve,
+    LayerTable,
+    MeasuredLayer,
+    ProfiledCurve,
+    activation_table_of,
+    distinct_layers,
+    layer_table_of,
+)
 from piebald.profiler.calibrate import calibrate_device, observations_of
-from piebald.profiler.compute_model import ActivationTable, KindCurve, LayerTable, ProfiledCurve
 from piebald.profiler.db import ProfileDB
-from piebald.profiler.keys import distinct_layers, layer_key, layer_signature
+from piebald.profiler.keys import layer_signature
 from piebald.profiler.network_model import apply_network_profiles, measured_links
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
+from piebald.specs.model import LayerKind, ModelSpec
 from piebald.specs.plan import (
     CalibratedCurve,
     CostInputs,
@@ -47,12 +49,9 @@ __all__ = [
     "cost_inputs_for",
     "profiled_curve",
     "profiled_inputs",
-    "recorded_curve",
 ]
 
 log = logging.getLogger(__name__)
-
-_E = TypeVar("_E", bound=StrEnum)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,115 +105,20 @@ def profiled_curve(
             for profile in profiles:
                 if profile.key.signature != signature:
                     continue
-                of = _Measured(
+                of = MeasuredLayer(
                     device=name,
                     dtype=dtype,
                     seq_len=profile.key.seq_len,
                     layer=layer,
                     signature=signature,
                 )
-                tables.append(_layer_table(of, profile.timings))
-                activation_tables.append(_activation_table(of, profile.timings))
+                tables.append(layer_table_of(of, profile.timings))
+                activation_tables.append(activation_table_of(of, profile.timings))
     return ProfiledCurve.over(
         base,
         tables=tuple(tables),
         kind_curves=tuple(kind_curves),
         activation_tables=tuple(activation_tables),
-    )
-
-
-class _Row(Protocol):
-    """One measured micro-batch size: a profile's ``LayerTiming`` or a plan's record."""
-
-    @property
-    def micro_batch_size(self) -> int: ...
-
-
-class _TimesRow(_Row, Protocol):
-    """A measured size's times."""
-
-    @property
-    def forward_s(self) -> float: ...
-    @property
-    def backward_s(self) -> float: ...
-    @property
-    def backward_recompute_s(self) -> float | None: ...
-    @property
-    def backward_selective_s(self) -> float | None: ...
-
-
-class _BytesRow(_Row, Protocol):
-    """A measured size's activation bytes."""
-
-    @property
-    def activation_bytes(self) -> float: ...
-    @property
-    def activation_recompute_bytes(self) -> float | None: ...
-    @property
-    def activation_selective_bytes(self) -> float | None: ...
-
-
-def _column(values: Sequence[float | None]) -> tuple[float, ...] | None:
-    """A table column, only where every row has a value (a recompute mode measured at
-    every size)."""
-    present = tuple(value for value in values if value is not None)
-    return present if len(present) == len(values) else None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Measured:
-    """What a table of measurements is of: a layer on a device type, in a dtype, at a
-    sequence length (``signature``: the profile's layer signature)."""
-
-    device: str
-    dtype: Dtype
-    seq_len: int
-    layer: LayerSpec
-    signature: str
-
-    def header(self, rows: Sequence[_Row]) -> _Header:
-        """The fields every table of these rows starts with."""
-        return _Header(
-            device=self.device,
-            dtype=self.dtype,
-            seq_len=self.seq_len,
-            layer=layer_key(self.layer),
-            layer_kind=self.layer.kind,
-            signature=self.signature,
-            micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
-        )
-
-
-class _Header(TypedDict):
-    """What a ``LayerTable`` and an ``ActivationTable`` are of (``_Measured.header``)."""
-
-    device: str
-    dtype: Dtype
-    seq_len: int
-    layer: tuple[object, ...]
-    layer_kind: LayerKind
-    signature: str
-    micro_batch_sizes: tuple[int, ...]
-
-
-def _layer_table(of: _Measured, rows: Sequence[_TimesRow]) -> LayerTable:
-    """Rows of ascending micro-batch sizes as a table of times."""
-    return LayerTable(
-        **of.header(rows),
-        forward_s=tuple(row.forward_s for row in rows),
-        backward_s=tuple(row.backward_s for row in rows),
-        backward_recompute_s=_column([row.backward_recompute_s for row in rows]),
-        backward_selective_s=_column([row.backward_selective_s for row in rows]),
-    )
-
-
-def _activation_table(of: _Measured, rows: Sequence[_BytesRow]) -> ActivationTable:
-    """Rows of ascending micro-batch sizes as a table of activation bytes."""
-    return ActivationTable(
-        **of.header(rows),
-        activation_bytes=tuple(row.activation_bytes for row in rows),
-        activation_recompute_bytes=_column([row.activation_recompute_bytes for row in rows]),
-        activation_selective_bytes=_column([row.activation_selective_bytes for row in rows]),
     )
 
 
@@ -350,117 +254,4 @@ def cost_inputs_for(plan: Plan, inputs: ProfiledInputs) -> CostInputs:
         curves=curves,
         links=inputs.links,
         activations=tuple(activations[key] for key in sorted(activations, key=str)),
-    )
-
-
-def _recorded_enum(value: str, field: str, allowed: list[_E], *, source: str) -> _E:
-    """``value`` as a member of ``allowed``, or a SpecError naming the plan file's field."""
-    for member in allowed:
-        if member.value == value:
-            return member
-    raise SpecError(
-        source=source, field=field, value=value, expected=f"one of {[m.value for m in allowed]}"
-    )
-
-
-def recorded_curve(
-    plan: Plan, *, base: EfficiencyCurve = DEFAULT_CURVE, source: str = "plan"
-) -> EfficiencyCurve:
-    """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` (see
-    :func:`_recorded_curve`); a recorded number the tables refuse (sizes out of order,
-    a negative time) is a SpecError naming ``source``, the plan file it was read from."""
-    try:
-        return _recorded_curve(plan, base=base, source=source)
-    except SpecError:
-        raise
-    except ValueError as error:  # a table or curve invariant: the file was edited
-        raise SpecError(
-            source=source, field="cost_inputs", has_value=False, expected=str(error)
-        ) from None
-
-
-def _recorded_curve(plan: Plan, *, base: EfficiencyCurve, source: str) -> EfficiencyCurve:
-    """The curve ``plan`` was priced with, rebuilt from its ``cost_inputs`` alone: each
-    recorded (device type, layer kind) becomes a table of its recorded micro-batch sizes
-    (the ones the plan uses, so every lookup hits a recorded number) -- of layer times and
-    of activation bytes -- and the recorded calibrated curves price the layers nothing was
-    measured for. ``base`` (the analytic curve) when the plan records nothing, or for
-    devices it records nothing of; analytic memory for plans that record no activations
-    (made before memory was measured)."""
-    inputs = plan.cost_inputs
-    if inputs is None:
-        return base
-    layer_of = {layer.kind: layer for layer in distinct_layers(plan.model)}
-    grouped: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredLayerTime]] = defaultdict(list)
-    for index, entry in enumerate(inputs.layer_times):
-        where = f"cost_inputs.layer_times[{index}]"
-        kind = _recorded_enum(
-            entry.layer_kind, f"{where}.layer_kind", list(layer_of), source=source
-        )
-        dtype = _recorded_enum(entry.dtype, f"{where}.dtype", list(Dtype), source=source)
-        grouped[entry.device, dtype, kind, entry.seq_len].append(entry)
-    tables: list[LayerTable] = []
-    for (device, dtype, kind, seq_len), entries in sorted(grouped.items(), key=str):
-        entries.sort(key=lambda entry: entry.micro_batch_size)
-        of = _Measured(
-            device=device,
-            dtype=dtype,
-            seq_len=seq_len,
-            layer=layer_of[kind],
-            signature=entries[0].signature,
-        )
-        tables.append(_layer_table(of, entries))
-    kept: dict[tuple[str, Dtype, LayerKind, int], list[MeasuredActivation]] = defaultdict(list)
-    for index, activation in enumerate(inputs.activations):
-        where = f"cost_inputs.activations[{index}]"
-        kind = _recorded_enum(
-            activation.layer_kind, f"{where}.layer_kind", list(layer_of), source=source
-        )
-        dtype = _recorded_enum(activation.dtype, f"{where}.dtype", list(Dtype), source=source)
-        kept[activation.device, dtype, kind, activation.seq_len].append(activation)
-    activation_tables = []
-    for (device, dtype, kind, seq_len), recorded in sorted(kept.items(), key=str):
-        recorded.sort(key=lambda entry: entry.micro_batch_size)
-        activation_tables.append(
-            _activation_table(
-                _Measured(
-                    device=device,
-                    dtype=dtype,
-                    seq_len=seq_len,
-                    layer=layer_of[kind],
-                    signature=recorded[0].signature,
-                ),
-                recorded,
-            )
-        )
-    kind_curves = tuple(
-        KindCurve(
-            device=c.device,
-            layer_kind=_recorded_enum(
-                c.layer_kind,
-                f"cost_inputs.curves[{index}].layer_kind",
-                list(LayerKind),
-                source=source,
-            ),
-            pass_kind=_recorded_enum(
-                c.pass_kind,
-                f"cost_inputs.curves[{index}].pass_kind",
-                [PassKind.FORWARD, PassKind.BACKWARD],
-                source=source,
-            ),
-            curve=EfficiencyCurve(
-                max_fraction=c.max_fraction,
-                bandwidth_fraction=c.bandwidth_fraction,
-                half_saturation_s=c.half_saturation_s,
-                embedding_table_passes=c.embedding_table_passes,
-                overlap=c.overlap,
-            ),
-        )
-        for index, c in enumerate(inputs.curves)
-    )
-    return ProfiledCurve.over(
-        base,
-        tables=tuple(tables),
-        kind_curves=kind_curves,
-        activation_tables=tuple(activation_tables),
     )

@@ -33,8 +33,7 @@ from piebald.cost.compute import (
     layer_forward_time_s,
 )
 from piebald.cost.pass_shape import PassShape
-from piebald.profiler.compute_model import KindCurve, ProfiledCurve
-from piebald.profiler.keys import layer_key
+from piebald.cost.profiled_curve import KindCurve, ProfiledCurve, layer_key
 from piebald.profiler.records import ComputeProfile
 from piebald.specs.devices import MAX_BANDWIDTH_FRACTION, DeviceType, Dtype
 from piebald.specs.model import LayerKind, LayerSpec

@@ -14,12 +14,10 @@ import re
 from dataclasses import dataclass
 
 from piebald.specs.devices import Dtype
-from piebald.specs.model import Family, LayerKind, LayerSpec, ModelArch, ModelSpec
+from piebald.specs.model import Family, LayerKind, ModelArch
 
 __all__ = [
     "ComputeKey",
-    "distinct_layers",
-    "layer_key",
     "layer_signature",
     "slug",
 ]
@@ -61,29 +59,6 @@ def layer_signature(arch: ModelArch, kind: LayerKind) -> str:
         )
     tied = "tied" if arch.tie_embeddings else "untied"
     return f"head-{family}-h{h}-v{arch.vocab_size}-{tied}"
-
-
-def layer_key(layer: LayerSpec) -> tuple[object, ...]:
-    """The cost-relevant fields of a layer, without its index: two layers with equal keys
-    cost the same (the blocks of one model), so measured times are looked up by it."""
-    return (
-        layer.kind,
-        layer.num_params,
-        layer.num_tied_params,
-        layer.matmul_flops_per_token,
-        layer.attention_flops_per_token_per_position,
-        layer.activation_fixed_bytes_per_token,
-        layer.activation_values_per_token,
-        layer.output_bytes_per_token,
-    )
-
-
-def distinct_layers(model: ModelSpec) -> tuple[LayerSpec, ...]:
-    """The first layer of each kind: embedding, one block, head (what a profile times)."""
-    seen: dict[LayerKind, LayerSpec] = {}
-    for layer in model.layers:
-        seen.setdefault(layer.kind, layer)
-    return tuple(seen.values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)

@@ -45,8 +45,9 @@ from pathlib import Path
 
 import torch
 
+from piebald.cost.profiled_curve import distinct_layers
 from piebald.profiler.device_map import device_type_name
-from piebald.profiler.keys import ComputeKey, distinct_layers, layer_signature
+from piebald.profiler.keys import ComputeKey, layer_signature
 from piebald.profiler.records import ComputeProfile, DeviceInfo, LayerTiming, Provenance
 from piebald.runtime.dtypes import TORCH_DTYPES
 from piebald.runtime.models import StagePart, build_stage_part, token_loss_sum

@@ -16,8 +16,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError
-from piebald.profiler.apply import ProfiledInputs, cost_inputs_for, profiled_inputs, recorded_curve
+from piebald.profiler.apply import ProfiledInputs, cost_inputs_for, profiled_inputs
 from piebald.profiler.db import ProfileDB, load_profile_db
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import Dtype

@@ -19,6 +19,7 @@ from piebald.cost.compute import (
 )
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
+from piebald.cost.profiled_curve import Source
 from piebald.profiler.apply import profiled_curve
 from piebald.profiler.calibrate import (
     Observation,
@@ -27,7 +28,6 @@ from piebald.profiler.calibrate import (
     error_table,
     predict_s,
 )
-from piebald.profiler.compute_model import Source
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.profiler.fit import fit_alpha_beta
 from piebald.specs.devices import DeviceType, Dtype

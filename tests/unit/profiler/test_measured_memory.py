@@ -22,12 +22,13 @@ from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.memory import plan_rank_memory, rank_memory, stage_memory_bytes
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.plan_estimate import estimate_plan
+from piebald.cost.profiled_curve import ActivationTable, ProfiledCurve, Source, layer_key
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.planner.search import search
 from piebald.planner.stage_costs import memory_matrices
-from piebald.profiler.apply import cost_inputs_for, profiled_inputs, recorded_curve
-from piebald.profiler.compute_model import ActivationTable, ProfiledCurve, Source
+from piebald.profiler.apply import cost_inputs_for, profiled_inputs
 from piebald.profiler.db import load_profile_db, write_profile
-from piebald.profiler.keys import layer_key, layer_signature
+from piebald.profiler.keys import layer_signature
 from piebald.schedule.prices import Prices
 from piebald.simulator.engine import simulate as simulate_plan
 from piebald.specs.cluster import ClusterSpec

@@ -1,5 +1,5 @@
 """A plan made from profiles is re-checked against its cluster's memory with the prices it
-was made with (issue 14, finding 16): the activations its ``cost_inputs`` record, not
+was made with: the activations its ``cost_inputs`` record, not
 the formula's."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.in_flight import stage_in_flight
 from piebald.cost.memory import GIB, framework_reserve_bytes, plan_rank_memory
 from piebald.cost.plan_fit import first_memory_overflow
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import SpecError
-from piebald.profiler.apply import recorded_curve
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import load_plan
 

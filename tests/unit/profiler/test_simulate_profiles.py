@@ -19,9 +19,10 @@ from piebald.cost.memory import layer_activation_bytes
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.plan_estimate import estimate_plan
+from piebald.cost.profiled_curve import ProfiledCurve
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import SpecError
-from piebald.profiler.apply import profiled_inputs, recorded_curve
-from piebald.profiler.compute_model import ProfiledCurve
+from piebald.profiler.apply import profiled_inputs
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.specs.model import LayerKind
 from piebald.specs.plan import CalibratedCurve, MeasuredLayerTime

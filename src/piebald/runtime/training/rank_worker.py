@@ -27,8 +27,8 @@ from torch import nn
 from piebald.cost.data_parallel import data_parallel_shares
 from piebald.cost.memory import plan_rank_memory
 from piebald.cost.plan_estimate import model_flops_utilization
+from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import SpecError, error_fields
-from piebald.profiler.apply import recorded_curve
 from piebald.runtime.data.batches import batch_for_step
 from piebald.runtime.distributed.buckets import build_buckets
 from piebald.runtime.distributed.checkpoint import load_checkpoint, save_checkpoint

@@ -22,15 +22,20 @@ are the analytic fallback for devices nothing was measured on). It answers
   micro-batch's tokens times fixed widths, plus a few buffers that do not grow with it
   (rotary tables), so the bytes are affine in the micro-batch size.
 
+The tables are built from rows of measurements (:func:`layer_table_of`,
+:func:`activation_table_of`): a profile's ``LayerTiming`` rows (``piebald.profiler.apply``)
+or a plan file's recorded numbers (``piebald.cost.recorded_curve``). Torch-free: the
+runtime re-prices a plan file with it, and measuring (which needs torch) sits above both.
+
 Frozen and hashable (``pass_times`` is cached on it); the hash is computed once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
@@ -42,18 +47,51 @@ from piebald.cost.compute import (
     rerun_work,
 )
 from piebald.cost.pass_shape import PassShape
-from piebald.profiler.keys import layer_key
 from piebald.specs.devices import DeviceType, Dtype
-from piebald.specs.model import LayerKind, LayerSpec
+from piebald.specs.model import LayerKind, LayerSpec, ModelSpec
 from piebald.specs.recompute import Recompute
 
-__all__ = ["ActivationTable", "KindCurve", "LayerTable", "ProfiledCurve", "Source"]
+__all__ = [
+    "ActivationTable",
+    "KindCurve",
+    "LayerTable",
+    "MeasuredLayer",
+    "ProfiledCurve",
+    "Source",
+    "activation_table_of",
+    "distinct_layers",
+    "layer_key",
+    "layer_table_of",
+]
 
 
 class Source(StrEnum):
     MEASURED = "measured"
     INTERPOLATED = "interpolated"
     EXTRAPOLATED = "extrapolated"
+
+
+def layer_key(layer: LayerSpec) -> tuple[object, ...]:
+    """The cost-relevant fields of a layer, without its index: two layers with equal keys
+    cost the same (the blocks of one model), so measured times are looked up by it."""
+    return (
+        layer.kind,
+        layer.num_params,
+        layer.num_tied_params,
+        layer.matmul_flops_per_token,
+        layer.attention_flops_per_token_per_position,
+        layer.activation_fixed_bytes_per_token,
+        layer.activation_values_per_token,
+        layer.output_bytes_per_token,
+    )
+
+
+def distinct_layers(model: ModelSpec) -> tuple[LayerSpec, ...]:
+    """The first layer of each kind: embedding, one block, head (what a profile times)."""
+    seen: dict[LayerKind, LayerSpec] = {}
+    for layer in model.layers:
+        seen.setdefault(layer.kind, layer)
+    return tuple(seen.values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +101,7 @@ class LayerTable:
     device: str
     dtype: Dtype
     seq_len: int
-    layer: tuple[object, ...]  # piebald.profiler.keys.layer_key of the model's layer
+    layer: tuple[object, ...]  # layer_key of the model's layer
     layer_kind: LayerKind
     signature: str
     micro_batch_sizes: tuple[int, ...]  # ascending
@@ -91,7 +129,7 @@ class ActivationTable:
     device: str
     dtype: Dtype
     seq_len: int
-    layer: tuple[object, ...]  # piebald.profiler.keys.layer_key of the model's layer
+    layer: tuple[object, ...]  # layer_key of the model's layer
     layer_kind: LayerKind
     signature: str
     micro_batch_sizes: tuple[int, ...]  # ascending
@@ -110,6 +148,101 @@ class ActivationTable:
         if recompute is Recompute.SELECTIVE:
             return self.activation_selective_bytes
         return self.activation_recompute_bytes
+
+
+class _Row(Protocol):
+    """One measured micro-batch size: a profile's ``LayerTiming`` or a plan's record."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+
+class _TimesRow(_Row, Protocol):
+    """A measured size's times."""
+
+    @property
+    def forward_s(self) -> float: ...
+    @property
+    def backward_s(self) -> float: ...
+    @property
+    def backward_recompute_s(self) -> float | None: ...
+    @property
+    def backward_selective_s(self) -> float | None: ...
+
+
+class _BytesRow(_Row, Protocol):
+    """A measured size's activation bytes."""
+
+    @property
+    def activation_bytes(self) -> float: ...
+    @property
+    def activation_recompute_bytes(self) -> float | None: ...
+    @property
+    def activation_selective_bytes(self) -> float | None: ...
+
+
+def _column(values: Sequence[float | None]) -> tuple[float, ...] | None:
+    """A table column, only where every row has a value (a recompute mode measured at
+    every size)."""
+    present = tuple(value for value in values if value is not None)
+    return present if len(present) == len(values) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredLayer:
+    """What a table of measurements is of: a layer on a device type, in a dtype, at a
+    sequence length (``signature``: the profile's layer signature)."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: LayerSpec
+    signature: str
+
+    def header(self, rows: Sequence[_Row]) -> _Header:
+        """The fields every table of these rows starts with."""
+        return _Header(
+            device=self.device,
+            dtype=self.dtype,
+            seq_len=self.seq_len,
+            layer=layer_key(self.layer),
+            layer_kind=self.layer.kind,
+            signature=self.signature,
+            micro_batch_sizes=tuple(row.micro_batch_size for row in rows),
+        )
+
+
+class _Header(TypedDict):
+    """What a ``LayerTable`` and an ``ActivationTable`` are of (``MeasuredLayer.header``)."""
+
+    device: str
+    dtype: Dtype
+    seq_len: int
+    layer: tuple[object, ...]
+    layer_kind: LayerKind
+    signature: str
+    micro_batch_sizes: tuple[int, ...]
+
+
+def layer_table_of(of: MeasuredLayer, rows: Sequence[_TimesRow]) -> LayerTable:
+    """Rows of ascending micro-batch sizes as a table of times."""
+    return LayerTable(
+        **of.header(rows),
+        forward_s=tuple(row.forward_s for row in rows),
+        backward_s=tuple(row.backward_s for row in rows),
+        backward_recompute_s=_column([row.backward_recompute_s for row in rows]),
+        backward_selective_s=_column([row.backward_selective_s for row in rows]),
+    )
+
+
+def activation_table_of(of: MeasuredLayer, rows: Sequence[_BytesRow]) -> ActivationTable:
+    """Rows of ascending micro-batch sizes as a table of activation bytes."""
+    return ActivationTable(
+        **of.header(rows),
+        activation_bytes=tuple(row.activation_bytes for row in rows),
+        activation_recompute_bytes=_column([row.activation_recompute_bytes for row in rows]),
+        activation_selective_bytes=_column([row.activation_selective_bytes for row in rows]),
+    )
 
 
 def _affine_lookup(
@@ -138,7 +271,7 @@ class KindCurve:
     layer_kind: LayerKind
     pass_kind: PassKind  # FORWARD or BACKWARD (recompute = both)
     curve: EfficiencyCurve
-    layer: tuple[object, ...] | None = None  # piebald.profiler.keys.layer_key
+    layer: tuple[object, ...] | None = None  # layer_key
     model: str = ""  # the measured model the layer is from, for reports
 
 
