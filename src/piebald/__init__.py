@@ -3,7 +3,8 @@
 The Python API (``piebald.api``) is re-exported here: ``piebald.load_cluster``,
 ``piebald.plan``, ``piebald.simulate`` and the rest. It is imported on first use, so
 ``import piebald`` stays cheap for the command line and the training processes, and only
-``piebald.emulate`` and ``piebald.train`` import torch.
+``piebald.emulate``, ``piebald.train`` and the runtime's types (``piebald.TrainConfig``,
+``piebald.RunSummary``) import torch.
 """
 
 from __future__ import annotations
@@ -23,19 +24,26 @@ if TYPE_CHECKING:
         ModelSpec,
         Plan,
         PlanEstimate,
+        PlanResult,
         ProfileWarning,
+        RunSummary,
+        SimulationReport,
         SimulationResult,
+        TrainConfig,
         ZeroMode,
         build_job,
         compare,
         emulate,
         estimate,
+        explain,
         load_cluster,
         load_model,
         load_plan,
         plan,
         save_plan,
+        search_plans,
         simulate,
+        simulate_report,
         train,
     )
 
@@ -48,20 +56,27 @@ __all__ = [
     "ModelSpec",
     "Plan",
     "PlanEstimate",
+    "PlanResult",
     "ProfileWarning",
+    "RunSummary",
+    "SimulationReport",
     "SimulationResult",
+    "TrainConfig",
     "ZeroMode",
     "__version__",
     "build_job",
     "compare",
     "emulate",
     "estimate",
+    "explain",
     "load_cluster",
     "load_model",
     "load_plan",
     "plan",
     "save_plan",
+    "search_plans",
     "simulate",
+    "simulate_report",
     "train",
 ]
 _API = frozenset(__all__) - {"__version__"}

@@ -4,8 +4,8 @@ plan file is simulated with.
 
 Torch-free, like the rest of what planning needs (``profiler.apply``); the measuring
 modules (``measure_*``) are the only ones that import torch. Nothing here prints: what the
-DB cannot price comes back as lines of text, which the CLI prints as warnings and the
-Python API issues as :class:`ProfileWarning`.
+DB cannot price comes back as lines of text, which the Python API issues as
+``piebald.api.ProfileWarning`` (and the CLI prints as warnings).
 """
 
 from __future__ import annotations
@@ -28,17 +28,12 @@ from piebald.specs.plan import Plan
 __all__ = [
     "PlanPrices",
     "PriceBasis",
-    "ProfileWarning",
     "load_profiles",
     "plan_prices",
     "plan_with_cost_inputs",
     "planning_prices",
     "unmatched_profiles",
 ]
-
-
-class ProfileWarning(UserWarning):
-    """Measurements in a profile DB that the cluster cannot use (priced analytically)."""
 
 
 def load_profiles(

@@ -1,0 +1,260 @@
+"""Planning: the fastest plan (``piebald plan``), every strategy side by side (``piebald
+compare``), and where a plan's time goes (``piebald explain``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from piebald.api.inputs import (
+    Profiles,
+    Progress,
+    as_cluster,
+    as_model,
+    as_plan,
+    check_job,
+    profiled,
+)
+from piebald.cost.plan_estimate import PlanEstimate
+from piebald.cost.recorded_curve import recorded_curve
+from piebald.planner import verify
+from piebald.planner.choices import (
+    check_tensor_parallel_fits,
+    recompute_modes,
+    strategy_named,
+    tensor_parallel_degree,
+    zero_mode_named,
+)
+from piebald.planner.compare import Comparison, ComparisonRow, compare_strategies
+from piebald.planner.search import Infeasible, ScoredPlan, search
+from piebald.planner.strategies import STRATEGIES
+from piebald.planner.verify import Verification, VerifiedCandidate
+from piebald.profiler.pricing import plan_with_cost_inputs, planning_prices
+from piebald.report.explain import Explanation, explain_plan
+from piebald.specs.cluster import ClusterSpec
+from piebald.specs.job import JobSpec, check_job_fits_model
+from piebald.specs.model import ModelSpec
+from piebald.specs.plan import Plan, ZeroMode
+
+__all__ = [
+    "Comparison",
+    "ComparisonRow",
+    "Explanation",
+    "Infeasible",
+    "PlanResult",
+    "ScoredPlan",
+    "Verification",
+    "VerifiedCandidate",
+    "compare",
+    "explain",
+    "plan",
+    "search_plans",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanResult:
+    """What a search found (:func:`search_plans`), everything ``piebald plan`` shows.
+
+    ``plan``: the chosen plan (recording the measurements it was priced with, if any);
+    ``estimate``: the cost model's estimate of its step; ``runners_up``: the next-best
+    plans considered, best first (the plan file lists them); ``upper_bound_tokens_per_s``:
+    no plan of this job on this cluster is faster; ``num_structures``: the coarse
+    structures the search priced; ``elapsed_s``: its wall time; ``verification``: the
+    candidates simulated with ``verify_by_simulation`` (None without); ``warnings``: what
+    the profile DB holds that the cluster cannot use (each also a ``ProfileWarning``)."""
+
+    plan: Plan
+    estimate: PlanEstimate
+    runners_up: tuple[ScoredPlan, ...]
+    upper_bound_tokens_per_s: float
+    num_structures: int
+    elapsed_s: float
+    verification: Verification | None
+    warnings: tuple[str, ...]
+
+
+def search_plans(
+    cluster: str | Path | ClusterSpec,
+    model: str | Path | ModelSpec,
+    job: JobSpec,
+    *,
+    strategy: str = "piebald",
+    zero: str | ZeroMode | None = None,
+    tensor_parallel: int | None = None,
+    recompute: str | Sequence[str] | None = None,
+    profiles: Profiles | None = None,
+    verify_by_simulation: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> PlanResult:
+    """:func:`plan` with all that the search found: the chosen plan, its estimate, the
+    runners-up, the search's statistics and, with ``verify_by_simulation``, the simulated
+    candidates. The arguments are :func:`plan`'s.
+
+    >>> from piebald.api import build_job
+    >>> from piebald.examples import example_path
+    >>> job = build_job(global_batch=8, seq_len=64)
+    >>> found = search_plans(example_path(), "tiny", job)
+    >>> found.plan.predicted.step_time_s == found.estimate.step_time_s
+    True
+    >>> found.num_structures > 0 and found.verification is None
+    True
+    """
+    check_job(job)
+    cluster_spec, model_spec = as_cluster(cluster), as_model(model)
+    chosen = strategy_named(strategy)
+    zero_mode = zero_mode_named(zero, strategy=chosen)
+    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=job.seq_len)
+    modes = recompute_modes(recompute, strategy=chosen)
+    check_job_fits_model(job, model_spec)  # before the profiles: the cheaper mistake first
+    check_tensor_parallel_fits(degree, cluster=cluster_spec, model=model_spec)
+    inputs, warnings = profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
+    priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
+    result = search(
+        priced_cluster,
+        model=model_spec,
+        job=job,
+        strategy=chosen,
+        curve=curve,
+        progress=progress,
+        zero=zero_mode,
+        tensor_parallel=degree,
+        recompute=modes,
+        workers=workers,
+    )
+    verification = (
+        verify.verify_by_simulation(result, curve=curve) if verify_by_simulation else None
+    )
+    best = result.best if verification is None else verification.chosen
+    return PlanResult(
+        plan=plan_with_cost_inputs(best.plan, inputs),
+        estimate=best.estimate,
+        runners_up=result.runners_up,
+        upper_bound_tokens_per_s=result.upper_bound_tokens_per_s,
+        num_structures=result.num_structures,
+        elapsed_s=result.elapsed_s,
+        verification=verification,
+        warnings=warnings,
+    )
+
+
+def plan(
+    cluster: str | Path | ClusterSpec,
+    model: str | Path | ModelSpec,
+    job: JobSpec,
+    *,
+    strategy: str = "piebald",
+    zero: str | ZeroMode | None = None,
+    tensor_parallel: int | None = None,
+    recompute: str | Sequence[str] | None = None,
+    profiles: Profiles | None = None,
+    verify_by_simulation: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> Plan:
+    """The fastest plan for ``model`` on ``cluster`` that fits every GPU's memory, as
+    ``piebald plan`` makes it (the same plan for the same inputs).
+
+    ``cluster``: a YAML path or a loaded ClusterSpec; ``model``: a preset name, a Hugging
+    Face config path or a ModelSpec; ``strategy``: piebald, or a baseline to plan as;
+    ``zero``: every stage in this ZeRO mode (none, optimizer, gradients, full);
+    ``tensor_parallel``: every stage at this tensor-parallel degree (1, 2, 4, 8; default:
+    searched per stage); ``recompute``: the recompute modes a stage may take, one or
+    several of none, selective, full (a comma-separated string or a sequence; default:
+    the strategy's, selective only on clusters up to 256 GPUs);
+    ``profiles``: a profile DB directory (or a loaded ``ProfileDB``) to price compute,
+    activation memory and links from its measurements (the plan records them);
+    ``verify_by_simulation``: simulate the top candidates and keep the fastest simulated
+    (``piebald plan --simulate``); ``progress(fraction, message)``: called as the search
+    goes; ``workers``: processes the search of a large cluster may use (default: every
+    core; the plan is the same). The plan's ``predicted`` holds ``step_time_s``,
+    ``tokens_per_s`` and peak memory per rank. Raises :class:`Infeasible` when no plan fits.
+    :func:`search_plans` also returns the runners-up and the search's statistics.
+
+    >>> from piebald.api import build_job
+    >>> from piebald.examples import example_path
+    >>> best = plan(example_path(), "tiny", build_job(global_batch=8, seq_len=64))
+    >>> best.predicted.step_time_s > 0
+    True
+    """
+    return search_plans(
+        cluster,
+        model,
+        job,
+        strategy=strategy,
+        zero=zero,
+        tensor_parallel=tensor_parallel,
+        recompute=recompute,
+        profiles=profiles,
+        verify_by_simulation=verify_by_simulation,
+        progress=progress,
+        workers=workers,
+    ).plan
+
+
+def compare(
+    cluster: str | Path | ClusterSpec,
+    model: str | Path | ModelSpec,
+    job: JobSpec,
+    *,
+    profiles: Profiles | None = None,
+    strategies: Sequence[str] | None = None,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> Comparison:
+    """piebald against every baseline (or the named ``strategies``), each planned under
+    the same cost model, and the upper bound, as ``piebald compare`` reports them. Each
+    row has ``strategy``, ``feasible``, ``tokens_per_s``, ``step_time_s``, ``reason`` and
+    its ``plan`` (None where nothing fits). ``progress(fraction, strategy)``: called as
+    each strategy starts; ``workers``: as in :func:`plan`.
+
+    >>> from piebald.api import build_job
+    >>> from piebald.examples import example_path
+    >>> job = build_job(global_batch=8, seq_len=64)
+    >>> compare(example_path(), "tiny", job, strategies=["piebald", "megatron"]).rows[0].strategy
+    'piebald'
+    """
+    check_job(job)
+    cluster_spec, model_spec = as_cluster(cluster), as_model(model)
+    chosen = (
+        tuple(STRATEGIES.values())
+        if strategies is None
+        else tuple(strategy_named(name) for name in strategies)
+    )
+    check_job_fits_model(job, model_spec)
+    inputs, _ = profiled(profiles, cluster=cluster_spec, model=model_spec, job=job)
+    priced_cluster, curve = planning_prices(inputs, cluster=cluster_spec)
+    names = [strategy.name for strategy in chosen]
+
+    def on_strategy(name: str) -> None:
+        if progress is not None:
+            progress(names.index(name) / len(names), name)
+
+    return compare_strategies(
+        priced_cluster,
+        model=model_spec,
+        job=job,
+        strategies=chosen,
+        curve=curve,
+        on_strategy=on_strategy,
+        workers=workers,
+    )
+
+
+def explain(plan: Plan | str | Path) -> Explanation:
+    """Where ``plan``'s step time goes (``piebald explain``): per stage its compute, its
+    traffic and what limits it, per GPU its busy share and memory; priced as the plan was
+    made (from the measurements it records, if any).
+
+    >>> from piebald.api import build_job
+    >>> from piebald.examples import example_path
+    >>> job = build_job(global_batch=8, seq_len=64)
+    >>> best = plan(example_path(), "tiny", job, strategy="megatron")  # a quick one
+    >>> len(explain(best).stages) == best.num_stages
+    True
+    """
+    chosen = as_plan(plan)
+    source = str(plan) if isinstance(plan, (str, Path)) else "plan"
+    return explain_plan(chosen, curve=recorded_curve(chosen, source=source))
