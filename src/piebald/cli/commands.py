@@ -6,7 +6,6 @@ fits), never a traceback. Tables are drawn with rich; library code below never p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Annotated
 import typer
 
 from piebald import __version__
+from piebald.api import Comparison, load_cluster, search_plans
+from piebald.api import explain as explain_plan
 from piebald.cli import demo as cli_demo
 from piebald.cli import launch as cli_launch
 from piebald.cli import simulate as cli_simulate
@@ -29,14 +30,16 @@ from piebald.cli.common import (
     comparison_title,
     console,
     inputs_from,
+    job_from,
     load_checked_plan,
+    profile_warnings,
     progress_bar,
     run_comparison,
     user_errors,
 )
 from piebald.cli.data import data_app
 from piebald.cli.plots import plot_comparison
-from piebald.cli.profile import ProfilesOption, profile_app, with_profiles
+from piebald.cli.profile import ProfilesOption, profile_app
 from piebald.cli.render import (
     catalog_table,
     cluster_table,
@@ -46,22 +49,9 @@ from piebald.cli.render import (
     plan_summary,
     plan_table,
 )
-from piebald.cost.recorded_curve import recorded_curve
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.choices import (
-    check_tensor_parallel_fits,
-    recompute_modes,
-    strategy_named,
-    tensor_parallel_degree,
-    zero_mode_named,
-)
-from piebald.planner.compare import Comparison
-from piebald.planner.search import search
-from piebald.planner.verify import verify_by_simulation
-from piebald.profiler.pricing import plan_with_cost_inputs
-from piebald.report.explain import explain_plan
-from piebald.specs.cluster_yaml import cluster_to_dict, load_cluster
+from piebald.specs.cluster_yaml import cluster_to_dict
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.plan_io import plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS, load_model
@@ -163,42 +153,34 @@ def plan(
     workers: WorkersOption = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
-    chosen = strategy_named(strategy)
-    zero_mode = zero_mode_named(zero, strategy=chosen)
-    degree = tensor_parallel_degree(tensor_parallel, strategy=chosen, seq_len=seq_len)
-    modes = recompute_modes(recompute, strategy=chosen)
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
-    cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
-    check_tensor_parallel_fits(degree, cluster=cluster_spec, model=model_spec)
-    cluster_spec, curve, profiled = with_profiles(profiles, cluster_spec, model_spec, job)
-    with progress_bar("planning") as progress:
-        result = search(
+    cluster_spec, model_spec = load_cluster(cluster), load_model(model)
+    job = job_from(global_batch=global_batch, seq_len=seq_len, precision=precision)
+    with profile_warnings(profiles), progress_bar("planning") as progress:
+        found = search_plans(
             cluster_spec,
-            model=model_spec,
-            job=job,
-            strategy=chosen,
+            model_spec,
+            job,
+            strategy=strategy,
+            zero=zero,
+            tensor_parallel=tensor_parallel,
+            recompute=recompute,
+            profiles=profiles,
+            verify_by_simulation=simulate,
             progress=progress,
-            curve=curve,
-            zero=zero_mode,
-            tensor_parallel=degree,
-            recompute=modes,
             workers=workers,
         )
-    best = result.best
-    if simulate:
-        verification = verify_by_simulation(result, curve=curve)
-        cli_simulate.print_verification(verification)
-        best = verification.chosen
-    best = dataclasses.replace(best, plan=plan_with_cost_inputs(best.plan, profiled))
+    if found.verification is not None:
+        cli_simulate.print_verification(found.verification)
     if out is not None:
-        save_plan(best.plan, out, overwrite=force)
+        save_plan(found.plan, out, overwrite=force)
     if as_json:
-        print(json.dumps(plan_to_dict(best.plan), indent=1))
+        print(json.dumps(plan_to_dict(found.plan), indent=1))
         return
-    console.print(plan_table(best.plan, best.estimate))
+    console.print(plan_table(found.plan, found.estimate))
     for line in plan_summary(
-        best.plan, best.estimate, elapsed_s=result.elapsed_s, num_structures=result.num_structures
+        found.plan, found.estimate, elapsed_s=found.elapsed_s, num_structures=found.num_structures
     ):
         console.print(line, highlight=False)
     if out is not None:
@@ -211,8 +193,7 @@ def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]
     """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
     loaded = load_checked_plan(plan_file)
     # A plan made from profiles is explained with the prices it was made with.
-    explanation = explain_plan(loaded, curve=recorded_curve(loaded, source=str(plan_file)))
-    for renderable in explanation_tables(loaded, explanation):
+    for renderable in explanation_tables(loaded, explain_plan(loaded)):
         console.print(renderable)
 
 
@@ -234,8 +215,7 @@ def compare(
     if plot is not None:
         check_figure_file(plot, flag="--plot", force=force)
     cluster_spec, model_spec, job = inputs_from(cluster, model, global_batch, seq_len, precision)
-    cluster_spec, curve, _ = with_profiles(profiles, cluster_spec, model_spec, job)
-    comparison = run_comparison(cluster_spec, model_spec, job, curve=curve, workers=workers)
+    comparison = run_comparison(cluster_spec, model_spec, job, profiles=profiles, workers=workers)
     if plot is not None:
         plot_comparison(
             comparison, plot, title=comparison_title(cluster_spec, model_spec, job), force=force

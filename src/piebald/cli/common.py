@@ -11,9 +11,10 @@ import functools
 import importlib.util
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TextIO, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,23 +28,23 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
-from piebald.cost.plan_fit import first_memory_overflow
-from piebald.cost.recorded_curve import recorded_curve
+from piebald.api import (
+    Comparison,
+    Infeasible,
+    ProfileWarning,
+    build_job,
+    compare,
+    load_cluster,
+    load_model,
+    load_plan,
+)
 from piebald.errors import ArgumentError, SpecError
 from piebald.extras import install_hint
-from piebald.planner.compare import Comparison, compare_strategies
-from piebald.planner.search import Infeasible
-from piebald.planner.strategies import STRATEGIES
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec, check_job_fits_model, check_job_size
+from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
-from piebald.specs.plan_io import load_plan
-from piebald.specs.presets import load_model
-from piebald.specs.units import format_bytes
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -60,6 +61,7 @@ __all__ = [
     "inputs_from",
     "job_from",
     "load_checked_plan",
+    "profile_warnings",
     "progress_bar",
     "require_installed",
     "run_comparison",
@@ -79,6 +81,9 @@ EXIT_INFEASIBLE = 3
 # The flag of each library argument an ArgumentError can name: the library speaks of its
 # arguments (piebald.plan(strategy=...)), a command-line user of flags.
 FLAG_OF_ARGUMENT = {
+    "cluster": "--cluster",
+    "device": "--device",
+    "device_name": "--device-name",
     "global_batch": "--global-batch",
     "model": "--model",
     "profiles": "--profiles",
@@ -137,32 +142,47 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
 
 
 def load_checked_plan(path: Path) -> Plan:
-    """A plan file as every command reads it: parsed, validated against its embedded
-    cluster and model (``load_plan``), and re-priced to check that every rank still fits
-    its GPU's memory, with the prices the plan was made with (a plan made from profiles:
-    the measurements it records). A rank that does not fit is bad input (exit 2), like any
-    other inconsistency in the file: the plan's cluster or model was edited after it was
-    made, and a new plan is the fix."""
-    plan = load_plan(path)
-    overflow = first_memory_overflow(plan, curve=recorded_curve(plan, source=str(path)))
-    if overflow is not None:
-        raise SpecError(
-            source=str(path),
-            field=f"stages[{overflow.stage_index}]",
-            has_value=False,
-            expected=f"every rank to fit its GPU's memory: rank {overflow.rank} "
-            f"({overflow.device_name}) needs {format_bytes(overflow.need_bytes)} at its peak, "
-            f"its GPU has {format_bytes(overflow.capacity_bytes)} (was the plan's cluster or "
-            "model edited after it was made? plan again with `piebald plan`)",
-        )
-    return plan
+    """A plan file as every command reads it (``piebald.api.load_plan``): parsed, validated
+    against its embedded cluster and model, and re-priced to check that every rank still
+    fits its GPU's memory. A rank that does not fit is bad input (exit 2), like any other
+    inconsistency in the file."""
+    return load_plan(path)
 
 
 def job_from(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
     """The job of ``--global-batch`` and ``--seq-len``; a value over its limit is one line
     naming the flag (before anything is allocated for it)."""
-    check_job_size(global_batch=global_batch, seq_len=seq_len)
-    return JobSpec(global_batch_size=global_batch, seq_len=seq_len, precision=precision)
+    return build_job(global_batch=global_batch, seq_len=seq_len, precision=precision)
+
+
+@contextlib.contextmanager
+def profile_warnings(profiles: Path | None) -> Iterator[None]:
+    """Each ``ProfileWarning`` the library issues while inside (measurements of
+    ``--profiles`` the cluster cannot use, priced analytically instead) as one line on
+    stderr, when it is issued: never silently ignored, and not Python's warning format."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ProfileWarning)
+        shown = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if not isinstance(message, ProfileWarning):
+                shown(message, category, filename, lineno, file, line)
+                return
+            errors.print(
+                f"[yellow]warning:[/yellow] {escape(f'--profiles {profiles}: {message.detail}')}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        warnings.showwarning = show
+        yield
 
 
 @contextlib.contextmanager
@@ -211,20 +231,12 @@ def run_comparison(
     model: ModelSpec,
     job: JobSpec,
     *,
-    curve: EfficiencyCurve = DEFAULT_CURVE,
+    profiles: Path | None = None,
     workers: int | None = None,
 ) -> Comparison:
-    """Every strategy on the same inputs, with a progress bar."""
-    names = list(STRATEGIES)
-    with progress_bar("comparing") as progress:
-        return compare_strategies(
-            cluster,
-            model=model,
-            job=job,
-            on_strategy=lambda name: progress(names.index(name) / len(names), name),
-            curve=curve,
-            workers=workers,
-        )
+    """Every strategy on the same inputs (``piebald.api.compare``), with a progress bar."""
+    with profile_warnings(profiles), progress_bar("comparing") as progress:
+        return compare(cluster, model, job, profiles=profiles, progress=progress, workers=workers)
 
 
 def comparison_title(cluster: ClusterSpec, model: ModelSpec, job: JobSpec) -> str:

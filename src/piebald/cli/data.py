@@ -1,8 +1,9 @@
 """``piebald data``: turn text corpora into the token files ``piebald train --data`` reads.
 
-The library work is in ``piebald.runtime.data.prepare`` (imported inside the command, so
-``piebald --help`` loads neither it nor the tokenizers library); this module parses flags,
-draws the progress bar on stderr and prints what was written.
+The library work is ``piebald.api.prepare_data`` (which imports the runtime's data
+preparation when called, so ``piebald --help`` loads neither it nor the tokenizers
+library); this module parses flags, draws the progress bar on stderr and prints what was
+written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from piebald.api import prepare_data
 from piebald.cli.common import console, errors, user_errors
 
 __all__ = ["data_app"]
@@ -73,21 +75,14 @@ def prepare(
     force: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
 ) -> None:
     """Tokenize text (.txt, .jsonl, .parquet) into token files, with document boundaries."""
-    from piebald.runtime.data.prepare import prepare_token_files
-    from piebald.runtime.data.split import ValidationSplit
-
-    validation = None
-    if validation_fraction is not None or validation_documents is not None:
-        validation = ValidationSplit(
-            fraction=validation_fraction, num_documents=validation_documents
-        )
     with _progress() as update:
-        prepared = prepare_token_files(
+        prepared = prepare_data(
             tokenizer=tokenizer,
             inputs=[*(inputs or []), *(more_inputs or [])],
             out_prefix=out,
             text_field=text_field,
-            validation=validation,
+            validation_fraction=validation_fraction,
+            validation_documents=validation_documents,
             append_eos=append_eos,
             eos_token=eos_token,
             overwrite=force,

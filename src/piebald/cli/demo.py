@@ -18,6 +18,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from piebald.api import (
+    Comparison,
+    estimate,
+    explain,
+    load_cluster,
+    load_model,
+    plot_gantt,
+    search_plans,
+    simulate,
+    write_trace,
+)
 from piebald.cli.common import (
     comparison_title,
     console,
@@ -35,23 +46,14 @@ from piebald.cli.render import (
     plan_summary,
     plan_table,
 )
-from piebald.cost.plan_estimate import estimate_plan
 from piebald.examples import example_path
 from piebald.outputs import check_output_directory, check_output_file
-from piebald.planner.compare import Comparison
-from piebald.planner.search import search
-from piebald.report.explain import explain_plan
-from piebald.simulator.engine import simulate
-from piebald.simulator.gantt import plot_gantt
-from piebald.simulator.trace import write_trace
-from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import Dtype
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import save_plan
-from piebald.specs.presets import load_model
 
 if TYPE_CHECKING:  # the runtime imports torch: only the training step of the demo loads it
-    from piebald.runtime.training.metrics import RunSummary
+    from piebald.api import RunSummary
 
 __all__ = [
     "HOMOGENEOUS_BASELINES",
@@ -138,18 +140,18 @@ def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
 
     console.rule(f"[bold]2. plan: {model.name}, global batch {GLOBAL_BATCH} x {SEQ_LEN} tokens")
     with progress_bar("planning") as progress:
-        result = search(cluster, model=model, job=job, progress=progress)
-    plan = result.best.plan
-    console.print(plan_table(plan, result.best.estimate))
+        found = search_plans(cluster, model, job, progress=progress)
+    plan = found.plan
+    console.print(plan_table(plan, found.estimate))
     for line in plan_summary(
-        plan, result.best.estimate, elapsed_s=result.elapsed_s, num_structures=result.num_structures
+        plan, found.estimate, elapsed_s=found.elapsed_s, num_structures=found.num_structures
     ):
         console.print(line, highlight=False)
     plan_path = out_dir / "plan.json"
     save_plan(plan, plan_path, overwrite=force, flag="--out-dir")
 
     console.rule("[bold]3. explain")
-    for renderable in explanation_tables(plan, explain_plan(plan)):
+    for renderable in explanation_tables(plan, explain(plan)):
         console.print(renderable)
 
     console.rule("[bold]4. compare with the baselines")
@@ -159,7 +161,7 @@ def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
     plot_comparison(comparison, plot_path, title=title, force=force, flag="--out-dir")
 
     console.rule("[bold]5. simulate the plan, operation by operation")
-    simulated = simulate(plan)
+    simulated = simulate(plan, timeline=True)
     trace_path, gantt_path = out_dir / "trace.json", out_dir / "gantt.png"
     write_trace(plan, simulated, trace_path, overwrite=force, flag="--out-dir")
     plot_gantt(
@@ -170,7 +172,7 @@ def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
         force=force,
         flag="--out-dir",
     )
-    predicted_s = estimate_plan(plan).step_time_s
+    predicted_s = estimate(plan).step_time_s
     console.print(
         f"simulated step {simulated.step_time_s:.3f} s ({simulated.tokens_per_s:,.0f} tokens/s, "
         f"bubble {simulated.bubble_fraction:.1%}); planner predicted {predicted_s:.3f} s",
@@ -216,12 +218,10 @@ def _shape(plan: Plan) -> str:
 
 
 def _emulate(plan: Plan, *, steps: int, metrics_path: Path) -> RunSummary:
-    from piebald.runtime.training.config import TrainConfig
-    from piebald.runtime.training.emulate import emulate
-    from piebald.runtime.training.reduced import DEFAULT_MAX_EMULATED_PARAMS
+    from piebald.api import DEFAULT_MAX_EMULATED_PARAMS, TrainConfig, emulate
 
     config = TrainConfig(steps=steps, seed=0, time_scale=TIME_SCALE, metrics_path=metrics_path)
-    return emulate(plan, config, max_params=DEFAULT_MAX_EMULATED_PARAMS)
+    return emulate(plan, config=config, max_params=DEFAULT_MAX_EMULATED_PARAMS)
 
 
 def _training_table(rows: list[tuple[str, Plan, RunSummary, float]]) -> Table:

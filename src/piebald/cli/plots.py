@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from piebald.api import Comparison
 from piebald.figure_files import save_figure
-from piebald.planner.compare import Comparison
 
 __all__ = ["plot_comparison"]
 

@@ -1,50 +1,47 @@
 """``piebald profile``: measure compute and links into a ProfileDB, merge DBs, calibrate;
 and ``--profiles DIR`` for the planning commands.
 
-Torch is imported inside the measuring commands only; loading a DB, calibrating and
+The work is ``piebald.api``'s (``profile_compute``, ``profile_network``, ``calibrate``...),
+which imports torch inside the measuring functions only; loading a DB, calibrating and
 planning with one stay torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
+from piebald.api import (
+    Calibration,
+    load_profile_db,
+    merge_profile_dbs,
+    profile_compute,
+    profile_network,
+    write_profile,
+)
+from piebald.api import (
+    calibrate as calibrate_profiles,
+)
 from piebald.cli.common import (
     ModelOption,
     SeqOption,
     console,
-    errors,
     progress_bar,
+    require_installed,
     user_errors,
 )
-from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.errors import SpecError
 from piebald.outputs import check_output_directory
-from piebald.profiler.apply import ProfiledInputs
-from piebald.profiler.calibrate import (
-    ErrorRow,
-    calibrate_device,
-    calibrated_curve,
-    error_table,
-    observations_of,
-)
-from piebald.profiler.db import load_profile_db, merge_profile_dbs, write_profile
-from piebald.profiler.pricing import load_profiles, planning_prices, unmatched_profiles
-from piebald.profiler.records import ComputeProfile
-from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import load_cluster
-from piebald.specs.devices import BLOCK_SHARE_OF_BENCHMARK_GEMM, DeviceType, Dtype, builtin_catalog
-from piebald.specs.job import JobSpec
-from piebald.specs.model import ModelSpec
+from piebald.specs.devices import BLOCK_SHARE_OF_BENCHMARK_GEMM, Dtype
 from piebald.specs.presets import load_model
 from piebald.specs.units import format_bytes
 
-__all__ = ["ProfilesOption", "profile_app", "warn_unmatched", "with_profiles"]
+__all__ = ["ProfilesOption", "profile_app"]
 
 profile_app = typer.Typer(
     no_args_is_help=True,
@@ -62,28 +59,6 @@ ProfilesOption = Annotated[
 OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]
 
 
-def warn_unmatched(profiles: Path, inputs: ProfiledInputs, *, cluster: ClusterSpec) -> None:
-    """Measurements of ``--profiles`` that ``cluster`` cannot use: a warning on stderr each
-    (the planner prices those parts analytically), never silently ignored."""
-    for line in unmatched_profiles(inputs, cluster=cluster):
-        errors.print(
-            f"[yellow]warning:[/yellow] {escape(f'--profiles {profiles}: {line}')}",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def with_profiles(
-    profiles: Path | None, cluster: ClusterSpec, model: ModelSpec, job: JobSpec
-) -> tuple[ClusterSpec, EfficiencyCurve, ProfiledInputs | None]:
-    """The cluster and curve to plan with: as given, or priced from ``--profiles``."""
-    inputs = None
-    if profiles is not None:
-        inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
-        warn_unmatched(profiles, inputs, cluster=cluster)
-    return (*planning_prices(inputs, cluster=cluster), inputs)
-
-
 def _sizes(text: str, option: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
@@ -94,33 +69,6 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
             source=option, field="", value=text, expected="comma-separated whole numbers >= 1"
         )
     return sizes
-
-
-def _check_device_name(name: str | None, *, on_cuda: bool) -> None:
-    """Refuse recording this machine's times under a catalog type it is not: plans would
-    price every GPU of that type at this device's speed (finding 32: a CPU as A100-80GB)."""
-    if name is None or name not in builtin_catalog():
-        return
-    import torch
-
-    from piebald.profiler.device_map import catalog_name
-
-    if on_cuda:
-        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        found = catalog_name(properties.name, memory_bytes=float(properties.total_memory))
-        if found is None or found == name:  # a GPU the name rules miss: the user knows
-            return
-        measured = f"this GPU is a {found} ({properties.name})"
-    else:
-        measured = "these are CPU timings"
-    raise SpecError(
-        source="--device-name",
-        field="",
-        value=name,
-        expected=f"a name of your own for the measured device (declared in the cluster "
-        f"file's gpu_types), not the catalog type {name}: {measured}, and plans would "
-        f"price every {name} at its speed",
-    )
 
 
 @profile_app.command("compute")
@@ -153,10 +101,7 @@ def compute(
     """Time forward and backward (with and without recompute) of the embedding, one block
     and the head of MODEL per micro-batch size, and record them with peak memory."""
     check_output_directory(out, flag="--out")  # before measuring: results must not be lost
-    import torch
-
-    from piebald.profiler.measure_compute import profile_compute
-
+    require_installed("torch")
     spec = load_model(model)
     sizes = _sizes(micro_batch_sizes, "--micro-batch-sizes")
     if seq_len > spec.arch.max_seq_len:
@@ -166,27 +111,20 @@ def compute(
             value=seq_len,
             expected=f"at most {spec.name}'s max_seq_len {spec.arch.max_seq_len}",
         )
-    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if chosen not in ("cuda", "cpu") or (chosen == "cuda" and not torch.cuda.is_available()):
-        raise SpecError(
-            source="--device", field="", value=chosen, expected="cpu, or cuda where there is one"
-        )
-    _check_device_name(device_name, on_cuda=chosen == "cuda")
-    compute_dtype = dtype or (Dtype.BF16 if chosen == "cuda" else Dtype.FP32)
-    if threads is not None:
-        torch.set_num_threads(threads)
     with progress_bar(f"profiling {spec.name}") as progress:
         profiles = profile_compute(
             spec,
             seq_len=seq_len,
             micro_batch_sizes=sizes,
-            dtype=compute_dtype,
-            device=chosen,
+            dtype=dtype,
+            device=device,
             num_warmup=warmup,
             num_repeats=repeats,
             device_name=device_name,
+            threads=threads,
             progress=progress,
         )
+    compute_dtype = profiles[0].key.dtype
     table = Table(title=f"{spec.name} on {profiles[0].key.device}, seq {seq_len}, {compute_dtype}")
     columns = ("layer", "micro-batch", "forward", "backward", "bwd+recompute", "bwd+selective")
     for column in (*columns, "peak mem"):
@@ -242,19 +180,15 @@ def network(
     """Point-to-point links between and inside node groups and collectives over nodes,
     node groups and the cluster; fits latency + size/bandwidth per link."""
     check_output_directory(out, flag="--out")  # before measuring: results must not be lost
-    from piebald.profiler.measure_network import emulate_network, torchrun_network
-
+    require_installed("torch")
     spec = load_cluster(cluster)
     sizes = tuple(size * 2**20 for size in _sizes(message_sizes, "--message-sizes"))
-    if emulate:
-        with progress_bar("emulated network") as progress:
+    with contextlib.ExitStack() as stack:
+        if emulate:
+            progress = stack.enter_context(progress_bar("emulated network"))
             progress(0.0, "spawning gloo processes")
-            profiles = emulate_network(
-                spec, message_bytes=sizes, num_warmup=warmup, num_repeats=repeats
-            )
-    else:
-        profiles = torchrun_network(
-            spec, message_bytes=sizes, num_warmup=warmup, num_repeats=repeats
+        profiles = profile_network(
+            spec, emulate=emulate, message_bytes=sizes, num_warmup=warmup, num_repeats=repeats
         )
     if not profiles:  # not rank 0
         return
@@ -291,11 +225,11 @@ def merge(
     )
 
 
-def _error_rows_table(title: str, before: list[ErrorRow], after: list[ErrorRow]) -> Table:
-    table = Table(title=title)
+def _error_rows_table(calibration: Calibration) -> Table:
+    table = Table(title=f"{calibration.device} ({calibration.dtype}): analytic vs measured")
     for column in ("layer", "pass", "points", "error before", "error after", "max after"):
         table.add_column(column, justify="left" if column in ("layer", "pass") else "right")
-    for old, new in zip(before, after, strict=True):
+    for old, new in zip(calibration.before, calibration.after, strict=True):
         table.add_row(
             old.layer_kind.value,
             old.pass_kind.value,
@@ -305,24 +239,6 @@ def _error_rows_table(title: str, before: list[ErrorRow], after: list[ErrorRow])
             f"{new.max_abs_error:.1%}",
         )
     return table
-
-
-def _device_type(name: str, cluster: ClusterSpec | None, db_info: DeviceType | None) -> DeviceType:
-    if cluster is not None:
-        for group in cluster.node_groups:
-            if group.device.name == name:
-                return group.device
-    catalog = builtin_catalog()
-    if name in catalog:
-        return catalog[name]
-    if db_info is not None:
-        return db_info
-    raise SpecError(
-        source="--cluster",
-        field="gpu_types",
-        value=name,
-        expected=f"a GPU type named {name!r} (it is not in the catalog)",
-    )
 
 
 @profile_app.command("calibrate")
@@ -336,47 +252,33 @@ def calibrate(
 ) -> None:
     """Fit the analytic efficiency curve of each measured device type (per layer kind and
     pass) and print the analytic-versus-measured error before and after."""
-    db = load_profile_db(profiles)
     spec = load_cluster(cluster) if cluster is not None else None
-    groups: dict[tuple[str, Dtype], list[ComputeProfile]] = {}
-    for key in db.compute_runs:
-        profile = db.compute(key)
-        assert profile is not None
-        groups.setdefault((key.device, key.dtype), []).append(profile)
-    if not groups:
-        raise SpecError(
-            source=str(profiles), field="", has_value=False, expected="compute profiles to fit"
-        )
-    for (name, dtype), chosen in sorted(groups.items()):
-        measured = chosen[0].device_info.measured_device_type(dtype)
-        device = _device_type(name, spec, measured)
-        observations = observations_of(chosen)
-        kind_curves = calibrate_device(observations, device=device, dtype=dtype)
-        before = error_table(observations, device=device, dtype=dtype, curve=DEFAULT_CURVE)
-        after = error_table(
-            observations, device=device, dtype=dtype, curve=calibrated_curve(kind_curves)
-        )
-        console.print(_error_rows_table(f"{name} ({dtype}): analytic vs measured", before, after))
-        for kind_curve in kind_curves:
-            c = kind_curve.curve
-            if kind_curve.layer is not None:  # a measured layer: its own fixed time
-                console.print(
-                    f"    {kind_curve.model}'s {kind_curve.layer_kind}: fixed "
-                    f"{c.half_saturation_s * 1e6:.1f} us",
-                    highlight=False,
-                )
-                continue
+    for calibration in calibrate_profiles(profiles, cluster=spec):
+        _print_calibration(calibration)
+
+
+def _print_calibration(calibration: Calibration) -> None:
+    console.print(_error_rows_table(calibration))
+    for kind_curve in calibration.kind_curves:
+        c = kind_curve.curve
+        if kind_curve.layer is not None:  # a measured layer: its own fixed time
             console.print(
-                f"  {kind_curve.layer_kind} {kind_curve.pass_kind}: max_fraction "
-                f"{c.max_fraction:.3g}, bandwidth_fraction {c.bandwidth_fraction:.3g}, "
-                f"overlap {c.overlap:.2f}, typical fixed time {c.half_saturation_s * 1e6:.1f} us"
-                + (
-                    f", embedding table passes {c.embedding_table_passes:.2f}"
-                    if c.embedding_table_passes
-                    else ""
-                ),
+                f"    {kind_curve.model}'s {kind_curve.layer_kind}: fixed "
+                f"{c.half_saturation_s * 1e6:.1f} us",
                 highlight=False,
             )
+            continue
+        console.print(
+            f"  {kind_curve.layer_kind} {kind_curve.pass_kind}: max_fraction "
+            f"{c.max_fraction:.3g}, bandwidth_fraction {c.bandwidth_fraction:.3g}, "
+            f"overlap {c.overlap:.2f}, typical fixed time {c.half_saturation_s * 1e6:.1f} us"
+            + (
+                f", embedding table passes {c.embedding_table_passes:.2f}"
+                if c.embedding_table_passes
+                else ""
+            ),
+            highlight=False,
+        )
 
 
 def _ms(seconds: float | None) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from piebald.api import Comparison
 from piebald.cost.plan_estimate import PlanEstimate, model_flops_utilization
-from piebald.planner.compare import Comparison
 from piebald.report.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype

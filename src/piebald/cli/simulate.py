@@ -1,6 +1,6 @@
 """``piebald simulate``: execute a plan's step event by event, compare with the planner's
 prediction, and draw it (Perfetto trace, Gantt PNG). Also the table of the verification
-``piebald plan --simulate`` runs on its top candidates (``simulator.verify``).
+``piebald plan --simulate`` runs on its top candidates (``piebald.api.search_plans``).
 
 Prices: with ``--profiles DIR``, compute and links from that profile DB (as ``plan
 --profiles`` prices them); otherwise the numbers the plan file records in ``cost_inputs``
@@ -16,25 +16,25 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from piebald.cli.common import console, errors, load_checked_plan, user_errors
-from piebald.cli.profile import warn_unmatched
-from piebald.cost.compute import EfficiencyCurve
-from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
+from piebald.api import (
+    PlanEstimate,
+    PriceBasis,
+    SimulationReport,
+    SimulationResult,
+    Verification,
+    plot_gantt,
+    simulate_report,
+    write_trace,
+)
+from piebald.cli.common import console, errors, load_checked_plan, profile_warnings, user_errors
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
-from piebald.planner.verify import Verification
-from piebald.profiler.pricing import PriceBasis, plan_prices
 from piebald.report.describe import describe_plan
-from piebald.schedule.prices import Prices
-from piebald.simulator.engine import simulate as simulate_plan
-from piebald.simulator.gantt import plot_gantt
-from piebald.simulator.result import SimulationResult
-from piebald.simulator.trace import write_trace
 from piebald.specs.plan import Plan
 
 __all__ = [
     "EXIT_DEADLOCK",
-    "priced_plan",
+    "priced_by",
     "print_verification",
     "result_to_dict",
     "simulate",
@@ -113,33 +113,22 @@ def _check_outputs(*, trace: Path | None, gantt: Path | None, force: bool) -> No
         check_figure_file(gantt, flag="--gantt", force=force)
 
 
-def priced_plan(
-    plan: Plan, profiles: Path | None, *, source: str = "plan"
-) -> tuple[Plan, EfficiencyCurve, str]:
-    """The plan to simulate (its cluster's links measured, with ``profiles``), the curve
-    to price its compute with (``profiler.pricing.plan_prices``), and a line saying where
-    the prices come from. ``source`` names the plan file in errors about the measurements
-    it records."""
-    prices = plan_prices(plan, profiles=profiles, source=source)
-    if prices.inputs is not None:
-        assert profiles is not None
-        warn_unmatched(profiles, prices.inputs, cluster=plan.cluster)
-    if prices.basis is PriceBasis.PROFILE_DB:
-        line = f"priced from the profile DB {profiles}" + (
-            " (not the one the plan was made with)" if prices.other_db else ""
+def priced_by(report: SimulationReport, profiles: Path | None) -> str:
+    """A line saying where the prices of ``report`` come from."""
+    if report.basis is PriceBasis.PROFILE_DB:
+        return f"priced from the profile DB {profiles}" + (
+            " (not the one the plan was made with)" if report.other_db else ""
         )
-    elif prices.basis is PriceBasis.RECORDED:
-        assert plan.cost_inputs is not None
-        db = plan.cost_inputs.profile_db
-        line = (
+    if report.basis is PriceBasis.RECORDED:
+        assert report.plan.cost_inputs is not None
+        db = report.plan.cost_inputs.profile_db
+        return (
             f"priced by the analytic cost model (the profile DB {db} the plan was made with "
             "measured none of its GPU types or links)"
-            if plan.cost_inputs.measured_nothing
+            if report.plan.cost_inputs.measured_nothing
             else f"priced from the measurements the plan records (profile DB {db})"
         )
-    else:
-        line = "priced by the analytic cost model"
-    return prices.plan, prices.curve, line
+    return "priced by the analytic cost model"
 
 
 @user_errors
@@ -163,11 +152,10 @@ def simulate(
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
     _check_outputs(trace=trace, gantt=gantt, force=force)
-    plan, curve, priced_by = priced_plan(
-        load_checked_plan(plan_file), profiles, source=str(plan_file)
-    )
-    result = simulate_plan(plan, prices=Prices(plan, curve=curve))
-    estimate = estimate_plan(plan, curve=curve)
+    loaded = load_checked_plan(plan_file)
+    with profile_warnings(profiles):
+        report = simulate_report(loaded, profiles=profiles, timeline=True)
+    plan, result, estimate = report.plan, report.result, report.estimate
     if trace is not None:
         write_trace(plan, result, trace, overwrite=force)
     if gantt is not None:
@@ -184,7 +172,7 @@ def simulate(
                 f"simulated step {result.step_time_s:.3f} s, {result.tokens_per_s:,.0f} "
                 f"tokens/s, bubble {result.bubble_fraction:.1%}; planner predicted "
                 f"{estimate.step_time_s:.3f} s (simulated / predicted = {ratio:.3f}); "
-                f"{priced_by}",
+                f"{priced_by(report, profiles)}",
                 highlight=False,
             )
         for path, what in ((trace, "trace"), (gantt, "Gantt chart")):

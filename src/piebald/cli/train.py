@@ -34,9 +34,7 @@ from piebald.specs.job import check_seq_len
 from piebald.specs.presets import load_model
 
 if TYPE_CHECKING:
-    from piebald.runtime.training.config import TrainConfig
-    from piebald.runtime.training.lr_schedule import LrSchedule
-    from piebald.runtime.training.metrics import RunSummary
+    from piebald.api import LrSchedule, RunSummary, TrainConfig
 
 __all__ = ["train"]
 
@@ -241,8 +239,7 @@ def train(
     ] = None,
 ) -> None:
     """Train under a plan (torchrun or --emulate), or in one process as the reference."""
-    from piebald.runtime.distributed.optimizer import OptimizerConfig
-    from piebald.runtime.training.config import TrainConfig
+    from piebald.api import OptimizerConfig, TrainConfig
 
     del job_file  # its keys are already the defaults of the options above (cli.job_file)
     run_train(
@@ -304,15 +301,14 @@ def run_train(
 ) -> None:
     from dataclasses import replace
 
-    from piebald.runtime.models.hf_weights import check_hf_weights
-    from piebald.runtime.training.precision import ComputeDtype
+    from piebald.api import ComputeDtype, check_hf_weights
 
     if device not in (None, "cpu", "cuda"):
         raise _fail("--device", device, "cpu or cuda")
     if schedule is not None:
         config = replace(config, lr_schedule=_lr_schedule(schedule, config=config))
     if config.tensorboard_dir is not None:
-        from piebald.runtime.training.tensorboard import MISSING_PACKAGE, tensorboard_available
+        from piebald.api import MISSING_PACKAGE, tensorboard_available
 
         if not tensorboard_available():
             raise _fail("--tensorboard", str(config.tensorboard_dir), MISSING_PACKAGE)
@@ -350,7 +346,7 @@ def run_train(
                 compute_dtype,
                 "fp32 or nothing without a --plan: the single-process reference is fp32",
             )
-        from piebald.runtime.training.reference import train_reference
+        from piebald.api import train_reference
 
         spec = load_model(model)
         check_seq_len(spec, seq_len=seq_len)
@@ -375,8 +371,8 @@ def run_train(
     if emulate:
         if device == "cuda":
             raise _fail("--device", device, "cpu with --emulate (emulation runs CPU processes)")
-        from piebald.runtime.training.emulate import emulate as emulate_plan
-        from piebald.runtime.training.reduced import emulated_model
+        from piebald.api import emulate as emulate_plan
+        from piebald.api import emulated_model
 
         runtime_model = emulated_model(plan, max_params=max_emulated_params)
         if runtime_model is not plan.model and config.init_from is not None:
@@ -395,7 +391,7 @@ def run_train(
                 highlight=False,
             )
         summary = emulate_plan(
-            plan, config, max_params=max_emulated_params, lines_to_stderr=as_json
+            plan, config=config, max_params=max_emulated_params, lines_to_stderr=as_json
         )
         _print_summary(summary, as_json=as_json, saved_to=config.save_model_path)
         return
@@ -439,7 +435,7 @@ class ScheduleFlags:
 
 
 def _lr_schedule(flags: ScheduleFlags, *, config: TrainConfig) -> LrSchedule:
-    from piebald.runtime.training.lr_schedule import LrDecay, LrSchedule
+    from piebald.api import LrDecay, LrSchedule
 
     choices = [d.value for d in LrDecay]
     if flags.lr_decay not in choices:
@@ -483,7 +479,8 @@ def _train_distributed(
     as_json: bool,
 ) -> None:
     """One rank of a real run: ``torchrun`` set RANK, WORLD_SIZE and the rendezvous."""
-    from piebald.runtime.training.torchrun import train_rank, under_torchrun
+    from piebald.api import train as train_rank
+    from piebald.api import under_torchrun
 
     if not under_torchrun():
         raise _fail(
@@ -494,7 +491,7 @@ def _train_distributed(
         )
     summary = train_rank(
         load_checked_plan(plan_file),
-        config,
+        config=config,
         device=device,
         compute_dtype=config.compute_dtype if compute_dtype_given else None,
         print_line=_line_printer(as_json),
