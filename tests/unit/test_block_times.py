@@ -63,6 +63,7 @@ def test_every_measured_gpu_type_meets_the_target(
         assert errors.absolute.median <= 0.10, (name, errors)
 
 
+@pytest.mark.slow
 def test_the_h100_sxm_entries_carry_the_scale_the_published_runs_give() -> None:
     """benchmarks/h100_share.py's fit (one scale of the NVL's fractions beside one
     multiplier per framework) is what the catalog's H100 SXM entries carry."""

@@ -90,6 +90,7 @@ def test_shell_line_round_trips_through_the_shell() -> None:
     assert tuple(words[len(launch.environment) :]) == launch.command
 
 
+@pytest.mark.slow
 def test_wrong_number_of_hosts_is_one_line_and_exit_2(tmp_path: Path) -> None:
     plan = search(
         MIXED, model=load_model("tiny"), job=JobSpec(global_batch_size=8, seq_len=64)
@@ -345,6 +346,7 @@ def named_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_cli_train_args_keep_their_shell_quoting(named_plan: Path, tmp_path: Path) -> None:
     path = named_plan
     train_args = """--steps 3 --note "two words" --other 'it"s'"""

@@ -68,6 +68,7 @@ def test_strategy_follows_the_parallelism() -> None:
     assert (zero1.strategy, zero1.zero) == ("zero-even", ZeroMode.OPTIMIZER)
 
 
+@pytest.mark.slow
 def test_gpt2_shaped_models_match_transformers_parameter_counts() -> None:
     """Oracles: transformers' GPT-2 with the same shape (exactly: piebald's GPT-2 family),
     and MPT itself for the MPT points, whose count differs by exactly what GPT-2 has and

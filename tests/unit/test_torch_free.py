@@ -19,6 +19,7 @@ CORE = [
 
 
 @pytest.mark.parametrize("module", CORE)
+@pytest.mark.slow
 def test_core_module_does_not_import_torch(module: str) -> None:
     code = (
         "import importlib, pkgutil, sys\n"

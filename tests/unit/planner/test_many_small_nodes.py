@@ -83,6 +83,7 @@ def test_finding_13_identical_groups_are_one_class() -> None:
     assert node_classes(cluster) == (0, 0, 2, 3, 4, 5)
 
 
+@pytest.mark.slow
 def test_finding_13_merged_units_plan_at_least_as_well_as_one_unit_per_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -100,6 +101,7 @@ def test_finding_13_merged_units_plan_at_least_as_well_as_one_unit_per_node(
     assert merged >= per_node * (1 - MERGED_UNITS_LOSS)
 
 
+@pytest.mark.slow
 def test_finding_13_nodes_listed_one_by_one_plan_like_a_counted_group() -> None:
     """The same 96 nodes, counted in two groups or listed as 96 groups of one, give the
     same predicted tokens/s and the same stages (names aside, nothing differs)."""

@@ -56,6 +56,9 @@ from piebald.specs.plan import Plan, Schedule, ZeroMode, round_robin_routes
 from piebald.specs.presets import load_model
 from piebald.specs.recompute import Recompute
 
+# Each case searches a cluster and checks the plan against an oracle: seconds apiece.
+pytestmark = pytest.mark.slow
+
 ORACLE_SIZES = (1, 2, 4)
 REQUIRED_FRACTION = 0.98
 

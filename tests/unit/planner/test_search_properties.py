@@ -35,6 +35,9 @@ from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 from piebald.specs.presets import load_model
 
+# Each case searches a cluster and checks the plan against an oracle: seconds apiece.
+pytestmark = pytest.mark.slow
+
 RELATIVE_SLACK = 1e-9
 
 

@@ -32,6 +32,7 @@ from piebald.specs.plan_io import plan_to_dict
 from piebald.specs.presets import load_model
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_find_the_same_plans() -> None:
     # Four GPU types on 40 GPUs: a large cluster (past ALL_SIZES_UP_TO), several orders
     # and idle subsets, so every phase has several tasks.

@@ -265,6 +265,7 @@ def _plan_fields(plan: object) -> dict[str, object]:
     return {name: getattr(plan, name) for name, f in fields.items() if f.init}
 
 
+@pytest.mark.slow
 def test_two_machines_merge_into_one_db_a_plan_uses(
     tmp_path: Path, tiny_profiles: tuple[ComputeProfile, ...]
 ) -> None:
@@ -304,6 +305,7 @@ def test_two_machines_merge_into_one_db_a_plan_uses(
         assert found[0] == pytest.approx(combined.timings[1].forward_s)
 
 
+@pytest.mark.slow
 def test_one_thread_is_timed_in_its_cpu_time_and_says_so() -> None:
     """With one torch thread every kernel runs on the timing thread, so passes are timed
     in its CPU time (other processes' time does not count); with more, the wall clock."""

@@ -104,6 +104,7 @@ def test_finding_31_profiles_of_another_dtype_warn(tmp_path: Path) -> None:
     assert "cpu-a in bf16" in warning and "cpu-a in fp32" in warning
 
 
+@pytest.mark.slow
 def test_finding_31_partly_matching_profiles_name_the_unmeasured_types(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path / "c.yaml", "cpu-a", "cpu-b")
     db = _db(tmp_path / "db", "cpu-a")

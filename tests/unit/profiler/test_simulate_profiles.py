@@ -149,6 +149,7 @@ def _simulated_as_planned(plan_file: Path, db: Path) -> tuple[dict[str, object],
     return recorded, from_db
 
 
+@pytest.mark.slow
 def test_simulate_prices_from_the_recorded_inputs_and_from_profiles(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -200,6 +201,7 @@ def _plan_selective(db: Path, cluster: Path, plan_file: Path) -> Path:
     return plan_file
 
 
+@pytest.mark.slow
 def test_a_selective_plan_is_repriced_from_its_records_as_planned(
     made: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

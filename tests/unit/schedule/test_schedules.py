@@ -153,6 +153,7 @@ def _acyclic(plan: Plan, schedule: StepSchedule) -> bool:
     return seen == len(edges)
 
 
+@pytest.mark.slow
 def test_every_routing_of_small_plans_is_deadlock_free_and_within_memory() -> None:
     rng = random.Random(4)
     checked = 0

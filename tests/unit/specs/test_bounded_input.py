@@ -128,6 +128,7 @@ def test_limits_are_the_largest_values_accepted() -> None:
         ("model", "num_blocks", 10**6, limits.MAX_NUM_BLOCKS),
     ],
 )
+@pytest.mark.slow
 def test_plan_values_over_their_limit_are_one_line(
     tmp_path: Path,
     plan_data: dict[str, object],

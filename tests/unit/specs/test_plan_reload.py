@@ -66,6 +66,7 @@ def _set(path: tuple[object, ...], key: str, value: object) -> object:
         (("cluster", "nodes", 0), "gpus_per_nod", 2, "gpus_per_node"),
     ],
 )
+@pytest.mark.slow
 def test_unknown_plan_keys_are_refused_with_a_suggestion(
     tmp_path: Path,
     plan_file: Path,
