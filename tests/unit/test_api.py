@@ -51,6 +51,7 @@ def _same_plan(api_plan: piebald.Plan, cli: dict[str, object]) -> None:
         assert mine.get(key) == cli.get(key), key
 
 
+@pytest.mark.slow
 def test_plan_simulate_and_round_trip_without_torch(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
@@ -84,6 +85,7 @@ def test_plan_simulate_and_round_trip_without_torch(tmp_path: Path) -> None:
     assert same and torch is None
 
 
+@pytest.mark.slow
 def test_api_plan_is_the_cli_plan(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CPU_CLUSTER)
@@ -112,6 +114,7 @@ def test_api_zero_and_strategy_match_the_cli(tmp_path: Path) -> None:
     assert {stage.zero for stage in plan.stages} == {piebald.ZeroMode.OPTIMIZER}
 
 
+@pytest.mark.slow
 def test_api_recompute_matches_the_cli(tmp_path: Path) -> None:
     cli = _cli_plan(
         tmp_path, "--cluster", str(example_path()), *SMALL, "--recompute", "selective,full"
@@ -126,6 +129,7 @@ def test_api_recompute_matches_the_cli(tmp_path: Path) -> None:
     assert {stage.recompute.value for stage in plan.stages} <= {"selective", "full"}
 
 
+@pytest.mark.slow
 def test_verify_by_simulation_matches_plan_simulate(tmp_path: Path) -> None:
     cli = _cli_plan(tmp_path, "--cluster", str(example_path()), *SMALL, "--simulate")
     job = piebald.build_job(global_batch=8, seq_len=64)

@@ -14,6 +14,8 @@ CORE = [
     "piebald.schedule",
     "piebald.simulator",
     "piebald.report",
+    # The API and the CLI import the runtime only when training or profiling is called.
+    "piebald.api",
     "piebald.cli",
 ]
 

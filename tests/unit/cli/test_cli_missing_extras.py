@@ -52,6 +52,7 @@ def _without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     ],
     ids=["train", "demo", "profile-compute"],
 )
+@pytest.mark.slow
 def test_a_command_that_needs_torch_names_the_extra(args: tuple[str, ...], tmp_path: Path) -> None:
     done = _without_torch(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -62,6 +63,7 @@ def test_a_command_that_needs_torch_names_the_extra(args: tuple[str, ...], tmp_p
     assert not (tmp_path / "demo").exists()  # the demo stopped before writing anything
 
 
+@pytest.mark.slow
 def test_planning_needs_no_torch(tmp_path: Path) -> None:
     done = _without_torch(
         "plan", "--cluster", str(example_path()), "--model", "tiny",

@@ -113,6 +113,7 @@ def test_plan_out_is_checked_before_planning(tmp_path: Path, things: dict[str, P
     _unchanged(things)
 
 
+@pytest.mark.slow
 def test_plan_force_replaces_a_file_with_the_umask_mode(
     tmp_path: Path, things: dict[str, Path], umask_027: int
 ) -> None:
@@ -157,6 +158,7 @@ def test_simulate_trace_and_gantt_are_checked_before_simulating(
     _unchanged(things)
 
 
+@pytest.mark.slow
 def test_simulate_force_replaces_files(tmp_path: Path, plan_file: Path) -> None:
     trace, gantt = tmp_path / "t.json", tmp_path / "g.svg"
     trace.write_text("old")

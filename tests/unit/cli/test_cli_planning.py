@@ -16,6 +16,7 @@ from piebald.specs.recompute import Recompute
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
 
 
+@pytest.mark.slow
 def test_plan_writes_a_valid_plan_and_refuses_to_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))
@@ -34,6 +35,7 @@ def test_plan_writes_a_valid_plan_and_refuses_to_overwrite(tmp_path: Path) -> No
     assert code == 0
 
 
+@pytest.mark.slow
 def test_plan_json_is_the_plan(tmp_path: Path) -> None:
     code, output = run_cli("plan", "--cluster", str(example_path()), *SMALL, "--json")
     assert code == 0
@@ -42,6 +44,7 @@ def test_plan_json_is_the_plan(tmp_path: Path) -> None:
     assert data["upper_bound_tokens_per_s"] >= data["predicted"]["tokens_per_s"]
 
 
+@pytest.mark.slow
 def test_infeasible_plan_exits_3_with_what_does_not_fit() -> None:
     code, output = run_cli(
         "plan",
@@ -64,6 +67,7 @@ def test_unknown_strategy_is_one_line() -> None:
     assert code == 2 and "did you mean 'zorse'" in output
 
 
+@pytest.mark.slow
 def test_explain_names_the_bottleneck_and_every_gpu(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     assert run_cli("plan", "--cluster", str(example_path()), *SMALL, "--out", str(out))[0] == 0
@@ -78,6 +82,7 @@ def test_explain_names_the_bottleneck_and_every_gpu(tmp_path: Path) -> None:
     assert explanation.estimate.step_time_s == pytest.approx(total + explanation.optimizer_s)
 
 
+@pytest.mark.slow
 def test_compare_json_shape_and_plot(tmp_path: Path) -> None:
     plot = tmp_path / "compare.png"
     code, output = run_cli(
@@ -113,6 +118,7 @@ def test_compare_json_shape_and_plot(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("zero", ["none", "optimizer", "gradients", "full"])
+@pytest.mark.slow
 def test_plan_zero_restricts_every_stage(zero: str, tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, output = run_cli(

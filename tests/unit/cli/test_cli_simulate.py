@@ -22,6 +22,7 @@ def _plan(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_simulate_json_has_the_issue_fields_and_pictures_are_written(tmp_path: Path) -> None:
     plan_file = _plan(tmp_path)
     trace, gantt = tmp_path / "trace.json", tmp_path / "gantt.png"
@@ -49,6 +50,7 @@ def test_simulate_json_has_the_issue_fields_and_pictures_are_written(tmp_path: P
     assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_simulate_table_and_no_silent_overwrite(tmp_path: Path) -> None:
     plan_file = _plan(tmp_path)
     gantt = tmp_path / "gantt.png"
@@ -69,6 +71,7 @@ def test_simulate_bad_plan_file_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in output and "error" in output
 
 
+@pytest.mark.slow
 def test_plan_simulate_verifies_the_top_candidates(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     code, output = run_cli(

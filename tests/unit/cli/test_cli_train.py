@@ -56,6 +56,7 @@ def test_emulated_plan_trains_like_the_reference(tmp_path: Path) -> None:
     assert [line["eval_loss"] for line in lines] == [None, *emulated["eval_losses"]]
 
 
+@pytest.mark.slow
 def test_train_errors_are_one_line(tmp_path: Path) -> None:
     code, output = run_cli("train", "--steps", "1")
     assert code == 2 and "--global-batch" in output and "Traceback" not in output

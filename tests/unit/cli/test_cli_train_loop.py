@@ -18,6 +18,7 @@ def _lrs(metrics: Path) -> list[float]:
     return [json.loads(line)["lr"] for line in metrics.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_schedule_flags_give_the_closed_form_lrs(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     code, output = run_cli(
@@ -35,6 +36,7 @@ def test_schedule_flags_give_the_closed_form_lrs(tmp_path: Path) -> None:
     assert _lrs(constant) == [1e-3, 1e-3]  # the default: today's constant lr
 
 
+@pytest.mark.slow
 def test_job_file_is_the_flags_and_the_command_line_wins(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     # Both spellings of keys; decay-steps defaults to --steps, given on the command line.

@@ -106,8 +106,9 @@ def test_profiles_cover_every_layer_kind_with_sane_numbers(
 
 @pytest.mark.parametrize(
     ("model_name", "global_batch"),
-    [("tiny", 8), pytest.param("gpt2", 2, marks=pytest.mark.slow)],
+    [("tiny", 8), ("gpt2", 2)],
 )
+@pytest.mark.slow
 def test_plan_from_profiles_uses_the_measured_times(
     tmp_path: Path, request: pytest.FixtureRequest, model_name: str, global_batch: int
 ) -> None:
