@@ -55,7 +55,7 @@ class Strategy:
     # Selective recompute is in ``stage_rules`` but searched on clusters up to this many
     # GPUs only, unless asked for (``plan --recompute``): it is a third setting to price
     # for every stage, a third more planning time at 1,024 GPUs for plans no faster there
-    # (README, "Planning time").
+    # (the docs' planning-time results).
     selective_recompute_up_to: int | None = None
 
     def for_cluster_of(self, num_gpus: int) -> Strategy:

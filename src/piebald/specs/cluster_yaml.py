@@ -1,8 +1,8 @@
 """Load a cluster from YAML (the user-facing contract) and write it back for plan files.
 
-The shape is documented in the README; sizes and rates carry units. :func:`cluster_to_dict`
-writes a mapping that :func:`parse_cluster` reads back to an equal :class:`ClusterSpec`,
-so a plan file can embed the cluster it was made for.
+The shape is documented in docs/cluster-file.md; sizes and rates carry units.
+:func:`cluster_to_dict` writes a mapping that :func:`parse_cluster` reads back to an equal
+:class:`ClusterSpec`, so a plan file can embed the cluster it was made for.
 """
 
 from __future__ import annotations

@@ -64,4 +64,4 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 def limit_text(maximum: int, what: str = "") -> str:
     """The ``expected`` part of an error for a number over its limit."""
     unit = f" {what}" if what else ""
-    return f"at most {maximum}{unit} (piebald's limit, see the README's Limits)"
+    return f"at most {maximum}{unit} (piebald's limit; the docs' Guarantees page lists them)"
