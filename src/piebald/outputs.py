@@ -13,6 +13,11 @@
   (0o666 & ~umask; 0o777 & ~umask for executables), never mkstemp's private 0o600.
 * Every failure is an :class:`OutputError`: one line naming the flag, the path and the
   reason (the OS's words for an OS error), which the CLI prints with exit code 2.
+* A file a run owns while it runs (the checkpoint lock, a manifest, a shard, metrics, an
+  exported model's pieces) is opened by :func:`open_run_file`, and the directories it
+  makes by :func:`make_run_directory`: never through a symbolic link, never anything but
+  a regular file (a directory), and a file said to be new really is (``O_EXCL``).
+  :func:`write_error` turns an OS error met while writing (a full disk) into the one line.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from piebald.errors import SpecError
 
@@ -38,8 +44,11 @@ __all__ = [
     "check_output_file",
     "check_writable_location",
     "file_mode",
+    "make_run_directory",
+    "open_run_file",
     "rename_no_replace",
     "write_atomic",
+    "write_error",
 ]
 
 _PROBE_PREFIX = ".piebald-write-test."
@@ -326,3 +335,92 @@ def write_atomic(
         temporary.unlink(missing_ok=True)
         raise
     _sync_directory(target.parent)
+
+
+def write_error(error: OSError, *, flag: str, path: str | Path) -> OutputError:
+    """The one line for an OS error met while writing ``path`` for ``flag``: ``FLAG: got
+    PATH; expected a location piebald can write (No space left on device)``."""
+    return OutputError(
+        flag=flag, path=path, expected=f"a location piebald can write ({_reason(error)})"
+    )
+
+
+RunFileMode = Literal["create", "append", "update", "read"]
+_OPEN_FLAGS: dict[str, int] = {
+    "create": os.O_WRONLY | os.O_CREAT | os.O_EXCL,  # a new file, never one that exists
+    "append": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    "update": os.O_RDWR | os.O_CREAT,
+    "read": os.O_RDONLY,
+}
+
+
+def open_run_file(path: str | Path, how: RunFileMode, *, flag: str, mode: int | None = None) -> int:
+    """Open a file the run owns and return its descriptor (the caller closes it, e.g. with
+    ``os.fdopen``). ``how``: ``"create"`` a new file (``O_EXCL``: refused if anything is
+    there already, also a link or a file that appeared a moment ago), ``"append"`` to it
+    or ``"update"`` it in place (created when missing), or ``"read"`` it.
+
+    Never follows a symbolic link in the last component (``O_NOFOLLOW``) and never opens
+    anything but a regular file (a FIFO, a device or a directory is refused without
+    blocking on it). New files get ``mode`` (default :func:`file_mode`). Every refusal and
+    OS error is an :class:`OutputError` naming ``flag`` and ``path``; nothing that is there
+    is changed by a refusal."""
+    path = Path(path)
+    flags = _OPEN_FLAGS[how] | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, file_mode() if mode is None else mode)
+    except FileExistsError:
+        info = _lstat(path)
+        kind = _describe(info.st_mode) if info is not None else "something"
+        raise OutputError(
+            flag=flag,
+            path=path,
+            expected=f"a path this run creates (it already exists: {kind}; nothing was "
+            "overwritten)",
+        ) from None
+    except OSError as error:
+        info = _lstat(path)
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, flag=flag, mode=info.st_mode) from None
+        raise write_error(error, flag=flag, path=path) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, flag=flag, mode=info.st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_regular(path: Path, *, flag: str, mode: int) -> OutputError:
+    return OutputError(
+        flag=flag,
+        path=path,
+        expected=f"a regular file of this run (it is {_describe(mode)}; piebald neither "
+        "follows nor writes it; nothing was changed)",
+    )
+
+
+def make_run_directory(path: str | Path, *, flag: str, new: bool = False) -> Path:
+    """Create the directory ``path`` (and missing parents) for the run, or with ``new``
+    refuse one that exists; an existing ``path`` must be a real directory, not a symbolic
+    link to one nor a file. Returns ``path``; failures are :class:`OutputError` lines."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, file_mode(executable=True))
+    except FileExistsError:
+        info = _lstat(path)
+        if new or info is None or not stat.S_ISDIR(info.st_mode):
+            kind = _describe(info.st_mode) if info is not None else "something"
+            raise OutputError(
+                flag=flag,
+                path=path,
+                expected=f"a directory this run creates (it already exists: {kind}; "
+                "nothing was changed)",
+            ) from None
+    except OSError as error:
+        raise write_error(error, flag=flag, path=path) from None
+    return path

@@ -17,8 +17,11 @@ from piebald.outputs import (
     check_new_directory,
     check_output_directory,
     check_output_file,
+    make_run_directory,
+    open_run_file,
     rename_no_replace,
     write_atomic,
+    write_error,
 )
 
 
@@ -212,3 +215,61 @@ def test_appendable_files(tmp_path: Path) -> None:
     assert metrics.read_text() == "line\n"
     with pytest.raises(OutputError, match="a regular file to append to"):
         check_appendable_file(tmp_path, flag="--metrics")
+
+
+def test_open_run_file_never_follows_a_link_nor_opens_a_special_file(tmp_path: Path) -> None:
+    """The helper for files a run owns: a symbolic link (even to a file this user may
+    write) or a FIFO is refused in one line naming the flag, and nothing is touched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("VICTIM DATA")
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for how in ("create", "append", "update", "read"):
+        for path in (link, fifo):
+            with pytest.raises(OutputError) as caught:
+                open_run_file(path, how, flag="--metrics")
+            message = str(caught.value)
+            assert message.startswith(f"--metrics: got {str(path)!r}") and "\n" not in message
+    assert victim.read_text() == "VICTIM DATA"
+    with pytest.raises(OutputError, match="a symbolic link"):
+        open_run_file(link, "update", flag="--checkpoint-dir")
+    with pytest.raises(OutputError, match="it already exists: a file"):
+        open_run_file(victim, "create", flag="--checkpoint-dir")
+    assert victim.read_text() == "VICTIM DATA"
+
+
+def test_open_run_file_creates_appends_and_reads(tmp_path: Path, umask_027: int) -> None:
+    path = tmp_path / "m.jsonl"
+    with os.fdopen(open_run_file(path, "create", flag="--metrics"), "w") as stream:
+        stream.write("a\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask_027
+    with os.fdopen(open_run_file(path, "append", flag="--metrics"), "w") as stream:
+        stream.write("b\n")
+    with os.fdopen(open_run_file(path, "read", flag="--metrics")) as stream:
+        assert stream.read() == "a\nb\n"
+    with pytest.raises(OutputError, match="No such file or directory"):
+        open_run_file(tmp_path / "absent", "read", flag="--metrics")
+
+
+def test_make_run_directory_refuses_links_files_and_with_new_anything(tmp_path: Path) -> None:
+    made = make_run_directory(tmp_path / "a" / "b", flag="--checkpoint-dir")
+    assert made.is_dir()
+    assert make_run_directory(made, flag="--checkpoint-dir") == made  # exists: fine
+    with pytest.raises(OutputError, match="it already exists: a directory"):
+        make_run_directory(made, flag="--checkpoint-dir", new=True)
+    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "file").write_text("mine")
+    for path in (tmp_path / "link", tmp_path / "file"):
+        with pytest.raises(OutputError, match="--checkpoint-dir: got"):
+            make_run_directory(path, flag="--checkpoint-dir")
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_write_error_is_one_line_with_the_os_words(tmp_path: Path) -> None:
+    error = write_error(OSError(28, os.strerror(28)), flag="--save-model", path=tmp_path / "w")
+    assert str(error) == (
+        f"--save-model: got {str(tmp_path / 'w')!r}; expected a location piebald can write "
+        "(No space left on device)"
+    )

@@ -13,6 +13,10 @@ The holder writes its pid, host and start time into the file so a refused run ca
 has the directory. On NFS, Linux implements ``flock`` with POSIX locks, which work across
 nodes; Lustre needs the ``flock`` mount option. Where the file system has no locks at
 all the run goes on unlocked, with a warning.
+
+The file is opened with :func:`piebald.outputs.open_run_file`: a ``.lock`` that is a
+symbolic link (planted in a shared directory to make the run overwrite what it points to)
+or anything but a regular file is refused in one line, and its target is never touched.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import socket
 from pathlib import Path
 
 from piebald.errors import SpecError
+from piebald.outputs import OutputError, open_run_file
 
 __all__ = ["LOCK_FILE", "CheckpointDirLock"]
 
@@ -57,7 +62,6 @@ class CheckpointDirLock:
             )
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as error:
             raise SpecError(
                 source=str(directory),
@@ -65,6 +69,7 @@ class CheckpointDirLock:
                 value=error.strerror,
                 expected="a directory this user can create files in",
             ) from None
+        fd = open_run_file(directory / LOCK_FILE, "update", flag="--checkpoint-dir", mode=0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -88,7 +93,15 @@ class CheckpointDirLock:
                 error.strerror,
             )
         self._fd = fd
-        _write_holder(fd)
+        try:
+            _write_holder(fd)
+        except OSError as error:  # a full disk: the lock is held, the note is not written
+            self.release()
+            raise OutputError(
+                flag="--checkpoint-dir",
+                path=directory / LOCK_FILE,
+                expected=f"a location piebald can write ({error.strerror})",
+            ) from None
         return self
 
     def release(self) -> None:

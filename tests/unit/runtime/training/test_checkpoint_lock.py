@@ -72,3 +72,23 @@ def test_a_file_or_unwritable_place_is_one_line(tmp_path: Path) -> None:
     assert a_file.read_text() == "mine"
     with pytest.raises(SpecError, match="--checkpoint-dir"):
         CheckpointDirLock(a_file / "below").acquire()
+
+
+def test_a_lock_symlink_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    """A ``.lock`` planted as a link in a shared directory made the run truncate and
+    overwrite the file it pointed to; now it is one line and the target is as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("VICTIM DATA\n")
+    directory = tmp_path / "ck"
+    directory.mkdir()
+    (directory / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(SpecError) as caught:
+        CheckpointDirLock(directory).acquire()
+    message = str(caught.value)
+    assert message.startswith("--checkpoint-dir: got") and "a symbolic link" in message
+    assert "\n" not in message
+    assert victim.read_text() == "VICTIM DATA\n"
+    (directory / LOCK_FILE).unlink()
+    os.mkfifo(directory / LOCK_FILE)  # nor anything else that is not a regular file
+    with pytest.raises(SpecError, match="a named pipe"):
+        CheckpointDirLock(directory).acquire()
