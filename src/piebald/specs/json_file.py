@@ -1,63 +1,26 @@
 """Reading a JSON file a user gave (a plan, a model's config.json, a profile) safely.
 
-Unreadable, malformed or absurdly nested files become one :class:`SpecError` naming the
-file: ``json.loads`` of ``[[[[...`` two hundred thousand deep raises RecursionError, and
-a structure just under the interpreter's limit would raise it later, in whatever walks
-it, so nesting is limited here, once, far above what any of these files uses (a plan's
-deepest value, ``cost_inputs.links[i].between[j]``, is five levels down).
+A thin name for :func:`piebald.specs.user_input.read_user_json`, which does the work for
+every reader of a user's file: a regular file only, at most :data:`MAX_JSON_BYTES`, UTF-8,
+at most :data:`MAX_NESTING` lists and mappings deep (a plan's deepest value,
+``cost_inputs.links[i].between[j]``, is five levels down). Each refusal is one
+:class:`~piebald.errors.SpecError` naming the file.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from piebald.errors import SpecError
+from piebald.specs.user_input import MAX_NESTING, nesting_depth, read_user_json
 
-__all__ = ["MAX_NESTING", "nesting_depth", "read_json"]
+__all__ = ["MAX_JSON_BYTES", "MAX_NESTING", "nesting_depth", "read_json"]
 
-MAX_NESTING = 64
-
-
-def nesting_depth(value: object, *, limit: int = MAX_NESTING) -> int:
-    """How many lists and mappings deep ``value`` goes, counted without recursion and
-    without looking further than ``limit + 1`` levels (so a value built to be deep costs
-    nothing more than reaching the limit)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if depth > limit:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+# Far above any plan or profile (a plan of 2^16 micro-batches on 2^15 GPUs is tens of MB).
+MAX_JSON_BYTES = 1 << 30
 
 
 def read_json(path: Path, *, expected: str) -> Any:
     """The parsed JSON of ``path``; ``expected`` says what the file should be (``"a plan
     JSON file"``), for the error."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON, a huge int
-        raise SpecError(
-            source=str(path), field="", has_value=False, expected=f"{expected} ({error})"
-        ) from None
-    except RecursionError:
-        data = None  # reported as too deep below
-    else:
-        if nesting_depth(data) <= MAX_NESTING:
-            return data
-    raise SpecError(
-        source=str(path),
-        field="",
-        has_value=False,
-        expected=f"{expected} with lists and mappings at most {MAX_NESTING} levels deep",
-    )
+    return read_user_json(path, source=str(path), max_bytes=MAX_JSON_BYTES, what=expected)
