@@ -20,13 +20,15 @@ from the current directory, as on the command line. For example::
 How: the option is eager, so click processes it before every other option; its callback
 fills the context's ``default_map``, which click consults for each option the command line
 did not give (command line, then the file, then the flag's own default). Unknown keys,
-values of the wrong type or out of a flag's range are one line naming the file and the key.
+values of the wrong type, ``inf`` or ``nan``, or out of a flag's range are one line naming
+the file and the key. The file is read by :func:`~piebald.specs.user_input.read_user_toml`:
+a regular file of at most :data:`MAX_JOB_FILE_BYTES`, UTF-8, nested at most 64 levels.
 """
 
 from __future__ import annotations
 
 import inspect
-import tomllib
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +39,11 @@ import typer
 from piebald.cli.common import user_errors
 from piebald.errors import SpecError
 from piebald.specs.fields import suggest
+from piebald.specs.user_input import read_user_toml
 
-__all__ = ["ConfigOption", "load_job_file"]
+__all__ = ["MAX_JOB_FILE_BYTES", "ConfigOption", "load_job_file"]
+
+MAX_JOB_FILE_BYTES = 1 << 20  # a file of flags; thousands of times the largest useful one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +99,10 @@ def _value(path: Path, key: str, value: object, flag: _Flag) -> object:
         raise SpecError(source=str(path), field=key, value=value, expected=expected)
     if number:
         assert isinstance(value, int | float)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(
+                source=str(path), field=key, value=value, expected=f"a finite {expected[2:]}"
+            )
         if flag.min is not None and value < flag.min:
             raise SpecError(
                 source=str(path), field=key, value=value, expected=f"{expected} >= {flag.min}"
@@ -112,19 +121,7 @@ def load_job_file(
     """Callback of the eager ``--config`` option: the file's keys become the defaults."""
     if value is None or ctx.resilient_parsing:
         return value
-    try:
-        table = tomllib.loads(value.read_text())
-    except OSError as error:
-        raise SpecError(
-            source=str(value),
-            field="",
-            has_value=False,
-            expected=f"a readable file ({error.strerror})",
-        ) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise SpecError(
-            source=str(value), field="", has_value=False, expected=f"TOML ({error})"
-        ) from None
+    table = read_user_toml(value, source=str(value), max_bytes=MAX_JOB_FILE_BYTES)
     flags = _flags(ctx)
     defaults: dict[str, Any] = dict(ctx.default_map or {})
     seen: dict[str, str] = {}

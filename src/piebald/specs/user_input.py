@@ -98,7 +98,7 @@ def check_regular_file(path: Path, *, source: str) -> os.stat_result:
         info = os.stat(path)
     except (OSError, ValueError) as error:  # ValueError: an embedded NUL
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise _refuse(path, source, f"an existing, readable file ({reason})") from None
+        raise _refuse(path, source, f"a readable file ({reason})") from None
     if not stat.S_ISREG(info.st_mode):
         raise _refuse(path, source, f"a regular file (it is {_kind(info.st_mode)})")
     return info

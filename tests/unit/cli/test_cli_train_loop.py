@@ -5,11 +5,14 @@ errors naming the file and the key) and ``--tensorboard`` without its package.""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from cli_runner import last_json, run_cli
+from piebald.cli.job_file import MAX_JOB_FILE_BYTES
 
 JOB = ["--model", "tiny", "--global-batch", "2", "--seq-len", "16"]
 
@@ -72,6 +75,11 @@ def test_job_file_is_the_flags_and_the_command_line_wins(tmp_path: Path) -> None
         ("warmup-steps = 1\nwarmup_steps = 2", "one key per flag (also given as warmup-steps)"),
         ("config = 'other.toml'", "config: expected a flag of this command"),
         ("steps = [", "expected TOML"),
+        ("lr = inf", "lr: got inf; expected a finite number"),
+        ("lr = -inf", "lr: got -inf; expected a finite number"),
+        ("lr = nan", "lr: got nan; expected a finite number"),
+        ("steps = " + "[" * 5000 + "]" * 5000, "expected TOML with lists and mappings at most 64"),
+        ("t = " + "{a = " * 3000 + "1" + "}" * 3000, "at most 64 levels deep"),
     ],
 )
 def test_job_file_errors_are_one_line(tmp_path: Path, body: str, expected: str) -> None:
@@ -81,6 +89,38 @@ def test_job_file_errors_are_one_line(tmp_path: Path, body: str, expected: str) 
     assert code == 2, output
     assert output.count("\n") == 1 and "Traceback" not in output
     assert f"{job}: " in output and expected in output
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory", "not-utf8", "huge"])
+def test_job_file_that_is_no_regular_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    """A FIFO blocked forever and /dev/zero grew until the OOM killer: both are refused
+    before reading, as are a directory, bytes that are not UTF-8 and an oversized file."""
+    job = tmp_path / "job.toml"
+    if kind == "fifo":
+        os.mkfifo(job)
+    elif kind == "zero":
+        job.symlink_to("/dev/zero")
+    elif kind == "directory":
+        job.mkdir()
+    elif kind == "not-utf8":
+        job.write_bytes(b"steps = 3\n# \xff\n")
+    else:
+        job.write_bytes(b"#" * (MAX_JOB_FILE_BYTES + 1))
+    signal.alarm(20)  # a regression would block here, not fail
+    try:
+        code, output = run_cli("train", "--config", str(job), *JOB)
+    finally:
+        signal.alarm(0)
+    assert code == 2, output
+    assert output.count("\n") == 1 and "Traceback" not in output
+    expected = {
+        "fifo": "a regular file (it is a named pipe)",
+        "zero": "a regular file (it is a device node)",
+        "directory": "a regular file (it is a directory)",
+        "not-utf8": "UTF-8 text (byte 0xff on line 2 is not UTF-8)",
+        "huge": "a file of at most 1 MiB",
+    }[kind]
+    assert f"{job}: expected {expected}" in output
 
 
 def test_schedule_and_tensorboard_errors_are_one_line(
