@@ -7,6 +7,8 @@ they are. The dtype comes from, in order: the ``dtype`` argument; a sidecar JSON
 always writes, e.g. ``{"format": "piebald.tokens", "version": 1, "dtype": "uint16",
 "num_tokens": 466195, "tokenizer": "bytes"}``; else uint16. The sidecar's token count is
 checked against the file size, which catches a file and a sidecar that do not belong together.
+The sidecar is read by :func:`~piebald.specs.user_input.read_user_json`: a regular file of
+at most :data:`MAX_SIDECAR_BYTES`, nested at most 64 levels.
 
 Document boundaries (optional; ``piebald data prepare`` writes them): the sidecar's
 ``"document_index"`` names a file beside the tokens (``train.bin`` -> ``train.bin.idx``) of
@@ -31,9 +33,11 @@ from piebald.errors import SpecError
 from piebald.outputs import file_mode
 from piebald.runtime.data.documents import DOCUMENT_KINDS
 from piebald.runtime.data.tokenizer import ByteTokenizer
+from piebald.specs.user_input import read_user_json
 
 __all__ = [
     "DOCUMENT_OFFSET_DTYPE",
+    "MAX_SIDECAR_BYTES",
     "TOKEN_DTYPES",
     "TOKEN_FILE_FORMAT",
     "TokenFile",
@@ -51,6 +55,7 @@ TOKEN_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {
 }
 TOKEN_FILE_FORMAT = "piebald.tokens"  # the sidecar's "format"
 DOCUMENT_OFFSET_DTYPE = np.dtype("<u8")  # the document index's entries
+MAX_SIDECAR_BYTES = 1 << 20  # the sidecar is a handful of fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -153,7 +158,20 @@ def _read_document_offsets(
     if name is None:
         return None
     sidecar = metadata_path(path)
-    index = path.with_name(str(name))
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or "\0" in name
+        or (os.sep != "/" and os.sep in name)
+    ):
+        raise SpecError(
+            source=str(sidecar),
+            field="document_index",
+            value=name,
+            expected=f"the name of a file beside {path.name} (no directory part)",
+        )
+    index = path.with_name(name)
     num_documents = metadata.get("num_documents")
     if not isinstance(num_documents, int) or isinstance(num_documents, bool) or num_documents < 1:
         raise SpecError(
@@ -188,14 +206,11 @@ def _read_document_offsets(
 
 def _read_metadata(path: Path) -> dict[str, Any]:
     sidecar = metadata_path(path)
-    if not sidecar.is_file():
+    if not os.path.lexists(sidecar):
         return {}
-    try:
-        data = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpecError(
-            source=str(sidecar), field="", has_value=False, expected=f"readable JSON ({error})"
-        ) from None
+    data = read_user_json(
+        sidecar, source=str(sidecar), max_bytes=MAX_SIDECAR_BYTES, what="readable JSON"
+    )
     if not isinstance(data, dict) or data.get("format") != TOKEN_FILE_FORMAT:
         raise SpecError(
             source=str(sidecar),

@@ -5,6 +5,7 @@ optional document index (written document by document, checked against the token
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,47 @@ def test_a_document_index_that_does_not_fit_is_a_one_line_error(tmp_path: Path) 
     index.unlink()
     with pytest.raises(SpecError, match=r"d.bin.idx: size: got 'no such file'"):
         open_token_file(path)
+
+
+@pytest.mark.parametrize("name", ["sub/x.idx", "", "/etc/passwd", "..", ".", 3, ["x"]])
+def test_a_document_index_name_with_a_directory_part_is_one_line(
+    tmp_path: Path, name: object
+) -> None:
+    """``path.with_name`` raised ValueError for these: each is one line naming the sidecar."""
+    path = tmp_path / "d.bin"
+    writer = TokenFileWriter(path, dtype="uint16")
+    writer.add_documents([np.arange(4), np.arange(3)])
+    writer.commit(tokenizer="test", metadata={})
+    sidecar = metadata_path(path)
+    data = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**data, "document_index": name}))
+    with pytest.raises(SpecError) as error:
+        open_token_file(path)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{sidecar}: document_index: got ")
+    assert "expected the name of a file beside d.bin" in message
+
+
+@pytest.mark.parametrize("kind", ["deep", "fifo", "directory", "not-utf8"])
+def test_a_hostile_sidecar_is_one_line(tmp_path: Path, kind: str) -> None:
+    """A 100,000-deep sidecar was a RecursionError traceback; a FIFO must not block."""
+    path = tmp_path / "t.bin"
+    np.arange(8, dtype=np.uint16).tofile(path)
+    sidecar = metadata_path(path)
+    if kind == "deep":
+        sidecar.write_text("[" * 100_000 + "]" * 100_000)
+        expected = "at most 64 levels deep"
+    elif kind == "fifo":
+        os.mkfifo(sidecar)
+        expected = "a regular file (it is a named pipe)"
+    elif kind == "directory":
+        sidecar.mkdir()
+        expected = "a regular file (it is a directory)"
+    else:
+        sidecar.write_bytes(b'{"format": "\xff"}')
+        expected = "UTF-8 text"
+    with pytest.raises(SpecError) as error:
+        open_token_file(path)
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{sidecar}: expected ") and expected in str(error.value)
