@@ -59,7 +59,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -68,7 +69,7 @@ import torch
 import torch.distributed as dist
 
 from piebald.errors import SpecError, error_fields
-from piebald.runtime.distributed.collectives import barrier
+from piebald.outputs import make_run_directory, open_run_file, rename_no_replace, write_error
 from piebald.runtime.distributed.groups import CommGroup
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
 from piebald.runtime.distributed.tensor_slice import TensorSlice
@@ -97,7 +98,6 @@ _READABLE_FORMATS = (2, 3)
 MANIFEST = "manifest.json"
 _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-"
-_ASIDE_PREFIX = ".replaced-"
 _HASH_CHUNK_BYTES = 1 << 22
 
 
@@ -107,6 +107,7 @@ class CheckpointInfo:
     step: int  # training steps completed when it was saved
     num_updates: int  # optimizer updates applied (steps skipped by the loss scaler excluded)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    run_id: str | None = None  # the run that wrote it (None: written before runs had ids)
 
 
 def checkpoint_name(step: int) -> str:
@@ -209,12 +210,22 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
     keep_last: int | None = None,
     slices: Mapping[str, TensorSlice] | None = None,
+    run_id: str | None = None,
 ) -> Path:
     """Write ``directory/step-NNNNNNNN`` atomically; collective over ``group`` (every rank
     the plan uses). ``extra`` must be JSON-serialisable (data position, plan digest, ...).
     ``slices``: the tensor-parallel slice this rank holds of each split parameter, by
-    global name (``TensorSplit.slices``; none: every parameter is held whole). Returns the
-    checkpoint's path on every rank."""
+    global name (``TensorSplit.slices``; none: every parameter is held whole). ``run_id``
+    (the leader's is written): the run the checkpoint belongs to, which its metrics file
+    names too (``CheckpointInfo.run_id``). Returns the checkpoint's path on every rank.
+
+    Files are opened with :func:`piebald.outputs.open_run_file` (no link followed, none
+    replaced). Whatever stands under ``step-NNNNNNNN`` already was not made by this run
+    (a resumed run sets its newer checkpoints aside first): it is renamed
+    ``foreign-step-NNNNNNNN`` (a free variant of that name), reported in one warning line,
+    never deleted. An OS error on any rank (a full disk) is the same one-line
+    :class:`~piebald.outputs.OutputError` naming ``--checkpoint-dir`` on every rank; the
+    temporary directory is removed and the older checkpoints are untouched."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last = {keep_last}; expected >= 1 or None")
     if step < 0:
@@ -222,11 +233,10 @@ def save_checkpoint(
     leader = group.ranks[0]
     final = directory / checkpoint_name(step)
     tmp = directory / f"{_TMP_PREFIX}{checkpoint_name(step)}"
+    verdict = None
     if rank == leader:
-        if tmp.exists():  # left by a save that crashed; never a complete checkpoint
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    barrier(group)
+        verdict = _attempt(lambda: _fresh_directory(tmp), directory=directory)
+    _agree(_all_gather_objects(verdict, group))
 
     entry = _rank_entry(optimizer, rank=rank, slices=slices or {})
     state = {
@@ -239,27 +249,24 @@ def save_checkpoint(
         "rng": torch.get_rng_state(),
     }
     path = tmp / entry["file"]
-    failure: BaseException | None = None
-    try:
-        with path.open("wb") as f:
+
+    def write_shard() -> None:
+        with os.fdopen(open_run_file(path, "create", flag=_FLAG), "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         entry["bytes"] = path.stat().st_size
         entry["sha256"] = _sha256(path)
-    except Exception as error:  # told to every rank below, so none waits for a dead save
-        failure = error
-        entry = {"rank": rank, "error": f"{type(error).__name__}: {error}"}
-    entries = _all_gather_objects(entry, group)
-    if failure is not None:
-        raise failure
-    failed = [e for e in entries if "error" in e]
-    if failed:
-        raise RuntimeError(
-            f"checkpoint step {step} not saved: rank {failed[0]['rank']}: {failed[0]['error']}; "
-            f"the previous checkpoints in {directory} are untouched"
-        )
 
+    failure = _attempt(write_shard, directory=directory)
+    entries = _all_gather_objects(entry if failure is None else {"error": failure}, group)
+    failures = [e["error"] for e in entries if "error" in e]
+    if failures:
+        if rank == leader:
+            _remove_temporary(tmp)
+        raise SpecError(**failures[0])
+
+    verdict = None
     if rank == leader:
         manifest: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT,
@@ -271,34 +278,108 @@ def save_checkpoint(
             "extra": dict(extra or {}),
             "ranks": entries,
         }
+        if run_id is not None:
+            manifest["run_id"] = run_id
         manifest["checksum"] = _content_sha256(manifest)
-        manifest_path = tmp / MANIFEST
-        with manifest_path.open("w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        _install(tmp, final)
-        if keep_last is not None:
+
+        def finish() -> None:
+            with os.fdopen(open_run_file(tmp / MANIFEST, "create", flag=_FLAG), "w") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            _install(tmp, final)
+
+        verdict = _attempt(finish, directory=directory)
+        if verdict is not None:
+            _remove_temporary(tmp)
+        elif keep_last is not None:
             _prune(directory, keep=keep_last)
-    barrier(group)
+    _agree(_all_gather_objects(verdict, group))
     logger.info("checkpoint step %d written to %s", step, final)
     return final
 
 
+_FLAG = "--checkpoint-dir"
+_FOREIGN_PREFIX = "foreign-"
+
+
+def _attempt(work: Callable[[], object], *, directory: Path) -> dict[str, object] | None:
+    """Run ``work``; None when it succeeded, else its one-line error's fields (an OS error
+    as the ``--checkpoint-dir DIRECTORY`` line), told to every rank before anyone raises."""
+    try:
+        work()
+    except SpecError as error:
+        return error_fields(error)
+    except OSError as error:
+        return error_fields(write_error(error, flag=_FLAG, path=directory))
+    return None
+
+
+def _agree(verdicts: Sequence[dict[str, object] | None]) -> None:
+    """Raise the first rank's error on every rank, so none waits for a failed one."""
+    for fields in verdicts:
+        if fields is not None:
+            raise SpecError(**fields)  # type: ignore[arg-type]  # error_fields' keywords
+
+
+def _fresh_directory(tmp: Path) -> None:
+    """``tmp`` as a new, empty directory: one left by a save that crashed (the lock keeps
+    other runs out) is removed; anything but a directory there is set aside."""
+    info = _lstat(tmp)
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(tmp)
+        else:
+            _set_aside(tmp)
+    make_run_directory(tmp, flag=_FLAG, new=True)
+
+
+def _remove_temporary(tmp: Path) -> None:
+    info = _lstat(tmp)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename ``path``, which this run did not make, to a free ``foreign-NAME`` and say so."""
+    number = 1
+    while True:
+        suffix = "" if number == 1 else f".{number}"
+        aside = path.with_name(f"{_FOREIGN_PREFIX}{path.name}{suffix}")
+        try:
+            rename_no_replace(path, aside)
+            break
+        except FileExistsError:
+            number += 1
+    logger.warning(
+        "%s: was not made by this run (a file or directory that appeared under a "
+        "checkpoint's name); moved aside to %s, nothing deleted",
+        path,
+        aside.name,
+    )
+    return aside
+
+
 def _install(tmp: Path, final: Path) -> None:
-    """Rename the complete ``tmp`` into place; an existing checkpoint of the same step is
-    moved aside first and deleted only after the new one is in place."""
-    aside = None
-    if final.exists():
-        aside = final.parent / f"{_ASIDE_PREFIX}{final.name}"
-        if aside.exists():
-            shutil.rmtree(aside)
-        final.rename(aside)
-    tmp.rename(final)
+    """Rename the complete ``tmp`` into place, never onto anything: whatever is at
+    ``final`` (not made by this run) is set aside first (``_set_aside``)."""
+    while True:
+        if _lstat(final) is not None:
+            _set_aside(final)
+        try:
+            rename_no_replace(tmp, final)
+            break
+        except FileExistsError:  # appeared again in between: set that aside too
+            continue
     _fsync_dir(final.parent)
-    if aside is not None:
-        shutil.rmtree(aside)
 
 
 def _prune(directory: Path, *, keep: int) -> None:
@@ -412,6 +493,7 @@ def _info(path: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
         step=int(manifest["step"]),
         num_updates=int(manifest["num_updates"]),
         extra=extra if isinstance(extra, dict) else {},
+        run_id=run_id if isinstance(run_id := manifest.get("run_id"), str) else None,
     )
 
 

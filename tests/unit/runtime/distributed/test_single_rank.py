@@ -4,8 +4,10 @@ atomic checkpoints with clear errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from piebald.runtime.distributed.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from piebald.runtime.distributed.flat_bucket import FlatBucket
 from piebald.runtime.distributed.group_layout import BucketPlacement
@@ -280,11 +283,15 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint_module.torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SpecError) as caught:
         save_checkpoint(tmp_path, step=2, optimizer=optimizer, group=GROUP, rank=0, keep_last=1)
+    assert str(caught.value) == (
+        f"--checkpoint-dir: got {str(tmp_path)!r}; expected a location piebald can write "
+        "(disk full)"
+    )
     monkeypatch.undo()
     assert find_latest_checkpoint(tmp_path) == good
-    assert not (tmp_path / "step-00000002").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]  # no temporary
     _, reloaded = _fresh()
     assert load_checkpoint(tmp_path, optimizer=reloaded, group=GROUP, rank=0).step == 1
 
@@ -295,15 +302,67 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002"]
 
 
-def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
+def test_what_stands_under_a_checkpoints_name_is_set_aside_never_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something that appeared under ``step-N`` during the run (a user's directory, a
+    restored backup, a file) was deleted, or crashed the run: it is not this run's, so it
+    is renamed ``foreign-step-N`` and reported; the new checkpoint takes its place."""
     params, optimizer = _fresh()
     _train(params, optimizer, range(1))
     save_checkpoint(tmp_path, step=1, optimizer=optimizer, group=GROUP, rank=0)
+    (tmp_path / "step-00000002").mkdir()
+    (tmp_path / "step-00000002" / "user.txt").write_text("MINE")
+    (tmp_path / "step-00000003").write_text("x")  # a file where a directory goes
+    (tmp_path / ".tmp-step-00000003").write_text("y")  # and where the temporary goes
     _train(params, optimizer, range(1, 2))
-    path = save_checkpoint(tmp_path, step=1, optimizer=optimizer, group=GROUP, rank=0)
+    with caplog.at_level("WARNING"):
+        save_checkpoint(tmp_path, step=2, optimizer=optimizer, group=GROUP, rank=0)
+        path = save_checkpoint(tmp_path, step=3, optimizer=optimizer, group=GROUP, rank=0)
+        again = save_checkpoint(tmp_path, step=3, optimizer=optimizer, group=GROUP, rank=0)
+    assert again == path
+    assert (tmp_path / "foreign-step-00000002" / "user.txt").read_text() == "MINE"
+    assert (tmp_path / "foreign-step-00000003").read_text() == "x"
+    assert (tmp_path / "foreign-.tmp-step-00000003").read_text() == "y"
+    assert (tmp_path / "foreign-step-00000003.2" / "manifest.json").is_file()  # kept too
     _, reloaded = _fresh()
-    assert load_checkpoint(path, optimizer=reloaded, group=GROUP, rank=0).num_updates == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+    assert load_checkpoint(tmp_path, optimizer=reloaded, group=GROUP, rank=0).step == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 4 and all("\n" not in w and "moved aside" in w for w in warnings)
+    assert any(str(tmp_path / "step-00000002") in w for w in warnings)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path: Path) -> None:
+    """A checkpoint that no longer fits: one line naming --checkpoint-dir, the path and
+    the OS's words; the temporary directory is removed, the older checkpoint intact."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        params, optimizer = _fresh()
+        _train(params, optimizer, range(1))
+        good = save_checkpoint(disk, step=1, optimizer=optimizer, group=GROUP, rank=0)
+        with contextlib.suppress(OSError), (disk / "filler").open("ab") as filler:
+            while True:  # until the disk is full
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        with pytest.raises(SpecError) as caught:
+            save_checkpoint(disk, step=2, optimizer=optimizer, group=GROUP, rank=0)
+        assert str(caught.value) == (
+            f"--checkpoint-dir: got {str(disk)!r}; expected a location piebald can write "
+            "(No space left on device)"
+        )
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "step-00000001"]
+        verify_checkpoint(good)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
