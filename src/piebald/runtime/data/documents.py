@@ -5,7 +5,8 @@ What a document is depends on the file's extension:
 - ``.txt``: the whole file is one document (UTF-8). Its text is held in memory while it is
   tokenized, so split a corpus that is one huge text file into several files (or JSONL).
 - ``.jsonl``: one document per line, a JSON object whose ``text_field`` (default ``"text"``)
-  holds the text; blank lines are skipped. Lines are read one at a time.
+  holds the text; blank lines are skipped. Lines are read one at a time, each nested at
+  most 64 levels deep, and a text holding a lone surrogate (``"\\ud800"``) is refused.
 - ``.parquet``: one document per row of the ``text_field`` column (a string column), read in
   record batches; needs ``pyarrow``.
 
@@ -15,7 +16,6 @@ split and the document index follow that order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from piebald.errors import SpecError
 from piebald.runtime.data.text_tokenizer import require_module
+from piebald.specs.user_input import check_unicode, parse_user_json
 
 __all__ = ["DOCUMENT_KINDS", "DocumentFile", "count_documents", "document_file", "read_documents"]
 
@@ -93,12 +94,7 @@ def _read_jsonl(path: Path, *, text_field: str) -> Iterator[str]:
             if not line.strip():
                 continue
             where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise SpecError(
-                    source=where, field="", has_value=False, expected=f"a JSON object ({error})"
-                ) from None
+            record = parse_user_json(line, source=where, what="a JSON object")
             if not isinstance(record, dict):
                 raise SpecError(
                     source=where,
@@ -117,7 +113,8 @@ def _read_jsonl(path: Path, *, text_field: str) -> Iterator[str]:
             text = record[text_field]
             if not isinstance(text, str):
                 raise SpecError(source=where, field=text_field, value=text, expected="a string")
-            yield text
+            # JSON can escape a lone surrogate ("\\ud800"), which no tokenizer can encode.
+            yield check_unicode(text, source=where, field=text_field)
 
 
 def _parquet_file(path: Path, *, text_field: str) -> Any:  # a pyarrow ParquetFile

@@ -7,25 +7,34 @@ one. The end-of-document (EOS) token appended after each document is, in order: 
 given (``--eos-token``); the ``eos_token`` of a ``tokenizer_config.json`` beside the
 ``tokenizer.json`` (what ``transformers`` uses); else the first of :data:`KNOWN_EOS_TOKENS`
 that the vocabulary holds. A tokenizer with none of these has no EOS, which is an error only
-when one is to be appended.
+when one is to be appended. Both files are read by :mod:`piebald.specs.user_input`: regular
+files of at most :data:`MAX_TOKENIZER_BYTES`, the config nested at most 64 levels deep.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from piebald.errors import SpecError
 from piebald.extras import install_hint
+from piebald.specs.user_input import read_user_bytes, read_user_json
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["KNOWN_EOS_TOKENS", "TextTokenizer", "load_text_tokenizer", "require_module"]
+__all__ = [
+    "KNOWN_EOS_TOKENS",
+    "MAX_TOKENIZER_BYTES",
+    "TextTokenizer",
+    "load_text_tokenizer",
+    "require_module",
+]
 
+# The largest published tokenizer.json files are tens of MB (Gemma's, 262,144 tokens: 34 MB).
+MAX_TOKENIZER_BYTES = 1 << 30
 # End-of-text tokens of common model families (GPT-2/NeoX, Llama 1-2/Mistral, Llama 3, Gemma),
 # the fallback for a bare tokenizer.json without a tokenizer_config.json.
 KNOWN_EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
@@ -78,7 +87,7 @@ def load_text_tokenizer(path: Path, *, eos_token: str | None = None) -> TextToke
             expected="a tokenizer.json or a model directory holding one (no such file)",
         )
     tokenizers = require_module("tokenizers", purpose="to tokenize text", source="--tokenizer")
-    content = file.read_bytes()
+    content = read_user_bytes(file, source=str(file), max_bytes=MAX_TOKENIZER_BYTES)
     try:
         tokenizer = tokenizers.Tokenizer.from_str(content.decode("utf-8"))
     except Exception as error:  # the library raises plain Exception; decoding, ValueError
@@ -115,12 +124,9 @@ def load_text_tokenizer(path: Path, *, eos_token: str | None = None) -> TextToke
 def _configured_eos(file: Path, vocab: dict[str, int]) -> str | None:
     config = file.with_name("tokenizer_config.json")
     if config.is_file():
-        try:
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise SpecError(
-                source=str(config), field="", has_value=False, expected=f"readable JSON ({error})"
-            ) from None
+        data = read_user_json(
+            config, source=str(config), max_bytes=MAX_TOKENIZER_BYTES, what="readable JSON"
+        )
         value = data.get("eos_token") if isinstance(data, dict) else None
         # transformers writes either the token or an AddedToken dict holding it.
         if isinstance(value, dict):

@@ -302,7 +302,19 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     unknown.write_text("# hi")
     no_column = tmp / "nocol.parquet"
     pq.write_table(pa.table({"body": ["x"]}), no_column)
+    deep = tmp / "deep.jsonl"  # a RecursionError traceback before the depth guard
+    deep.write_text('{"text": "fine"}\n' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "\n")
+    surrogate = tmp / "surrogate.jsonl"  # valid JSON, a TypeError inside tokenizers
+    surrogate.write_text('{"text": "fine"}\n\n{"text": "ab\\ud800"}\n')
     return {
+        "line nested too deep": (
+            ["--input", str(deep)],
+            f"{deep}:2: expected a JSON object with lists and mappings at most 64 levels deep",
+        ),
+        "lone surrogate": (
+            ["--input", str(surrogate)],
+            f"{surrogate}:3: text: expected text without lone surrogates (U+D800 at character 2)",
+        ),
         "missing input": (
             ["--input", str(tmp / "nope.jsonl")],
             f"{tmp / 'nope.jsonl'}: expected an input file (no such file)",
@@ -374,6 +386,11 @@ def test_bad_tokenizers_are_one_line_and_exit_2(tmp_path: Path) -> None:
         broken: "broken.json: expected a tokenizer.json the tokenizers library reads",
         plain: "plain.json: eos_token: expected an end-of-document token",
     }
+    nested = tmp_path / "nested"  # a RecursionError traceback before the depth guard
+    nested.mkdir()
+    _train_bpe(nested / "tokenizer.json")
+    (nested / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    cases[nested] = "tokenizer_config.json: expected readable JSON with lists and mappings at"
     for tokenizer, message in cases.items():
         code, output = prepare(
             str(tokenizer),
