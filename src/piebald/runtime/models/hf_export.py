@@ -6,13 +6,16 @@ with the ``model.safetensors.index.json`` that maps every tensor to its file (th
 The directory is built under a fresh temporary name beside its destination, every file
 synced, then renamed into place without replacing anything (``piebald.outputs``): an
 interrupted export never leaves a partial model under the user's name, and an existing
-destination, even one that appeared during the run, is never replaced.
+destination, even one that appeared during the run, is never replaced: the finished model
+is then kept under the temporary name the one-line error gives. A write that fails (a
+full disk) removes the temporary directory and is one line naming the flag.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -20,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from piebald.outputs import OutputError, check_new_directory, file_mode, rename_no_replace
+from piebald.outputs import OutputError, file_mode, rename_no_replace, write_error
 
 __all__ = [
     "CARRIED_FILES",
@@ -31,6 +35,7 @@ __all__ = [
     "SINGLE_FILE",
     "TOKEN_ID_KEYS",
     "carried_over",
+    "save_safetensors",
     "write_hf_model",
 ]
 
@@ -78,17 +83,22 @@ def write_hf_model(
     flag: str = "--save-model",
 ) -> None:
     """Create ``directory`` holding ``config``, ``tensors`` (under their Hugging Face
-    names) and copies of ``files`` (name in the directory -> source path); refuses a
-    destination that exists, also one that appears while the files are written
-    (:class:`~piebald.outputs.OutputError` naming ``flag``)."""
+    names) and copies of ``files`` (name in the directory -> source path). The model is
+    written first (the caller checked the destination before the work that made it), then
+    renamed into place; a destination that exists by then (it appeared during the run) is
+    never replaced: the :class:`~piebald.outputs.OutputError` naming ``flag`` says where
+    the complete model is kept instead. An OS error while writing (a full disk) is an
+    OutputError naming ``flag``, the destination and the OS's words, and leaves nothing."""
     directory = Path(directory)
-    check_new_directory(directory, flag=flag)
-    directory.parent.mkdir(parents=True, exist_ok=True)
     # A fresh, uniquely named scratch directory per export: nothing left by another run
     # is ever reused or removed. mkdtemp makes it private; the model gets the usual mode.
-    scratch = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    scratch.chmod(file_mode(executable=True))
     try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    except OSError as error:
+        raise write_error(error, flag=flag, path=directory) from None
+    try:
+        scratch.chmod(file_mode(executable=True))
         _write_json(scratch / "config.json", dict(config))
         for name, path in (files or {}).items():
             shutil.copyfile(path, scratch / name)
@@ -101,9 +111,9 @@ def write_hf_model(
         )
         weight_map: dict[str, str] = {}
         for file_name, shard in zip(names, shards, strict=True):
-            save_file(
+            save_safetensors(
                 {name: tensor.contiguous() for name, tensor in shard.items()},
-                str(scratch / file_name),
+                scratch / file_name,
                 metadata={"format": "pt"},
             )
             _fsync(scratch / file_name)
@@ -115,8 +125,10 @@ def write_hf_model(
                 "weight_map": dict(sorted(weight_map.items())),
             }
             _write_json(scratch / INDEX_NAME, index)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(scratch, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise write_error(error, flag=flag, path=directory) from None
         raise
     try:
         rename_no_replace(scratch, directory)  # never onto something that appeared meanwhile
@@ -126,12 +138,31 @@ def write_hf_model(
         raise OutputError(
             flag=flag,
             path=directory,
-            expected=f"a path nobody creates during the run (it appeared meanwhile; nothing "
-            f"was overwritten; the model is complete in {scratch}: rename it)",
+            expected=f"a path that does not exist (it exists now, made by someone else "
+            f"during the run; nothing was overwritten; the model is complete in {scratch}: "
+            "rename it)",
         ) from None
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: Path, *, metadata: dict[str, str] | None = None
+) -> None:
+    """``safetensors.torch.save_file``, whose I/O errors (a full disk) are raised as the
+    OSError they are, not as a SafetensorError wrapping the OS's words."""
+    try:
+        save_file(dict(tensors), str(path), metadata=metadata)
+    except SafetensorError as error:
+        found = _OS_ERROR.search(str(error))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def _shards(

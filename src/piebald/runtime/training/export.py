@@ -12,22 +12,33 @@ stages trained in different 16-bit types (bf16 beside fp16) is written in fp32, 
 holds both exactly. The directory is built under a temporary name and renamed into place
 (``hf_export``). A model fine-tuned from a Hugging Face directory keeps that directory's
 tokenizer files and token ids.
+
+A piece that cannot be written (a full disk) or a merge that fails is the same one line
+naming ``--save-model`` on every rank (an :class:`~piebald.outputs.OutputError`, agreed on
+before anyone raises, so no rank waits for a failed one), and the pieces' directory is
+removed. Pieces are created with :func:`piebald.outputs.open_run_file` semantics (a new
+directory and new files, no link followed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed as dist
+from safetensors.torch import load_file
 
-from piebald.runtime.distributed.collectives import all_reduce, barrier
-from piebald.runtime.distributed.groups import ProcessGroups
+from piebald.errors import SpecError, error_fields
+from piebald.outputs import make_run_directory, open_run_file, write_error
+from piebald.runtime.distributed.collectives import all_reduce
+from piebald.runtime.distributed.groups import CommGroup, ProcessGroups
 from piebald.runtime.distributed.optimizer import ShardedOptimizer
-from piebald.runtime.models.hf_export import carried_over, write_hf_model
+from piebald.runtime.models.hf_export import carried_over, save_safetensors, write_hf_model
 from piebald.runtime.models.hf_names import hf_tensors
 from piebald.runtime.models.stage_part import StagePart
 from piebald.runtime.models.tensor_parallel import TensorSplit, whole_weights
@@ -102,22 +113,79 @@ def export_part_weights(
     weights = part_weights(part)
     if split is not None and split.params:  # every member takes part in the gathers
         weights = whole_weights(weights, split, device=next(iter(part.parameters())).device)
+    verdict = None
     if rank == groups.stage.ranks[0]:
-        pieces.mkdir(parents=True, exist_ok=True)
-        save_file(weights, str(expected[groups.stage_index]))
+        piece = expected[groups.stage_index]
+
+        def write_piece() -> None:
+            make_run_directory(pieces, flag=_FLAG)
+            with open(open_run_file(piece, "create", flag=_FLAG), "wb"):
+                pass  # claims the name: a link or a file put there is refused, not followed
+            save_safetensors(weights, piece)
+
+        verdict = _attempt(write_piece, directory=directory)
     optimizer.release_params()
-    barrier(groups.used)
-    if rank == groups.used.ranks[0]:
-        try:
-            merged: dict[str, torch.Tensor] = {}
-            for piece in expected:
-                merged.update(load_file(str(piece)))
-            save_hf_model(merged, model=part.model, directory=directory, source=source)
-        finally:
-            for piece in expected:
-                piece.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # not empty: someone else's files stay
-                pieces.rmdir()
+    verdicts = _all_gather_objects(verdict, groups.used)
+    leader = rank == groups.used.ranks[0]
+    if leader and not any(verdicts):
+        verdict = _attempt(
+            lambda: save_hf_model(
+                _merged(expected), model=part.model, directory=directory, source=source
+            ),
+            directory=directory,
+        )
+    if leader:
+        _remove_pieces(pieces, expected)
+    verdicts += _all_gather_objects(verdict if leader else None, groups.used)
+    for fields in verdicts:
+        if fields is not None:
+            raise SpecError(**fields)
+
+
+_FLAG = "--save-model"
+
+
+def _merged(pieces: list[Path]) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for piece in pieces:
+        merged.update(load_file(str(piece)))
+    return merged
+
+
+def _attempt(work: Callable[[], object], *, directory: Path) -> dict[str, Any] | None:
+    """Run ``work``: None when done, else its one-line error's fields (an OS error as the
+    ``--save-model`` line naming ``directory``), for every rank to raise alike."""
+    try:
+        work()
+    except SpecError as error:
+        return error_fields(error)
+    except OSError as error:
+        return error_fields(write_error(error, flag=_FLAG, path=directory))
+    return None
+
+
+def _all_gather_objects(obj: object, group: CommGroup) -> list[Any]:
+    if group.size == 1:
+        return [obj]
+    everyone: list[Any] = [None] * group.size
+    dist.all_gather_object(everyone, obj, group=group.process_group)
+    return everyone
+
+
+def _remove_pieces(pieces: Path, expected: list[Path]) -> None:
+    """Remove this run's pieces and their directory (a directory holding anything else is
+    someone's: it stays, as what is in it); never follows a link put in their place."""
+    try:
+        info = pieces.lstat()
+    except OSError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    for piece in expected:
+        with contextlib.suppress(OSError):
+            piece.unlink()
+    with contextlib.suppress(OSError):  # not empty: someone else's files stay
+        pieces.rmdir()
 
 
 def _run_token(groups: ProcessGroups, *, rank: int, device: torch.device) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,13 +56,43 @@ def test_transformers_loads_what_was_written(max_shard_bytes: int, tmp_path: Pat
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left beside it
 
 
-def test_an_existing_destination_is_never_replaced(tmp_path: Path) -> None:
+def test_an_existing_destination_is_never_replaced_and_the_model_kept(tmp_path: Path) -> None:
+    """A --save-model directory made during the run (after the check before it) threw the
+    trained model away; now theirs stays and the model is kept where the line says."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(OutputError, match="already exists"):
+    with pytest.raises(OutputError, match="nothing was overwritten") as caught:
         write_hf_model(out, tensors={"w": torch.zeros(2)}, config={})
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    message = str(caught.value)
+    assert message.startswith(f"--save-model: got {str(out)!r}") and "\n" not in message
+    (kept,) = (p for p in tmp_path.iterdir() if p.name != "out")
+    assert f"the model is complete in {kept}: rename it" in message
+    assert (kept / SINGLE_FILE).is_file() and (kept / "config.json").is_file()
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        with pytest.raises(OutputError) as caught:
+            write_hf_model(disk / "w", tensors={"w": torch.zeros(100_000)}, config={})
+        assert str(caught.value) == (
+            f"--save-model: got {str(disk / 'w')!r}; expected a location piebald can write "
+            "(No space left on device)"
+        )
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
 
 
 @pytest.mark.parametrize("appears", ["directory", "empty directory", "file"])
@@ -86,7 +117,7 @@ def test_a_destination_that_appears_during_the_export_is_kept_and_so_is_the_mode
 
     monkeypatch.setattr(hf_export, "save_file", save_then_someone_creates_out)
     weights = {"w": torch.arange(4.0)}
-    with pytest.raises(OutputError, match="appeared meanwhile; nothing was overwritten") as caught:
+    with pytest.raises(OutputError, match="during the run; nothing was overwritten") as caught:
         write_hf_model(out, tensors=weights, config={"model_type": "llama"})
     if appears == "file":
         assert out.read_text() == "theirs"
