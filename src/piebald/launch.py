@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from piebald.specs.cluster import ClusterSpec, NicKind
 from piebald.specs.cluster_yaml import HOST_NAME_RULE, is_host_name
 
-__all__ = ["MAX_PORT", "NodeLaunch", "node_launches", "shell_script", "slurm_script"]
+__all__ = [
+    "MAX_PORT",
+    "NodeLaunch",
+    "comment_text",
+    "node_launches",
+    "shell_script",
+    "slurm_script",
+]
 
 DEFAULT_PORT = 29500
 MAX_PORT = 65_535  # TCP ports are 16-bit; 0 would let the OS pick, which peers cannot know
@@ -78,6 +85,17 @@ class NodeLaunch:
     @property
     def ranks(self) -> str:
         return f"ranks {self.first_rank}-{self.first_rank + self.num_gpus - 1}"
+
+
+def comment_text(text: str) -> str:
+    """``text`` made safe for a ``#`` comment line of a script: a comment ends at the first
+    newline, so every character that is not printable (line breaks, NUL, escapes, Unicode
+    separators) is written as its Python escape (``\\n``, ``\\x00``). This is the one place
+    where names that are not validated (the plan file's name) enter a script's text."""
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
 
 
 def _env_words(environment: Mapping[str, str]) -> str:
@@ -163,15 +181,16 @@ def shell_script(launches: Sequence[NodeLaunch], *, plan_name: str, workdir: str
     shares, holding the plan), rank 0's node first, and fails as soon as one node fails."""
     lines = [
         "#!/usr/bin/env bash",
-        f"# Launch plan {plan_name}: one torchrun per node; node i gets --node-rank i, so",
-        "# global ranks match the plan. Run from a directory every node shares.",
+        f"# Launch plan {comment_text(plan_name)}: one torchrun per node; node i gets",
+        "# --node-rank i, so global ranks match the plan. Run from a directory every node",
+        "# shares.",
         "set -euo pipefail",
         "pids=()",
         "declare -A node_of",
         "",
     ]
     for launch in launches:
-        lines.append(f"# node {launch.node_rank}: {launch.node_name}, {launch.ranks}")
+        lines.append(f"# node {launch.node_rank}: {comment_text(launch.node_name)}, {launch.ranks}")
         remote = f"cd {shlex.quote(workdir)} && {launch.shell_line()}"
         # -tt: the remote torchrun gets a terminal, so killing this ssh (when another node
         # fails) hangs it up and torchrun stops its workers instead of running on.
@@ -220,6 +239,8 @@ def slurm_script(
     them node i runs on the i-th host of its component's allocation. ``request_gpus=False``
     asks for no GPUs (a CPU-only cluster; torchrun still starts one process per planned GPU).
     """
+    if not is_host_name(job_name):  # an #SBATCH directive: one plain word
+        raise ValueError(f"a job name of letters, digits, '_', '.' or '-', not {job_name!r}")
     named = all(launch.host_named for launch in launches)
     if named:
         seen: set[str] = set()
@@ -252,7 +273,7 @@ def slurm_script(
     )
     shape = f", a heterogeneous job of {len(components)} components (one per GPU count)"
     lines += [
-        f"# Plan {plan_name}: {len(launches)} nodes{shape if hetjob else ''}.",
+        f"# Plan {comment_text(plan_name)}: {len(launches)} nodes{shape if hetjob else ''}.",
         placement,
         "set -euo pipefail",
         "pids=()",
@@ -286,7 +307,7 @@ def slurm_script(
                 step.append(f"--gpus-per-node={component.gpus_per_node}")
             step.append(f"--nodelist={host}")
             lines.append(
-                f"# node {launch.node_rank}: {launch.node_name}, {launch.ranks} "
+                f"# node {launch.node_rank}: {comment_text(launch.node_name)}, {launch.ranks} "
                 f"({launch.num_gpus} GPUs)"
             )
             lines.append(f"{' '.join(step)} env {_env_words(environment)} {args} &")

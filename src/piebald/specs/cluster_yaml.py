@@ -43,15 +43,24 @@ __all__ = [
     "parse_cluster",
 ]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# Host names go into shell lines and Slurm node lists unquoted: no spaces, commas, brackets.
-_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
+# Group and host names reach launch scripts unquoted (node names, Slurm node lists): no
+# spaces, commas, brackets or line breaks. Always ``fullmatch``: ``$`` in ``re.match``
+# also matches before a trailing newline, which would end a line of the script.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
 HOST_NAME_RULE = "a host name of letters, digits, '_', '.' or '-' (at most 253)"
+_PLAIN_TEXT = "text without control characters (no line breaks, tabs or NUL)"
 
 
 def is_host_name(text: str) -> bool:
     """Whether ``text`` is a host name a cluster file or ``launch --hosts`` may give."""
-    return _HOST_RE.match(text) is not None
+    return _HOST_RE.fullmatch(text) is not None
+
+
+def _has_control(text: str) -> bool:
+    """Whether ``text`` holds a character that is not printable text (Unicode categories C
+    and Z other than the space: line and paragraph separators, NUL, tabs, escapes)."""
+    return not all(char.isprintable() for char in text)
 
 
 _GROUP_FIELDS = (
@@ -140,7 +149,7 @@ def _parse_hosts(group: Fields, count: int, seen: set[str]) -> tuple[str, ...]:
             "hosts", hosts, f"{count} host names, one per node of the group (count: {count})"
         )
     for host in hosts:
-        if not isinstance(host, str) or not _HOST_RE.match(host):
+        if not isinstance(host, str) or not is_host_name(host):
             raise group.error("hosts", host, HOST_NAME_RULE)
         if host in seen:
             raise group.error("hosts", host, "a host not named before in this file")
@@ -157,7 +166,7 @@ def _parse_group(
 ) -> NodeGroup:
     group.reject_unknown(_GROUP_FIELDS)
     name = group.string("name")
-    if not _NAME_RE.match(name):
+    if _NAME_RE.fullmatch(name) is None:
         raise group.error("name", name, "letters, digits, '_', '.' or '-' (it names nodes)")
     if name in used:
         raise group.error("name", name, "a node group name not used before in this file")
@@ -181,6 +190,8 @@ def _parse_group(
     else:
         intra = group.rate_bytes_per_s("intra_link", default="16GB/s")  # unused: one GPU
     site = group.string("site", default="default")
+    if _has_control(site):
+        raise group.error("site", site, _PLAIN_TEXT)
     hosts = _parse_hosts(group, count, hosts_seen)
     return NodeGroup(
         name=name,
@@ -239,7 +250,17 @@ def parse_cluster(data: object, *, source: str) -> ClusterSpec:
     top = Fields(data, source=source)
     top.reject_unknown(_TOP_FIELDS)
     name = top.string("name")
+    if _has_control(name):
+        raise top.error("name", name, _PLAIN_TEXT)
     custom = device_types_from(top, "gpu_types")
+    for index, type_name in enumerate(custom):
+        if _has_control(type_name):
+            raise SpecError(
+                source=source,
+                field=f"gpu_types[{index}].name",
+                value=type_name,
+                expected=_PLAIN_TEXT,
+            )
     types = {**builtin_catalog(), **custom}  # a custom type may redefine a catalog name
     groups: list[NodeGroup] = []
     used: set[str] = set()
