@@ -3,23 +3,35 @@
 Only the tensors of the part's layers are read, from the ``*.safetensors`` files of a local
 directory (one file or a sharded set); nothing is ever downloaded. Which tensor goes where
 is ``hf_names``' table. A checkpoint holding tensors the model would leave unread, a
-missing tensor and a shape that differs are each refused in one line naming the file and
-tensor.
+missing tensor, a shape that differs and an integer tensor for a floating-point parameter
+are each refused in one line naming the file and tensor.
+
+Which file each tensor is read from: with a ``model.safetensors.index.json`` (what
+``save_pretrained`` writes beside shards), its ``weight_map`` decides, and files it does not
+name are not read; without one, every ``*.safetensors`` file is read, and a tensor held by
+two of them (a stale shard, a second copy) is refused naming both. Each weight file must be
+a regular file (a named pipe would block ``safe_open`` forever), checked before it is
+opened; the index is read by :func:`~piebald.specs.user_input.read_user_json`.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from piebald.errors import SpecError
+from piebald.runtime.models.hf_export import INDEX_NAME
 from piebald.runtime.models.hf_names import HfTensor, hf_tensors, unused_hf_names
 from piebald.runtime.models.stage_part import StagePart
 from piebald.specs.model import ModelSpec
+from piebald.specs.user_input import check_regular_file, read_user_json
 
-__all__ = ["check_hf_weights", "load_hf_weights"]
+__all__ = ["MAX_INDEX_BYTES", "check_hf_weights", "load_hf_weights"]
+
+MAX_INDEX_BYTES = 64 << 20  # a weight map of 10^5 tensors is a few MB
 
 
 def load_hf_weights(part: StagePart, directory: Path) -> None:
@@ -50,6 +62,16 @@ def load_hf_weights(part: StagePart, directory: Path) -> None:
                     value=list(tensor.shape) if not source.transpose else list(tensor.t().shape),
                     expected=f"shape {_stored_shape(parameter.shape, source.transpose)} "
                     f"for {source.local_name} of model {part.model.name!r}",
+                )
+            if parameter.dtype.is_floating_point and not (
+                tensor.dtype.is_floating_point or tensor.dtype.is_complex
+            ):
+                raise SpecError(
+                    source=str(files[found]),
+                    field=found,
+                    value=_dtype_name(tensor.dtype),
+                    expected=f"a floating-point tensor for {source.local_name} (a parameter "
+                    f"of {_dtype_name(parameter.dtype)}; integer weights are not converted)",
                 )
             parameter.copy_(tensor.to(dtype=parameter.dtype))
 
@@ -99,19 +121,85 @@ def _index_tensors(directory: Path) -> dict[str, Path]:
             has_value=False,
             expected="*.safetensors weight files in this directory (found none)",
         )
+    for path in paths:
+        check_regular_file(path, source=str(path))
+    index = directory / INDEX_NAME
+    if os.path.lexists(index):
+        return _indexed_tensors(directory, index)
     names: dict[str, Path] = {}
     for path in paths:
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                names.update(dict.fromkeys(handle.keys(), path))
-        except (SafetensorError, OSError) as error:
-            raise SpecError(
-                source=str(path),
-                field="",
-                has_value=False,
-                expected=f"a safetensors file ({error})",
-            ) from None
+        for name in _keys(path):
+            if name in names:
+                raise SpecError(
+                    source=str(path),
+                    field=name,
+                    has_value=False,
+                    expected=f"each tensor in one file (also in {names[name]}; remove the "
+                    f"stale file, or add a {INDEX_NAME} whose weight_map says which to read)",
+                )
+            names[name] = path
     return names
+
+
+def _indexed_tensors(directory: Path, index: Path) -> dict[str, Path]:
+    """tensor name -> file, as the index's ``weight_map`` says; each file must hold them."""
+    data = read_user_json(index, source=str(index), max_bytes=MAX_INDEX_BYTES)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise SpecError(
+            source=str(index),
+            field="weight_map",
+            value=weight_map,
+            expected="a mapping of tensor name: safetensors file name",
+        )
+    names: dict[str, Path] = {}
+    held: dict[Path, set[str]] = {}
+    for name, file in weight_map.items():
+        if (
+            not isinstance(file, str)
+            or not file.endswith(".safetensors")
+            or "/" in file
+            or file.startswith(".")
+        ):
+            raise SpecError(
+                source=str(index),
+                field=f"weight_map.{name}",
+                value=file,
+                expected=f"the name of a *.safetensors file in {directory}",
+            )
+        path = directory / file
+        if path not in held:
+            if not os.path.lexists(path):
+                raise SpecError(
+                    source=str(index),
+                    field=f"weight_map.{name}",
+                    value=file,
+                    expected=f"a file in {directory} (no such file)",
+                )
+            check_regular_file(path, source=str(path))
+            held[path] = set(_keys(path))
+        if name not in held[path]:
+            raise SpecError(
+                source=str(index),
+                field=f"weight_map.{name}",
+                value=file,
+                expected=f"the file holding {name} (it does not)",
+            )
+        names[name] = path
+    return names
+
+
+def _keys(path: Path) -> list[str]:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return list(handle.keys())
+    except (SafetensorError, OSError) as error:
+        raise SpecError(
+            source=str(path),
+            field="",
+            has_value=False,
+            expected=f"a safetensors file ({error})",
+        ) from None
 
 
 def _read(path: Path, name: str) -> torch.Tensor:
@@ -123,6 +211,10 @@ def _read(path: Path, name: str) -> torch.Tensor:
         raise SpecError(
             source=str(path), field=name, has_value=False, expected=f"a readable tensor ({error})"
         ) from None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _stored_shape(shape: torch.Size, transpose: bool) -> list[int]:

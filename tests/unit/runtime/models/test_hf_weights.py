@@ -5,6 +5,9 @@ loader at once); and every loading problem is one clear line."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -249,3 +252,113 @@ def test_gpt2_conv1d_shape_errors_name_the_stored_layout(tmp_path: Path) -> None
         SpecError, match=r"h.0.attn.c_attn.weight: got \[24, 8\]; expected shape \[8, 24\]"
     ):
         load_hf_weights(block, tmp_path)
+
+
+def _tiny_checkpoint(directory: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    model = load_model("tiny")
+    tensors = whole_checkpoint(model)
+    directory.mkdir()
+    save_file(tensors, str(directory / "model.safetensors"))
+    return model, tensors
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory"])
+def test_a_weight_file_that_is_no_regular_file_is_refused_before_opening(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO named *.safetensors blocked safe_open forever beside good weights."""
+    model, _ = _tiny_checkpoint(tmp_path / "w")
+    odd = tmp_path / "w" / "zz.safetensors"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    elif kind == "zero":
+        odd.symlink_to("/dev/zero")
+    else:
+        odd.mkdir()
+    part = build_stage_part(model, layer_start=0, layer_end=1)
+    signal.alarm(20)  # a regression would block here, not fail
+    try:
+        with pytest.raises(SpecError) as error:
+            load_hf_weights(part, tmp_path / "w")
+    finally:
+        signal.alarm(0)
+    assert str(error.value).startswith(f"{odd}: expected a regular file (it is a")
+
+
+def test_a_tensor_in_two_files_is_refused_naming_both(tmp_path: Path) -> None:
+    """A stale shard holding every tensor again (as zeros) won by name order, silently."""
+    model, tensors = _tiny_checkpoint(tmp_path / "w")
+    save_file({k: torch.zeros_like(v) for k, v in tensors.items()}, str(tmp_path / "w" / "z.st"))
+    (tmp_path / "w" / "z.st").rename(tmp_path / "w" / "z-old.safetensors")
+    part = build_stage_part(model, layer_start=0, layer_end=1)
+    with pytest.raises(SpecError) as error:
+        load_hf_weights(part, tmp_path / "w")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'w' / 'z-old.safetensors'}: ")
+    assert f"expected each tensor in one file (also in {tmp_path / 'w' / 'model.safetensors'}" in (
+        message
+    )
+
+
+def test_the_index_decides_which_file_each_tensor_is_read_from(tmp_path: Path) -> None:
+    model, tensors = _tiny_checkpoint(tmp_path / "w")
+    directory = tmp_path / "w"
+    save_file({k: torch.zeros_like(v) for k, v in tensors.items()}, str(directory / "z.st"))
+    (directory / "z.st").rename(directory / "z-old.safetensors")
+    index = directory / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": dict.fromkeys(tensors, "model.safetensors")}))
+    part = build_stage_part(model, layer_start=0, layer_end=1)
+    load_hf_weights(part, directory)
+    loaded = part.layer(0).tok_embeddings.weight
+    assert torch.equal(loaded, tensors["model.embed_tokens.weight"])  # not the zeros
+
+    first = next(iter(tensors))
+    cases = {
+        "z-old.safetensors": None,  # the index may name the other copy: it is read
+        "nope.safetensors": "expected a file in",
+        "../model.safetensors": "expected the name of a *.safetensors file in",
+    }
+    for file, expected in cases.items():
+        index.write_text(
+            json.dumps({"weight_map": {**dict.fromkeys(tensors, "model.safetensors"), first: file}})
+        )
+        if expected is None:
+            load_hf_weights(build_stage_part(model, layer_start=0, layer_end=1), directory)
+            continue
+        with pytest.raises(SpecError) as error:
+            load_hf_weights(part, directory)
+        assert str(error.value).startswith(f"{index}: weight_map.{first}: got {file!r}; ")
+        assert expected in str(error.value)
+    # A map that puts a tensor in a file without it; then a map of nothing.
+    save_file({"other": torch.zeros(1)}, str(directory / "b.safetensors"))
+    index.write_text(
+        json.dumps(
+            {"weight_map": {**dict.fromkeys(tensors, "model.safetensors"), first: "b.safetensors"}}
+        )
+    )
+    with pytest.raises(SpecError, match=f"expected the file holding {first} \\(it does not\\)"):
+        load_hf_weights(part, directory)
+    index.write_text('{"weight_map": {}}')
+    with pytest.raises(SpecError, match=r"weight_map: got \{\}; expected a mapping"):
+        load_hf_weights(part, directory)
+    index.write_text("[" * 1000 + "]" * 1000)
+    with pytest.raises(SpecError, match="at most 64 levels deep"):
+        load_hf_weights(part, directory)
+
+
+def test_an_integer_tensor_for_a_float_parameter_is_refused(tmp_path: Path) -> None:
+    model = load_model("tiny")
+    tensors = whole_checkpoint(model)
+    name = next(k for k in tensors if k.endswith("mlp.up_proj.weight"))
+    tensors[name] = tensors[name].to(torch.int32)
+    (tmp_path / "w").mkdir()
+    save_file(tensors, str(tmp_path / "w" / "model.safetensors"))
+    layer = int(name.split(".")[2]) + 1  # stage layer 0 is the embedding
+    part = build_stage_part(model, layer_start=layer, layer_end=layer + 1)
+    with pytest.raises(SpecError) as error:
+        load_hf_weights(part, tmp_path / "w")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'w' / 'model.safetensors'}: {name}: got 'int32'; ")
+    assert "expected a floating-point tensor for" in message and "float32" in message
