@@ -4,14 +4,16 @@ Every mistake in a file the user wrote (cluster YAML, model config.json, plan JS
 reported as a :class:`SpecError` that names the file, the field, the value and what was
 expected, so the CLI can print it as one line and exit 2 instead of a traceback. A bad
 argument of a library function (``piebald.plan(strategy=...)``) is an
-:class:`ArgumentError` naming the argument; the command line names its flag instead.
+:class:`ArgumentError` naming the argument; the command line names its flag instead. A run
+that fails for another reason (a training worker killed by the OOM killer) is a
+:class:`RunFailedError`, also one line.
 """
 
 from __future__ import annotations
 
 import reprlib
 
-__all__ = ["ArgumentError", "SpecError", "error_fields"]
+__all__ = ["ArgumentError", "RunFailedError", "SpecError", "error_fields"]
 
 _MAX_VALUE_CHARS = 80
 
@@ -84,6 +86,16 @@ class ArgumentError(SpecError):
             source=argument, field="", expected=expected, value=value, has_value=has_value
         )
         self.argument = argument
+
+
+class RunFailedError(RuntimeError):
+    """A run that failed while running, not through bad input: a worker killed by a
+    signal, or a worker's exception other than a :class:`SpecError`. Its message is one
+    line (which rank, what happened, and the newest checkpoint to resume from, where the
+    run writes checkpoints); the CLI prints it alone and exits 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
 
 
 def error_fields(error: SpecError) -> dict[str, object]:

@@ -38,7 +38,7 @@ from piebald.api import (
     load_model,
     load_plan,
 )
-from piebald.errors import ArgumentError, SpecError
+from piebald.errors import ArgumentError, RunFailedError, SpecError
 from piebald.extras import install_hint
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import Dtype
@@ -49,6 +49,7 @@ from piebald.specs.plan import Plan
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_INFEASIBLE",
+    "EXIT_RUN_FAILED",
     "FLAG_OF_ARGUMENT",
     "BatchOption",
     "ClusterOption",
@@ -75,6 +76,7 @@ errors = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
 
+EXIT_RUN_FAILED = 1  # a run failed while running (a worker killed, or its error)
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 
@@ -104,7 +106,8 @@ def require_installed(module: str) -> None:
 
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Report bad input as one line and a non-zero exit code instead of a traceback; so
-    too a command run without the optional dependency it needs."""
+    too a command run without the optional dependency it needs (exit 2), and a run that
+    failed while running (``RunFailedError``: exit 1)."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -127,6 +130,9 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
                 error = error.with_source(FLAG_OF_ARGUMENT.get(error.argument, error.argument))
             errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
+        except RunFailedError as error:  # a worker died or failed: not bad input
+            errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_RUN_FAILED) from None
         except FileExistsError as error:
             errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None

@@ -28,7 +28,6 @@ import signal
 import sys
 import tempfile
 import threading
-import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -39,7 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from piebald.errors import SpecError, error_fields
+from piebald.errors import RunFailedError, SpecError, error_fields
+from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
 from piebald.runtime.parent_watch import die_with_parent
 from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
 from piebald.runtime.training.config import TrainConfig
@@ -71,8 +71,9 @@ def _rank_main(
     parent_pid: int,
 ) -> None:
     """One worker: its exit status says how it ended (0, 2 with ``error-RANK.json`` for a
-    one-line error, 1 with ``failure-RANK.txt`` for anything else), and nothing but the
-    step lines reaches the terminal: the parent reports the first failure."""
+    SpecError, 1 with ``failure-RANK.txt``, the exception's one-line message, for anything
+    else), and nothing but the step lines reaches the terminal: the parent reports the
+    first failure."""
     die_with_parent(parent_pid, scratch=Path(out_dir))
     try:
         _train_rank(
@@ -90,9 +91,18 @@ def _rank_main(
         os._exit(2)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports
         os._exit(130)
-    except BaseException:
-        (Path(out_dir) / f"failure-{rank}.txt").write_text(traceback.format_exc())
+    except BaseException as error:
+        (Path(out_dir) / f"failure-{rank}.txt").write_text(_one_line(error))
         os._exit(1)
+
+
+def _one_line(error: BaseException) -> str:
+    """A worker's exception as the one line the user sees: its own message (an OSError's
+    already says what failed), the type's name first where the message alone is unclear."""
+    message = " ".join(str(error).split())
+    if isinstance(error, (OSError, RunFailedError)) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def _train_rank(
@@ -129,7 +139,9 @@ def _train_rank(
         dist.destroy_process_group()
 
 
-def _run_workers(args: tuple[Any, ...], *, world_size: int, scratch: Path) -> None:
+def _run_workers(
+    args: tuple[Any, ...], *, world_size: int, scratch: Path, checkpoint_dir: Path | None
+) -> None:
     """Start one process per rank and wait: all done, or the first failure reported (the
     others are killed first, before they add their own "connection closed" errors)."""
     context = multiprocessing.get_context("forkserver")
@@ -159,26 +171,51 @@ def _run_workers(args: tuple[Any, ...], *, world_size: int, scratch: Path) -> No
         for process in started:
             process.join()
     if failed is not None:
-        _raise_failure(scratch, rank=failed, exitcode=processes[failed].exitcode)
+        _raise_failure(
+            scratch,
+            rank=failed,
+            exitcode=processes[failed].exitcode,
+            checkpoint_dir=checkpoint_dir,
+        )
 
 
-def _raise_failure(scratch: Path, *, rank: int, exitcode: int | None) -> None:
+def _raise_failure(
+    scratch: Path, *, rank: int, exitcode: int | None, checkpoint_dir: Path | None
+) -> None:
     """The first failed rank's error, or the one-line error another rank wrote (every rank
-    reports a bad checkpoint alike; one that died of its peer's error has none)."""
+    reports a bad checkpoint alike; one that died of its peer's error has none): a
+    SpecError for bad input, else a one-line RunFailedError naming the rank and, where the run
+    writes checkpoints, the newest one to resume from."""
     own = scratch / f"error-{rank}.json"
     reported = [own] if own.is_file() else sorted(scratch.glob("error-*.json"))
     if reported:
         raise SpecError(**json.loads(reported[0].read_text()))
     failure = scratch / f"failure-{rank}.txt"
     if failure.is_file():
-        raise RuntimeError(f"emulated rank {rank} failed:\n{failure.read_text().rstrip()}")
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        raise RuntimeError(
-            f"emulated rank {rank} was killed by {name}"
-            + (" (out of memory?)" if name == "SIGKILL" else "")
-        )
-    raise RuntimeError(f"emulated rank {rank} exited with status {exitcode}")
+        what = f"emulated rank {rank} failed: {failure.read_text()}"
+    elif exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-exitcode}"
+        likely = ", likely out of memory" if name == "SIGKILL" else ""
+        what = f"emulated rank {rank} was killed by {name}{likely}"
+    else:
+        what = f"emulated rank {rank} exited with status {exitcode}"
+    raise RunFailedError(what + _newest_checkpoint(checkpoint_dir))
+
+
+def _newest_checkpoint(directory: Path | None) -> str:
+    """Where a failed run can resume from, as the end of its error line."""
+    if directory is None:
+        return ""
+    try:
+        latest = find_latest_checkpoint(directory)
+    except OSError:
+        return ""
+    if latest is None:
+        return f"; {directory} holds no complete checkpoint yet"
+    return f"; the newest checkpoint is {latest}"
 
 
 @contextlib.contextmanager
@@ -205,6 +242,7 @@ def emulate(
     *,
     max_params: int,
     lines_to_stderr: bool = False,
+    source: str = "plan",
 ) -> RunSummary:
     """Train under ``plan`` on ``plan.cluster.num_gpus`` local CPU processes, each in
     the dtype ``config.compute_dtype`` says (CPU tensors compute bf16 and fp16 too).
@@ -212,12 +250,17 @@ def emulate(
     ``config.time_scale`` paces every operation to the emulated GPU's time (wall seconds per
     emulated second); None runs unpaced, as fast as this machine goes (equivalence tests).
     Models above ``max_params`` parameters run at reduced width (``reduced.emulated_model``).
+    ``source`` names the plan in a refusal (its file, where it was read from one). A worker
+    that fails is a SpecError (bad input) or a one-line RunFailedError.
     """
-    check_runtime_supports(plan)
+    try:
+        check_runtime_supports(plan)
+    except SpecError as error:
+        raise error.with_source(source) from None
     world_size = plan.cluster.num_gpus
     if world_size > MAX_EMULATED_GPUS:
         raise SpecError(
-            source="plan",
+            source=source,
             field="cluster",
             value=f"{plan.cluster.name} ({world_size} GPUs)",
             expected=f"at most {MAX_EMULATED_GPUS} GPUs to emulate (one process per GPU)",
@@ -254,6 +297,8 @@ def emulate(
             lines_to_stderr,
             os.getpid(),
         )
-        _run_workers(args, world_size=world_size, scratch=scratch)
+        _run_workers(
+            args, world_size=world_size, scratch=scratch, checkpoint_dir=config.checkpoint_dir
+        )
         data = json.loads((scratch / _SUMMARY).read_text())
     return RunSummary.from_dict(data)
