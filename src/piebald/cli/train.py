@@ -163,7 +163,12 @@ def train(
         bool, typer.Option("--json", help="Step lines to stderr, a JSON summary to stdout.")
     ] = False,
     time_scale: Annotated[
-        float, typer.Option(min=1e-6, help="Emulation: wall seconds per emulated second.")
+        float,
+        typer.Option(
+            min=1e-6,
+            max=1e6,  # finite, and a sleep can reach the deadline (pacing.MAX_TIME_SCALE)
+            help="Emulation: wall seconds per emulated second.",
+        ),
     ] = 1.0,
     lr: Annotated[
         float,

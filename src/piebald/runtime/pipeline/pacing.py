@@ -12,6 +12,7 @@ step then reflects this machine, not the emulated cluster, and the run reports h
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -24,7 +25,11 @@ from piebald.schedule.build import pass_durations_s
 from piebald.schedule.prices import Prices
 from piebald.specs.plan import Plan
 
-__all__ = ["Pacer", "PacingReport"]
+__all__ = ["MAX_TIME_SCALE", "Pacer", "PacingReport"]
+
+# Wall seconds per emulated second, at most: beyond it a step of a small model waits for
+# days, and a deadline of inf or 1e300 s is past what a sleep accepts (`--time-scale`'s max).
+MAX_TIME_SCALE = 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,8 +43,10 @@ class Pacer:
     """Emulated durations of one rank's operations, and the waits that enforce them."""
 
     def __init__(self, *, plan: Plan, rank: int, prices: Prices, time_scale: float) -> None:
-        if not time_scale > 0:
-            raise ValueError(f"time_scale = {time_scale}; expected > 0")
+        if not (math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
+            raise ValueError(
+                f"time_scale = {time_scale}; expected a number in (0, {MAX_TIME_SCALE:g}]"
+            )
         self.rank = rank
         self.prices = prices
         self.time_scale = time_scale
