@@ -5,11 +5,14 @@ target's directory; ``commit`` fsyncs them, writes the sidecar the same way, the
 three into place (tokens, index, sidecar last) and fsyncs the directory. A crash or an error
 leaves the previous files, or none, never a half-written one under the real name; and a
 sidecar that does not belong to the tokens beside it is caught by ``open_token_file``'s token
-count check.
+count check. An OS error while writing (a full disk) is an
+:class:`~piebald.outputs.OutputError` naming ``--out``, the file and the OS's words; the
+temporaries are removed (``discard``, which the caller runs after any error).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -20,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from piebald.errors import SpecError
-from piebald.outputs import check_output_file, file_mode
+from piebald.outputs import check_output_file, file_mode, write_error
 from piebald.runtime.data.token_file import (
     DOCUMENT_OFFSET_DTYPE,
     TOKEN_DTYPES,
@@ -60,20 +63,28 @@ def check_output_paths(paths: Iterable[Path], *, overwrite: bool, flag: str = "-
 
 
 class TokenFileWriter:
-    """Appends documents to a new token file; ``commit`` puts it in place, ``discard`` not."""
+    """Appends documents to a new token file; ``commit`` puts it in place, ``discard`` not.
+    Every OS error is an :class:`~piebald.outputs.OutputError` naming ``flag``; the
+    temporaries of a writer whose construction fails are removed before it raises."""
 
-    def __init__(self, path: Path, *, dtype: str) -> None:
+    def __init__(self, path: Path, *, dtype: str, flag: str = "--out") -> None:
         self.path = path
         self.dtype = dtype
+        self.flag = flag
         self.num_tokens = 0
         self.num_documents = 0
         self.max_token_id = -1  # none yet
         self._limit = int(np.iinfo(TOKEN_DTYPES[dtype]).max)
         self._temporaries: list[Path] = []
-        path.parent.mkdir(parents=True, exist_ok=True)  # checked by check_output_paths
-        self._tokens = self._open_temporary(path)
-        self._index = self._open_temporary(document_index_path(path))
-        self._index.write(np.zeros(1, dtype=DOCUMENT_OFFSET_DTYPE).tobytes())
+        self._streams: list[IO[bytes]] = []
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # checked by check_output_paths
+            self._tokens = self._open_temporary(path)
+            self._index = self._open_temporary(document_index_path(path))
+            self._index.write(np.zeros(1, dtype=DOCUMENT_OFFSET_DTYPE).tobytes())
+        except OSError as error:
+            self.discard()
+            raise write_error(error, flag=flag, path=path) from None
 
     def add_documents(self, documents: Sequence[Sequence[int] | np.ndarray]) -> None:
         """Append whole documents (their ids, in order); an id the dtype cannot hold is refused."""
@@ -88,9 +99,9 @@ class TokenFileWriter:
                     f"token ids span {low}..{high}; {self.dtype} holds 0..{self._limit}"
                 )
             self.max_token_id = max(self.max_token_id, high)
-            self._tokens.write(ids.astype(TOKEN_DTYPES[self.dtype]).tobytes())
+            self._write(self._tokens, ids.astype(TOKEN_DTYPES[self.dtype]).tobytes())
         ends = self.num_tokens + np.cumsum(lengths)
-        self._index.write(ends.astype(DOCUMENT_OFFSET_DTYPE).tobytes())
+        self._write(self._index, ends.astype(DOCUMENT_OFFSET_DTYPE).tobytes())
         self.num_tokens += int(ids.size)
         self.num_documents += len(documents)
 
@@ -109,31 +120,49 @@ class TokenFileWriter:
             "max_token_id": self.max_token_id,
             **metadata,
         }
-        meta = self._open_temporary(metadata_path(self.path))
-        meta.write((json.dumps(sidecar, indent=1) + "\n").encode())
-        temporaries = list(self._temporaries)
-        for stream in (self._tokens, self._index, meta):
-            _close_synced(stream)
-        for temporary, target in zip(temporaries, output_paths(self.path), strict=True):
-            os.replace(temporary, target)
-        self._temporaries.clear()
-        _sync_directory(self.path.parent)
+        try:
+            meta = self._open_temporary(metadata_path(self.path))
+            meta.write((json.dumps(sidecar, indent=1) + "\n").encode())
+            temporaries = list(self._temporaries)
+            for stream in (self._tokens, self._index, meta):
+                _close_synced(stream)
+            for temporary, target in zip(temporaries, output_paths(self.path), strict=True):
+                os.replace(temporary, target)
+            self._temporaries.clear()
+            _sync_directory(self.path.parent)
+        except OSError as error:
+            raise write_error(error, flag=self.flag, path=self.path) from None
         return open_token_file(self.path)
 
     def discard(self) -> None:
-        """Remove the temporary files (after an error); the real names are untouched."""
-        for stream in (self._tokens, self._index):
-            stream.close()
+        """Remove the temporary files (after an error, a full disk included: closing a
+        stream whose buffer cannot be written fails too, and is ignored here); the real
+        names are untouched."""
+        for stream in self._streams:
+            try:
+                stream.close()
+            except OSError:
+                with contextlib.suppress(OSError):
+                    stream.close()  # the buffer is dropped, the descriptor closed
+        self._streams.clear()
         for temporary in self._temporaries:
             temporary.unlink(missing_ok=True)
         self._temporaries.clear()
+
+    def _write(self, stream: IO[bytes], data: bytes) -> None:
+        try:
+            stream.write(data)
+        except OSError as error:
+            raise write_error(error, flag=self.flag, path=self.path) from None
 
     def _open_temporary(self, target: Path) -> IO[bytes]:
         handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         self._temporaries.append(Path(name))
         # mkstemp makes the file private (0600); outputs get piebald's one mode policy.
         os.fchmod(handle, file_mode())
-        return os.fdopen(handle, "wb")
+        stream = os.fdopen(handle, "wb")
+        self._streams.append(stream)
+        return stream
 
 
 def _close_synced(stream: IO[bytes]) -> None:

@@ -16,13 +16,16 @@ import os
 import shutil
 import statistics
 import tempfile
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from piebald.errors import SpecError
+from piebald.outputs import open_run_file, write_error
 from piebald.runtime.training.tensorboard import TensorBoardWriter
 from piebald.specs.units import format_bytes
+from piebald.specs.user_input import parse_user_json, read_user_text
 
 __all__ = [
     "MetricsWriter",
@@ -30,6 +33,7 @@ __all__ = [
     "StepMetrics",
     "format_eval",
     "format_step",
+    "new_run_id",
     "summarise",
     "truncate_metrics",
 ]
@@ -140,26 +144,48 @@ class MetricsWriter:
     numbers as TensorBoard scalars ``train/<field>`` (the booleans as 0/1; the evaluation
     loss as ``eval/loss``) at the same step.
 
-    A run resumed after step ``first_step`` first drops the file's records of later steps
-    (written by the interrupted run after its last checkpoint; this run writes them again),
-    so every step is in the file once (:func:`truncate_metrics`). A fresh run
-    (``first_step`` 0) never truncates: it appends."""
+    Every record carries ``run_id``, the run it belongs to: a fresh run (``first_step`` 0)
+    draws one (or takes ``run_id``), and its checkpoints record it
+    (``save_checkpoint(run_id=writer.run_id)``); a run resumed after step ``first_step``
+    is given its checkpoint's ``run_id`` and appends only to a file of that run: a record
+    of another run (or of none, when the checkpoint has an id) is a one-line
+    :class:`SpecError` naming ``--metrics`` and the file is left as it was. It then drops
+    the file's records of later steps (written by the interrupted run after its last
+    checkpoint; this run writes them again), so every step is in the file once
+    (:func:`truncate_metrics`). The file is opened with
+    :func:`piebald.outputs.open_run_file` (never through a link); a write that fails (a
+    full disk) is an :class:`~piebald.outputs.OutputError` naming ``--metrics``."""
 
     def __init__(
-        self, path: Path | None, *, tensorboard_dir: Path | None = None, first_step: int = 0
+        self,
+        path: Path | None,
+        *,
+        tensorboard_dir: Path | None = None,
+        first_step: int = 0,
+        run_id: str | None = None,
     ) -> None:
         self.path = path
+        self.run_id = run_id if run_id is not None or first_step else new_run_id()
+        self._stream: IO[str] | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if first_step > 0 and path.exists():
-                truncate_metrics(path, after_step=first_step)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise write_error(error, flag=_FLAG, path=path) from None
+            if first_step > 0 and os.path.lexists(path):
+                truncate_metrics(path, after_step=first_step, run_id=self.run_id)
+            self._stream = os.fdopen(open_run_file(path, "append", flag=_FLAG), "a")
         self.tensorboard = TensorBoardWriter(tensorboard_dir, first_step=first_step)
 
     def write(self, metrics: StepMetrics) -> None:
         record = asdict(metrics)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        if self._stream is not None:
+            line = {**record, "run_id": self.run_id} if self.run_id is not None else record
+            try:
+                self._stream.write(json.dumps(line) + "\n")
+                self._stream.flush()
+            except OSError as error:
+                raise write_error(error, flag=_FLAG, path=self.path or "") from None
         step = record.pop("step")
         scalars = {
             "eval/loss" if name == "eval_loss" else f"train/{name}": float(value)
@@ -169,36 +195,73 @@ class MetricsWriter:
         self.tensorboard.write_scalars(step=step, scalars=scalars)
 
     def close(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            try:
+                stream.close()
+            except OSError as error:
+                raise write_error(error, flag=_FLAG, path=self.path or "") from None
         self.tensorboard.close()
 
 
-def truncate_metrics(path: Path, *, after_step: int) -> None:
+_FLAG = "--metrics"
+MAX_METRICS_BYTES = 1 << 30  # a million steps' records, and then some
+
+
+def new_run_id() -> str:
+    """A fresh run's id: random, 16 hex digits."""
+    return uuid.uuid4().hex[:16]
+
+
+def truncate_metrics(path: Path, *, after_step: int, run_id: str | None = None) -> None:
     """Keep the records of steps up to ``after_step`` in the JSONL file ``path``, rewritten
     atomically (a temporary file in the same directory, then a rename). A last line cut
     short (a run killed while writing it) is dropped; any other line that is not a step
-    record means the file is not a metrics file, and it is left alone (SpecError)."""
-    lines = path.read_text().splitlines(keepends=True)
+    record of the run ``run_id`` (a record without ``run_id`` when it is None, a file
+    written before runs had ids) means the file is not this run's metrics file, and it is
+    left alone (SpecError). Read as a user's file (``specs.user_input``: a regular file,
+    not a link, bounded, UTF-8, JSON nested at most 64 deep)."""
+    os.close(open_run_file(path, "read", flag=_FLAG))  # a link or a FIFO: refused here
+    text = read_user_text(path, source=_FLAG, max_bytes=MAX_METRICS_BYTES)
+    lines = text.splitlines(keepends=True)
     kept: list[str] = []
     for number, line in enumerate(lines, start=1):
+        last_partial = number == len(lines) and not line.endswith("\n")
         try:
-            record = json.loads(line)
-            step = record["step"] if isinstance(record, dict) else None
-        except (json.JSONDecodeError, KeyError):
-            step = None
-        if not isinstance(step, int) or isinstance(step, bool):
-            if number == len(lines) and not line.endswith("\n"):
+            record = parse_user_json(line, source=f"{path}:{number}", field=_FLAG)
+        except SpecError:
+            if last_partial:
                 continue  # the interrupted run's last, partial write
+            raise
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            if last_partial:
+                continue
             raise SpecError(
                 source=f"{path}:{number}",
-                field="--metrics",
+                field=_FLAG,
                 value=line.strip()[:40],
                 expected="a metrics file of the resumed run (one JSON object per step)",
+            )
+        if record.get("run_id") != run_id:
+            if last_partial:
+                continue
+            raise SpecError(
+                source=_FLAG,
+                field="",
+                value=str(path),
+                expected=f"the metrics file of the resumed checkpoint's run ({_run(run_id)}); "
+                f"line {number} is of {_run(record.get('run_id'))}; the file was left as it "
+                "was: pass that run's --metrics file, or a new path",
             )
         if step <= after_step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise write_error(error, flag=_FLAG, path=path) from None
     try:
         with os.fdopen(fd, "w") as f:
             f.writelines(kept)
@@ -206,6 +269,12 @@ def truncate_metrics(path: Path, *, after_step: int) -> None:
             os.fsync(f.fileno())
         shutil.copymode(path, temp)
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as error:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise write_error(error, flag=_FLAG, path=path) from None
         raise
+
+
+def _run(run_id: object) -> str:
+    return f"run {run_id}" if isinstance(run_id, str) else "a run without a run id"

@@ -215,6 +215,7 @@ def run_rank(
         windows = _eval_windows(config, model=model, seq_len=plan.job.seq_len)
 
         first_step = 0
+        run_id: str | None = None  # a fresh run's writer draws one; its checkpoints keep it
         if resume_from is not None:
             info = load_checkpoint(
                 resume_from,
@@ -223,12 +224,13 @@ def run_rank(
                 rank=rank,
                 slices=split.slices,
             )
-            first_step = info.step
+            first_step, run_id = info.step, info.run_id
         leader = rank == groups.used.ranks[0]
         writer = MetricsWriter(
             config.metrics_path if leader else None,
             tensorboard_dir=config.tensorboard_dir if leader else None,
             first_step=first_step,
+            run_id=run_id,
         )
         history: list[StepMetrics] = []
         measured_peak = 0
@@ -304,6 +306,7 @@ def run_rank(
                     rank=rank,
                     extra=checkpoint_extra(config, plan=plan),
                     slices=split.slices,
+                    run_id=writer.run_id,  # the leader's: it writes the manifest
                 )
                 started = time.perf_counter()  # the save is not part of the next step's time
         writer.close()

@@ -9,6 +9,10 @@ Each writer opens a new event file (a random suffix: a run resumed in the same s
 the last one started does not reopen, and truncate, that one's file). A run resumed from
 the checkpoint of step k purges what an earlier run logged after step k, as it retrains
 those steps (TensorBoard's ``purge_step``).
+
+A directory or event file that cannot be written (a full disk) is an
+:class:`~piebald.outputs.OutputError` naming ``--tensorboard``, the directory and the OS's
+words; scalars are flushed at every step, so the error comes at the step that failed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from piebald.outputs import make_run_directory, write_error
 
 __all__ = ["MISSING_PACKAGE", "TensorBoardWriter", "tensorboard_available"]
 
@@ -39,23 +45,45 @@ class TensorBoardWriter:
             return
         from tensorboardX import SummaryWriter
 
-        directory.mkdir(parents=True, exist_ok=True)
-        self._writer = SummaryWriter(
-            logdir=str(directory),
-            # Metrics steps are 1-based: a resumed run's first is first_step + 1.
-            purge_step=first_step + 1 if first_step else None,
-            filename_suffix=f".{uuid.uuid4().hex[:8]}",
-        )
+        self._directory = directory
+        try:
+            directory.mkdir(parents=True, exist_ok=True)  # a link to a directory: theirs
+        except OSError:
+            make_run_directory(directory, flag=_FLAG)  # says why in one line
+        try:
+            self._writer = SummaryWriter(
+                logdir=str(directory),
+                # Metrics steps are 1-based: a resumed run's first is first_step + 1.
+                purge_step=first_step + 1 if first_step else None,
+                filename_suffix=f".{uuid.uuid4().hex[:8]}",
+            )
+        except OSError as error:
+            raise write_error(error, flag=_FLAG, path=directory) from None
 
     def write_scalars(self, *, step: int, scalars: Mapping[str, float]) -> None:
         """One value per tag at ``step``, flushed now: a crashed run keeps what it logged."""
         if self._writer is None:
             return
-        for tag, value in scalars.items():
-            self._writer.add_scalar(tag, float(value), global_step=step)
-        self._writer.flush()
+        try:
+            for tag, value in scalars.items():
+                self._writer.add_scalar(tag, float(value), global_step=step)
+            self._writer.flush()
+        except OSError as error:
+            self._abandon()
+            raise write_error(error, flag=_FLAG, path=self._directory) from None
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except OSError as error:
+                self._abandon()
+                raise write_error(error, flag=_FLAG, path=self._directory) from None
             self._writer = None
+
+    def _abandon(self) -> None:
+        """Forget a writer that failed: closing it would only fail again."""
+        self._writer = None
+
+
+_FLAG = "--tensorboard"

@@ -65,6 +65,7 @@ def test_scalars_equal_the_metrics_jsonl(tmp_path: Path) -> None:
     assert sorted(scalars) == [1, 2, 3] == [line["step"] for line in lines]
     assert len({line["lr"] for line in lines}) == 3  # the schedule moves: lr is not a constant
     assert [line["eval_loss"] is not None for line in lines] == [False, True, True]
+    assert len({line.pop("run_id") for line in lines}) == 1  # the run's, not a scalar
     for line in lines:
         step = line.pop("step")
         tags = {"eval/loss" if name == "eval_loss" else f"train/{name}": value
