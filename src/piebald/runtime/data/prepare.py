@@ -13,9 +13,20 @@ validation token file (``split``). Outputs, for ``--out PREFIX``:
   tokenizer (its path, SHA-256 and vocabulary size), the EOS, the largest id, the number of
   documents, the split, the text field and the input files.
 
-Memory is one batch of documents (and the largest single document), never the corpus. The
-inputs are read twice: once to count the documents (the split needs the total; parquet files
-say it in their metadata), once to tokenize. Every output is checked (and its directory
+Memory is one batch of documents, never the corpus. A document longer than
+:data:`PIECE_CHARS` characters (a book or a dump in one ``.txt``) is not given to the
+tokenizer whole, which needs about 160 bytes per character: it is cut into pieces of at most
+that many characters, each just before a space that follows a non-space character, and the
+pieces are encoded in turn (in batches of the usual size) without special tokens, the
+tokenizer's own (such as Llama's BOS) put around the whole. Byte-level BPE pre-tokenizers
+(GPT-2's, Llama 3's) never join text across such a point, so the ids are those of encoding
+the document whole; each cut is checked on the text around it, and where a tokenizer would
+join across it (a normalizer that prepends to every input) another space is tried, and
+failing that the ids may differ at the cut. So memory is one batch plus the document's text
+and ids, not 160 bytes per character of it.
+
+The inputs are read twice: once to count the documents (the split needs the total; parquet
+files say it in their metadata), once to tokenize. Every output is checked (and its directory
 proven writable) before any tokenizing, and written atomically (``token_writer``).
 """
 
@@ -39,13 +50,17 @@ from piebald.runtime.data.token_writer import (
     token_dtype_for,
 )
 
-__all__ = ["PreparedData", "prepare_token_files", "split_path"]
+__all__ = ["PIECE_CHARS", "PreparedData", "prepare_token_files", "split_path"]
 
 SPLITS = ("train", "val")
 # A batch for encode_batch: enough documents to keep the tokenizer's threads busy, few enough
 # characters that memory stays small whatever the documents' sizes.
 _BATCH_DOCUMENTS = 1024
 _BATCH_CHARS = 8 * 2**20
+# A longer document is encoded in pieces of at most this many characters (module docstring).
+PIECE_CHARS = 2**20
+_CUT_WINDOW = 256  # characters each side of a cut that are encoded to check it
+_CUT_TRIES = 8  # spaces tried for a cut before taking one that changes the ids
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -58,7 +73,19 @@ class PreparedData:
 
 def split_path(out_prefix: Path, split: str) -> Path:
     """The token file of ``split``: ``--out data/web`` -> ``data/web.train.bin``."""
+    _check_prefix(out_prefix)
     return out_prefix.with_name(f"{out_prefix.name}.{split}.bin")
+
+
+def _check_prefix(out_prefix: Path) -> None:
+    """``--out ''``, ``.``, ``..`` and ``/`` name a directory, not a prefix of file names."""
+    if out_prefix.name in ("", ".", ".."):
+        raise SpecError(
+            source="--out",
+            field="",
+            value=str(out_prefix),
+            expected="a prefix ending in a file name (data/web writes data/web.train.bin)",
+        )
 
 
 def prepare_token_files(
@@ -77,6 +104,7 @@ def prepare_token_files(
 
     ``progress(documents_done, num_documents)`` is called after each batch.
     """
+    _check_prefix(out_prefix)
     if not inputs:
         raise SpecError(
             source="--input", field="", has_value=False, expected="at least one input file"
@@ -184,8 +212,98 @@ def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
 
 
 def _encode(tokenizer: TextTokenizer, texts: list[str], *, append_eos: bool) -> list[np.ndarray]:
+    """The ids of each text (special tokens included), then the EOS if ``append_eos``."""
+    eos = np.asarray(
+        [tokenizer.eos_id] if append_eos and tokenizer.eos_id is not None else [], dtype=np.int64
+    )
+    encoded = iter(
+        _encode_batch(tokenizer, [text for text in texts if len(text) <= PIECE_CHARS], special=True)
+    )
+    return [
+        np.concatenate(
+            [
+                np.asarray(next(encoded), dtype=np.int64)
+                if len(text) <= PIECE_CHARS
+                else _encode_long(tokenizer, text),
+                eos,
+            ]
+        )
+        for text in texts
+    ]
+
+
+def _encode_batch(tokenizer: TextTokenizer, texts: list[str], *, special: bool) -> list[list[int]]:
+    if not texts:
+        return []
     # encode_batch_fast gives encode's ids without computing character offsets (not needed).
     encode_batch = getattr(tokenizer.tokenizer, "encode_batch_fast", None)
-    encodings = (encode_batch or tokenizer.tokenizer.encode_batch)(texts)
-    eos = [tokenizer.eos_id] if append_eos and tokenizer.eos_id is not None else []
-    return [np.asarray(encoding.ids + eos, dtype=np.int64) for encoding in encodings]
+    encodings = (encode_batch or tokenizer.tokenizer.encode_batch)(
+        texts, add_special_tokens=special
+    )
+    return [encoding.ids for encoding in encodings]
+
+
+def _special_tokens(tokenizer: TextTokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids the post-processor puts before and after a text's own, or None if they
+    cannot be told apart from the text's."""
+    bare = tokenizer.tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.tokenizer.encode("a").ids
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start], full[start + len(bare) :]
+    return None
+
+
+def _encode_long(tokenizer: TextTokenizer, text: str) -> np.ndarray:
+    """The ids of a document longer than PIECE_CHARS, encoded piece by piece."""
+    specials = _special_tokens(tokenizer)
+    if specials is None:  # no way to put the special tokens around the pieces: whole
+        return np.asarray(_encode_batch(tokenizer, [text], special=True)[0], dtype=np.int64)
+    before, after = specials
+    parts = [np.asarray(before, dtype=np.int64)]
+    group: list[str] = []
+    chars = 0
+    for piece in [*_pieces(tokenizer, text), ""]:  # "": flush the last group
+        if piece:
+            group.append(piece)
+            chars += len(piece)
+        if group and (chars >= _BATCH_CHARS or not piece):
+            for ids in _encode_batch(tokenizer, group, special=False):
+                parts.append(np.asarray(ids, dtype=np.int64))
+            group, chars = [], 0
+    parts.append(np.asarray(after, dtype=np.int64))
+    return np.concatenate(parts)
+
+
+def _pieces(tokenizer: TextTokenizer, text: str) -> Iterator[str]:
+    """``text`` in pieces of at most PIECE_CHARS characters (the module docstring)."""
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        end = _cut(tokenizer, text, start + PIECE_CHARS // 2, start + PIECE_CHARS)
+        yield text[start:end]
+        start = end
+    yield text[start:]
+
+
+def _cut(tokenizer: TextTokenizer, text: str, low: int, high: int) -> int:
+    """A cut in ``(low, high]``: the last space after a non-space that the tokenizer does not
+    join across (checked on the text around it), else the last such space, else ``high``."""
+    first = None
+    end = high + 1
+    for _ in range(_CUT_TRIES):
+        at = text.rfind(" ", low + 1, end)
+        while at > low and text[at - 1].isspace():
+            at = text.rfind(" ", low + 1, at)
+        if at <= low:
+            break
+        first = at if first is None else first
+        left = text[max(0, at - _CUT_WINDOW) : at]
+        right = text[at : at + _CUT_WINDOW]
+        joined, apart = (
+            _encode_batch(tokenizer, [left + right, left, right], special=False)[:1],
+            (_encode_batch(tokenizer, [left, right], special=False)),
+        )
+        if joined[0] == apart[0] + apart[1]:
+            return at
+        end = at
+    return first if first is not None else high

@@ -475,3 +475,79 @@ def test_the_batch_reader_reads_a_prepared_file(
         for row, label in zip(inputs.tolist(), labels.tolist(), strict=True):
             starts = [i for i in range(len(flat) - 8) if flat[i : i + 8].tolist() == row]
             assert starts and any(flat[s + 1 : s + 9].tolist() == label for s in starts)
+
+
+def _long_document() -> str:
+    """Text with every kind of gap a cut may meet: runs of spaces, tabs, newlines, blank
+    lines, punctuation before and after spaces, non-ASCII letters."""
+    gaps = [" ", "  ", "   ", "\n", "\n\n", " \n ", "\t", ". ", " , ", "  \t  "]
+    words = [s for sentence in SENTENCES for s in sentence.split()]
+    return "".join(f"{words[i % len(words)]}{gaps[(i * 7) % len(gaps)]}" for i in range(400))
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_a_long_document_split_in_pieces_has_the_ids_of_the_whole(
+    tmp_path: Path, bpe: tuple[Path, Tokenizer], monkeypatch: pytest.MonkeyPatch, bos: bool
+) -> None:
+    """A document longer than PIECE_CHARS is encoded piece by piece (bounded memory); on a
+    byte-level BPE the ids are exactly those of the whole, special tokens included."""
+    from tokenizers import processors
+
+    from piebald.runtime.data.text_tokenizer import load_text_tokenizer
+
+    tokenizer_path, tokenizer = bpe
+    if bos:  # a post-processor that puts a token before and after, as Llama's adds BOS
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        eos_id = tokenizer.token_to_id(EOS)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{EOS} $A {EOS}", special_tokens=[(EOS, eos_id)]
+        )
+        tokenizer_path = tmp_path / "bos.json"
+        tokenizer.save(str(tokenizer_path))
+    monkeypatch.setattr(prepare_module, "PIECE_CHARS", 64)
+    text = _long_document()
+    loaded = load_text_tokenizer(tokenizer_path)
+    pieces = list(prepare_module._pieces(loaded, text))
+    assert len(pieces) > 20 and "".join(pieces) == text
+    assert all(len(piece) <= 64 for piece in pieces)
+    whole = tokenizer.encode(text).ids
+    (ids,) = prepare_module._encode(loaded, [text], append_eos=False)
+    assert ids.tolist() == whole
+    # The same through the command, a .txt input being one document.
+    source = tmp_path / "book.txt"
+    source.write_text(text, encoding="utf-8")
+    code, output = prepare(
+        str(tokenizer_path), "--input", str(source), "--out", str(tmp_path / "b")
+    )
+    assert code == 0, output
+    assert _documents_of(tmp_path / "b.train.bin") == [[*whole, tokenizer.token_to_id(EOS)]]
+
+
+def test_a_long_document_without_spaces_is_cut_anywhere_and_kept(
+    bpe: tuple[Path, Tokenizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No space to cut before: pieces of PIECE_CHARS, the ids still decode to the text."""
+    from piebald.runtime.data.text_tokenizer import load_text_tokenizer
+
+    tokenizer_path, tokenizer = bpe
+    monkeypatch.setattr(prepare_module, "PIECE_CHARS", 50)
+    text = "quickbrownfox" * 40
+    loaded = load_text_tokenizer(tokenizer_path)
+    assert [len(p) for p in prepare_module._pieces(loaded, text)] == [50] * 10 + [20]
+    (ids,) = prepare_module._encode(loaded, [text], append_eos=False)
+    assert tokenizer.decode(ids.tolist()) == text
+
+
+@pytest.mark.parametrize("out", ["", ".", "/", "..", "data/.."])
+def test_an_out_prefix_without_a_file_name_is_one_line(
+    tmp_path: Path, bpe: tuple[Path, Tokenizer], out: str
+) -> None:
+    """``Path.with_name`` raised 'has an empty name' (a 62-line traceback) for these."""
+    source = _write_jsonl(tmp_path / "a.jsonl", SENTENCES[:2])
+    code, output = prepare(str(bpe[0]), "--input", str(source), "--out", out)
+    lines = output.strip().splitlines()
+    assert code == 2 and len(lines) == 1, output
+    assert (
+        lines[0].startswith("error: --out: got ")
+        and "expected a prefix ending in a file" in (lines[0])
+    )
