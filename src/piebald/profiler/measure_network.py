@@ -39,7 +39,7 @@ from torch.multiprocessing.spawn import spawn
 
 from piebald.profiler.fit import fit_alpha_beta
 from piebald.profiler.records import NetworkKey, NetworkKind, NetworkProfile, Provenance
-from piebald.runtime.parent_watch import die_with_parent
+from piebald.runtime.parent_watch import die_with_parent, exit_on_sigterm
 from piebald.specs.cluster import ClusterSpec, Node
 
 __all__ = [
@@ -267,9 +267,15 @@ def emulate_network(
     for m in planned:
         ranks = tuple(range(min(len(m.ranks), world_size)))
         local.append(Measurement(key=replace(m.key, num_ranks=len(ranks)), ranks=ranks))
-    with tempfile.TemporaryDirectory(prefix="piebald-network-") as scratch:
+    # Clean-up: SIGTERM (and SIGINT, any error) stops the workers, then removes the scratch
+    # directory; a SIGKILLed parent's workers remove it themselves (``die_with_parent``).
+    # What cannot be cleaned up: ``kill -9`` of the whole process group (a scheduler ending
+    # the job) kills the parent and every worker at once, so no process is left to remove
+    # ``$TMPDIR/piebald-network-*`` (nor multiprocessing's ``pymp-*``); it stays until the
+    # machine's tmp cleaner or a reboot removes it.
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="piebald-network-") as scratch:
         out_path = os.path.join(scratch, "profiles.json")
-        spawn(  # type: ignore[no-untyped-call]
+        context = spawn(  # type: ignore[no-untyped-call]
             _emulated_rank,
             args=(
                 world_size,
@@ -282,8 +288,17 @@ def emulate_network(
                 os.getpid(),
             ),
             nprocs=world_size,
-            join=True,
+            join=False,
         )
+        try:
+            while not context.join():
+                pass
+        finally:  # stopped early: the workers go before their scratch directory does
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            for process in context.processes:
+                process.join()
         data = json.loads(Path(out_path).read_text())
     return [network_from_dict(Fields(entry, source="emulation")) for entry in data]
 

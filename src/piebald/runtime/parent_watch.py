@@ -12,10 +12,14 @@ directory whose lock died with the parent. Two mechanisms, because neither cover
   once that process exits, immune to pid reuse; polling once a second where pidfds are
   missing). It removes the run's scratch directory first, since the dead parent cannot,
   then kills the worker.
+
+The parent's own side is :func:`exit_on_sigterm`: SIGTERM becomes ``SystemExit``, so its
+clean-up (kill the workers, remove the scratch directory) runs as for any exception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -24,9 +28,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "exit_on_sigterm"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _POLL_S = 1.0
@@ -72,3 +78,23 @@ def _die(scratch: Path | None) -> None:
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM raises ``SystemExit(143)`` (128 + the signal's number), so the
+    caller's ``finally`` and ``with`` clean-up runs instead of the process vanishing. Only
+    the main thread may set handlers; elsewhere this does nothing (workers still die with
+    the process, ``die_with_parent``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -27,12 +27,9 @@ import os
 import signal
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -40,7 +37,7 @@ import torch.distributed as dist
 
 from piebald.errors import RunFailedError, SpecError, error_fields
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
-from piebald.runtime.parent_watch import die_with_parent
+from piebald.runtime.parent_watch import die_with_parent, exit_on_sigterm
 from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
@@ -218,24 +215,6 @@ def _newest_checkpoint(directory: Path | None) -> str:
     return f"; the newest checkpoint is {latest}"
 
 
-@contextlib.contextmanager
-def _exit_on_sigterm() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) here, so the clean-up of ``emulate`` runs (workers
-    killed, scratch removed, lock released) instead of the process vanishing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers; the workers still die with us
-        return
-
-    def exit_now(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_now)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def emulate(
     plan: Plan,
     config: TrainConfig,
@@ -285,7 +264,7 @@ def emulate(
             )
         elif config.checkpoint_dir is None:
             resolve_resume(config, plan=plan)  # --resume without a directory: one line
-        stack.enter_context(_exit_on_sigterm())
+        stack.enter_context(exit_on_sigterm())
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="piebald-emulate-")))
         args = (
             world_size,
