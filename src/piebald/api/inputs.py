@@ -3,10 +3,12 @@ profile DB. The other ``piebald.api`` modules accept a path or a loaded object a
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from piebald.api.arguments import check_bool, check_instance, check_int, check_path
 from piebald.cost.plan_fit import first_memory_overflow
 from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError, SpecError
@@ -46,14 +48,17 @@ class ProfileWarning(UserWarning):
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    """A cluster YAML file, validated (``piebald check-cluster`` shows one)."""
-    return cluster_yaml.load_cluster(path)
+    """A cluster YAML file, validated (``piebald check-cluster`` shows one); a ``path``
+    that is not a str or PathLike is an ArgumentError naming ``path``."""
+    return cluster_yaml.load_cluster(check_path("path", path))
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
     """A preset by name (``piebald models`` lists them: ``"gpt2"``, ``"llama-3-8b"``, ...),
-    or a Hugging Face ``config.json`` or the directory holding it."""
-    return presets.load_model(str(name_or_path))
+    or a Hugging Face ``config.json`` or the directory holding it; anything else (not a
+    str or PathLike, a name too long for the file system) is an ArgumentError naming
+    ``name_or_path``."""
+    return presets.load_model(str(check_path("name_or_path", name_or_path)))
 
 
 def build_job(
@@ -73,6 +78,7 @@ def build_job(
     8
     """
     check_job_size(global_batch=global_batch, seq_len=seq_len)
+    check_int("seed", seed, minimum=0)
     return JobSpec(
         global_batch_size=global_batch,
         seq_len=seq_len,
@@ -87,7 +93,9 @@ def load_plan(path: str | Path) -> Plan:
     against its embedded cluster and model, and re-priced (with the measurements it
     records, if it was made from a profile DB) to check that every rank still fits its
     GPU's memory. A rank that does not is a SpecError naming the file: the plan's cluster
-    or model was edited after it was made, and a new plan is the fix."""
+    or model was edited after it was made, and a new plan is the fix. A ``path`` that is
+    not a str or PathLike is an ArgumentError naming ``path``."""
+    path = check_path("path", path)
     plan = plan_io.load_plan(path)
     overflow = first_memory_overflow(plan, curve=recorded_curve(plan, source=str(path)))
     if overflow is not None:
@@ -106,27 +114,35 @@ def load_plan(path: str | Path) -> Plan:
 def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> None:
     """Write ``plan`` as JSON, atomically (a temporary file beside it, then a rename). An
     existing file is kept unless ``overwrite``; even then only a regular file is replaced."""
+    check_instance("plan", plan, Plan, expected="a Plan (from piebald.plan or piebald.load_plan)")
+    check_bool("overwrite", overwrite)
     plan_io.save_plan(
         plan,
-        path,
+        check_path("path", path),
         overwrite=overwrite,
         flag="save_plan",
         hint="pass overwrite=True to replace it",
     )
 
 
-def _choice(argument: str, value: str, allowed: list[str]) -> str:
-    if value not in allowed:
+def _choice(argument: str, value: object, allowed: list[str]) -> str:
+    if not isinstance(value, str) or value not in allowed:
         raise ArgumentError(argument=argument, value=value, expected=f"one of {allowed}")
     return value
 
 
 def as_cluster(cluster: str | Path | ClusterSpec) -> ClusterSpec:
-    return cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
+    """A ClusterSpec, or the cluster YAML at a path; anything else names ``cluster``."""
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    return cluster_yaml.load_cluster(check_path("cluster", cluster))
 
 
 def as_model(model: str | Path | ModelSpec) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else load_model(model)
+    """A ModelSpec, a preset's name or a config path; anything else names ``model``."""
+    if isinstance(model, ModelSpec):
+        return model
+    return presets.load_model(str(check_path("model", model)))
 
 
 def check_job(job: JobSpec) -> None:
@@ -143,13 +159,26 @@ def as_plan(plan: Plan | str | Path) -> Plan:
     """A plan, or the plan JSON file at a path (:func:`load_plan`)."""
     if isinstance(plan, Plan):
         return plan
-    if isinstance(plan, (str, Path)):
+    if isinstance(plan, (str, os.PathLike)):
         return load_plan(plan)
     raise ArgumentError(
         argument="plan",
         value=type(plan).__name__,
         expected="a Plan (from piebald.plan or load_plan) or the path of a plan JSON file",
     )
+
+
+def check_profiles(profiles: object) -> None:
+    """``profiles`` is a profile DB directory's path or a loaded ProfileDB, or None."""
+    if profiles is None or isinstance(profiles, ProfileDB):
+        return
+    if not isinstance(profiles, (str, os.PathLike)):
+        raise ArgumentError(
+            argument="profiles",
+            value=profiles,
+            expected="a profile DB directory (str or pathlib.Path), a ProfileDB, or None",
+        )
+    check_path("profiles", profiles)
 
 
 def warn_unmatched(
@@ -171,5 +200,6 @@ def profiled(
     (:func:`warn_unmatched`)."""
     if profiles is None:
         return None, ()
+    check_profiles(profiles)
     inputs = load_profiles(profiles, cluster=cluster, model=model, precision=job.precision)
     return inputs, warn_unmatched(profiles, inputs, cluster=cluster)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from piebald.api.arguments import check_bool, check_callable, check_int, check_str
 from piebald.api.inputs import (
     Profiles,
     Progress,
@@ -14,10 +15,12 @@ from piebald.api.inputs import (
     as_model,
     as_plan,
     check_job,
+    check_profiles,
     profiled,
 )
 from piebald.cost.plan_estimate import PlanEstimate
 from piebald.cost.recorded_curve import recorded_curve
+from piebald.errors import ArgumentError
 from piebald.planner import verify
 from piebald.planner.choices import (
     check_tensor_parallel_fits,
@@ -103,6 +106,9 @@ def search_plans(
     True
     """
     check_job(job)
+    check_str("strategy", strategy)
+    check_bool("verify_by_simulation", verify_by_simulation)
+    _check_search(profiles=profiles, progress=progress, workers=workers)
     cluster_spec, model_spec = as_cluster(cluster), as_model(model)
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
@@ -138,6 +144,13 @@ def search_plans(
         verification=verification,
         warnings=warnings,
     )
+
+
+def _check_search(*, profiles: object, progress: object, workers: object) -> None:
+    """The arguments every search takes, before any file is read or work started."""
+    check_profiles(profiles)
+    check_callable("progress", progress)
+    check_int("workers", workers, minimum=1, optional=True)
 
 
 def plan(
@@ -217,6 +230,15 @@ def compare(
     'piebald'
     """
     check_job(job)
+    if strategies is not None and (
+        isinstance(strategies, str) or not all(isinstance(name, str) for name in strategies)
+    ):
+        raise ArgumentError(
+            argument="strategies",
+            value=strategies,
+            expected="a sequence of strategy names (a list of str) or None",
+        )
+    _check_search(profiles=profiles, progress=progress, workers=workers)
     cluster_spec, model_spec = as_cluster(cluster), as_model(model)
     chosen = (
         tuple(STRATEGIES.values())

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from piebald.api.inputs import Profiles, as_plan, warn_unmatched
+from piebald.api.arguments import check_bool
+from piebald.api.inputs import Profiles, as_plan, check_profiles, warn_unmatched
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.profiler.pricing import PlanPrices, PriceBasis, plan_prices
 from piebald.schedule.prices import Prices
@@ -49,8 +50,10 @@ class SimulationReport:
 
 
 def _prices(
-    plan: Plan | str | Path, profiles: Profiles | None
+    plan: Plan | str | Path, profiles: Profiles | None, *, timeline: bool = False
 ) -> tuple[PlanPrices, tuple[str, ...]]:
+    check_profiles(profiles)
+    check_bool("timeline", timeline)
     chosen = as_plan(plan)
     source = str(plan) if isinstance(plan, (str, Path)) else "plan"
     prices = plan_prices(chosen, profiles=profiles, source=source)
@@ -92,7 +95,7 @@ def simulate_report(
     >>> report.basis.value, report.estimate.step_time_s == best.predicted.step_time_s
     ('analytic', True)
     """
-    prices, warnings = _prices(plan, profiles)
+    prices, warnings = _prices(plan, profiles, timeline=timeline)
     return SimulationReport(
         plan=prices.plan,
         result=simulate_step(
@@ -123,7 +126,7 @@ def simulate(
     >>> result.deadlock is None and abs(result.step_time_s / estimate(best).step_time_s - 1) < 0.1
     True
     """
-    prices, _ = _prices(plan, profiles)
+    prices, _ = _prices(plan, profiles, timeline=timeline)
     return simulate_step(
         prices.plan, prices=Prices(prices.plan, curve=prices.curve), record=timeline
     )
