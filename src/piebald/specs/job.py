@@ -38,15 +38,27 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         # Loaders and flags check the limits first (one line naming the file or flag); these
-        # are the invariants every JobSpec holds, so downstream sizes stay bounded.
-        if not 1 <= self.global_batch_size <= MAX_GLOBAL_BATCH:
-            raise ValueError(
-                f"global batch size = {self.global_batch_size}; expected 1..{MAX_GLOBAL_BATCH}"
-            )
-        if not 1 <= self.seq_len <= MAX_SEQ_LEN:
-            raise ValueError(f"sequence length = {self.seq_len}; expected 1..{MAX_SEQ_LEN}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed = {self.seed}; expected 0..{MAX_SEED}")
+        # are the invariants every JobSpec holds, so downstream sizes stay bounded. Built
+        # directly, a bad field is an ArgumentError naming it: sizes are ints (not bools, not
+        # floats), precision and optimizer one of their names (a str is taken as the name).
+        for name, low, high, what in (
+            ("global_batch_size", 1, MAX_GLOBAL_BATCH, "global batch, in sequences"),
+            ("seq_len", 1, MAX_SEQ_LEN, "sequence length, in tokens"),
+            ("seed", 0, MAX_SEED, "seed"),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ArgumentError(
+                    argument=name,
+                    value=value,
+                    expected=f"a whole number in {low}..{high} (the {what})",
+                )
+        for name, kind in (("precision", Dtype), ("optimizer", Optimizer)):
+            value = getattr(self, name)
+            allowed = [member.value for member in kind]
+            if not isinstance(value, str) or value not in allowed:
+                raise ArgumentError(argument=name, value=value, expected=f"one of {allowed}")
+            object.__setattr__(self, name, kind(value))
 
     @property
     def tokens_per_step(self) -> int:
