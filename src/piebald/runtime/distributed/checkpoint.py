@@ -63,7 +63,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -252,7 +252,7 @@ def save_checkpoint(
 
     def write_shard() -> None:
         with os.fdopen(open_run_file(path, "create", flag=_FLAG), "wb") as f:
-            torch.save(state, f)
+            _save_tensors(state, f)
             f.flush()
             os.fsync(f.fileno())
         entry["bytes"] = path.stat().st_size
@@ -298,6 +298,30 @@ def save_checkpoint(
     _agree(_all_gather_objects(verdict, group))
     logger.info("checkpoint step %d written to %s", step, final)
     return final
+
+
+def _save_tensors(state: object, stream: BinaryIO) -> None:
+    """``torch.save`` into ``stream``; an OS error while writing (a full disk), which torch
+    reports as a RuntimeError about stream positions, is raised as the OSError it is."""
+    failures: list[OSError] = []
+
+    class Recording:
+        def write(self, data: bytes) -> int:
+            try:
+                return stream.write(data)
+            except OSError as error:
+                failures.append(error)
+                raise
+
+        def flush(self) -> None:
+            stream.flush()
+
+    try:
+        torch.save(state, Recording())  # type: ignore[arg-type]  # write and flush suffice
+    except RuntimeError:
+        if failures:
+            raise failures[0] from None
+        raise
 
 
 _FLAG = "--checkpoint-dir"

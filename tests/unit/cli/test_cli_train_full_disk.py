@@ -1,0 +1,93 @@
+"""A full disk during ``train --emulate`` (a tiny tmpfs, mounted as root; skipped where
+mounting is not permitted): one line naming the flag, the path and "No space left on
+device", exit 2, no temporary left, and the older checkpoint intact."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_runner import run_cli
+from piebald.runtime.distributed.checkpoint import verify_checkpoint
+
+FULL = "expected a location piebald can write (No space left on device)"
+ONE_GPU = """name: one
+nodes:
+  - name: a
+    gpu: A100-80GB
+    gpus_per_node: 1
+    intra_link: 600GB/s
+    nic: {kind: infiniband, bandwidth: 200Gb/s}
+"""
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    mounted = tmp_path / "disk"
+    mounted.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mounted)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
+
+
+def _fill(path: Path, *, leave: int = 0) -> None:
+    """Write ``path`` until the disk is full, then free ``leave`` bytes of it again."""
+    with contextlib.suppress(OSError), path.open("ab") as filler:
+        while True:
+            filler.write(b"\0" * 4096)
+            filler.flush()
+    if leave:
+        with path.open("r+b") as filler:
+            filler.truncate(max(0, path.stat().st_size - leave))
+
+
+def _error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_train_is_one_line_and_keeps_older_checkpoints(
+    tmp_path: Path, disk: Path
+) -> None:
+    plan, cluster = tmp_path / "plan.json", tmp_path / "one.yaml"
+    cluster.write_text(ONE_GPU)  # one process: the test stays short
+    code, output = run_cli(
+        "plan", "--cluster", str(cluster), "--model", "tiny",
+        "--global-batch", "6", "--seq-len", "32", "--out", str(plan),
+    )  # fmt: skip
+    assert code == 0, output
+    train = ["train", "--plan", str(plan), "--emulate", "--seed", "2"]
+    checkpoints = disk / "ck"
+    code, output = run_cli(*train, "--steps", "1", "--checkpoint-dir", str(checkpoints))
+    assert code == 0, output
+    first = checkpoints / "step-00000001"
+    size = sum(p.stat().st_size for p in first.iterdir())
+    _fill(disk / "filler", leave=size // 2)  # room for half a checkpoint
+
+    code, output = run_cli(*train, "--steps", "2", "--resume", "--checkpoint-dir", str(checkpoints))
+    assert code == 2, output
+    assert _error_line(output) == f"error: --checkpoint-dir: got {str(checkpoints)!r}; {FULL}"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [".lock", "step-00000001"]
+    assert verify_checkpoint(first).step == 1
+
+    _fill(disk / "filler")
+    model = disk / "w"
+    code, output = run_cli(*train, "--steps", "1", "--save-model", str(model))
+    assert code == 2, output
+    assert _error_line(output) == f"error: --save-model: got {str(model)!r}; {FULL}"
+    assert sorted(p.name for p in disk.iterdir()) == ["ck", "filler"]  # no .w.parts-*
