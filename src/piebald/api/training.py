@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from piebald.api.inputs import as_plan
+from piebald.api.arguments import check_bool, check_callable, check_finite, check_int
+from piebald.api.inputs import as_plan, check_job
 from piebald.errors import ArgumentError
+from piebald.outputs import (
+    OutputError,
+    check_appendable_file,
+    check_new_directory,
+    check_output_directory,
+    check_output_file,
+)
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from piebald.runtime.distributed.optimizer import OptimizerConfig
     from piebald.runtime.models.hf_weights import check_hf_weights
     from piebald.runtime.training.config import TrainConfig
@@ -43,6 +50,7 @@ __all__ = [
     "OptimizerConfig",
     "RunSummary",
     "TrainConfig",
+    "check_config",
     "check_hf_weights",
     "emulate",
     "emulated_model",
@@ -80,6 +88,87 @@ def __getattr__(name: str) -> object:
 PrintLine = Callable[[str], None]
 
 
+def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything is spawned or trained, a run that could not keep its results:
+    every place it will write can be written and nothing of the user's is in the way (an
+    existing ``metrics_path`` unless ``resume``, a ``save_model_path`` that exists or
+    cannot be created, a ``checkpoint_dir`` or ``tensorboard_dir`` that is not a writable
+    directory), TensorBoard is installed where asked for, ``resume`` has a
+    ``checkpoint_dir``, and ``eval_every`` has an ``eval_data_path``.
+
+    A refusal is an ArgumentError naming the field (``config.metrics_path``); ``flags``
+    maps a field to the name the caller knows it by instead (the CLI's ``--metrics``), and
+    then an output refusal is the ``OutputError`` naming it. :func:`emulate`, :func:`train`
+    and :func:`train_reference` call this first."""
+
+    def name(field: str) -> str:
+        return flags.get(field, field) if flags is not None else f"config.{field}"
+
+    def refuse(field: str, value: object, expected: str) -> ArgumentError:
+        return ArgumentError(argument=name(field), value=value, expected=expected)
+
+    if config.tensorboard_dir is not None:
+        from piebald.runtime.training.tensorboard import MISSING_PACKAGE, tensorboard_available
+
+        if not tensorboard_available():
+            raise refuse("tensorboard_dir", str(config.tensorboard_dir), MISSING_PACKAGE)
+    if config.resume and config.checkpoint_dir is None and config.resume_from is None:
+        raise refuse(
+            "resume", True, f"a {name('checkpoint_dir')} holding the checkpoints to resume from"
+        )
+    try:
+        _check_outputs(config, name)
+    except OutputError as error:
+        if flags is not None:
+            raise
+        raise ArgumentError(
+            argument=error.source, value=error.value, expected=error.expected
+        ) from None
+    if config.eval_data_path is None and config.eval_every:
+        raise refuse(
+            "eval_every", config.eval_every, f"an {name('eval_data_path')} file to evaluate on"
+        )
+
+
+def _check_outputs(config: TrainConfig, name: Callable[[str], str]) -> None:
+    if config.metrics_path is not None:
+        if config.resume:  # a resumed run appends to its metrics
+            check_appendable_file(config.metrics_path, flag=name("metrics_path"))
+        else:
+            check_output_file(
+                config.metrics_path,
+                flag=name("metrics_path"),
+                hint=f"choose another {name('metrics_path')} file, or pass {name('resume')} "
+                "to continue its run",
+            )
+    if config.tensorboard_dir is not None:
+        check_output_directory(config.tensorboard_dir, flag=name("tensorboard_dir"))
+    checkpoint_dir = config.checkpoint_dir
+    if checkpoint_dir is None and config.resume_from is not None:
+        checkpoint_dir = config.resume_from.parent  # where a resumed run's checkpoints go
+    if checkpoint_dir is not None:
+        check_output_directory(checkpoint_dir, flag=name("checkpoint_dir"))
+    if config.save_model_path is not None:
+        check_new_directory(config.save_model_path, flag=name("save_model_path"))
+
+
+def _config(config: object, **defaults: object) -> TrainConfig:
+    """``config`` checked (a TrainConfig or None: then one of ``defaults``), with its
+    outputs checked (:func:`check_config`)."""
+    from piebald.runtime.training.config import TrainConfig
+
+    if config is None:
+        config = TrainConfig(**defaults)  # type: ignore[arg-type]  # checked by TrainConfig
+    if not isinstance(config, TrainConfig):
+        raise ArgumentError(
+            argument="config",
+            value=config,
+            expected="a TrainConfig (piebald.TrainConfig(steps=...)) or None",
+        )
+    check_config(config)
+    return config
+
+
 def emulate(
     plan: Plan | str | Path,
     *,
@@ -99,17 +188,24 @@ def emulate(
     replaces ``steps``, ``seed`` and ``time_scale``. Imports torch; the workers print one
     line per step on stdout (on stderr with ``lines_to_stderr``).
 
+    Before any work, as ``piebald train --emulate`` does: a bad argument is an
+    ArgumentError naming it (``max_params`` >= 1), a plan that no longer fits its
+    cluster's memory a SpecError, and an output the run could not write or would
+    overwrite (:func:`check_config`) an ArgumentError naming the config field.
+
     >>> summary = emulate(load_plan("plan.json"), steps=2)  # doctest: +SKIP
     >>> summary.losses  # doctest: +SKIP
     """
-    from piebald.runtime.training.config import TrainConfig
+    check_int("steps", steps)
+    check_int("seed", seed, minimum=0)
+    check_finite("time_scale", time_scale, positive=True, optional=True)
+    check_int("max_params", max_params)
+    check_bool("lines_to_stderr", lines_to_stderr)
+    chosen = as_plan(plan)  # before torch: a plan that no longer fits is refused at once
+    checked = _config(config, steps=steps, seed=seed, time_scale=time_scale)
     from piebald.runtime.training.emulate import emulate as emulate_plan
 
-    if config is None:
-        config = TrainConfig(steps=steps, seed=seed, time_scale=time_scale)
-    return emulate_plan(
-        as_plan(plan), config, max_params=max_params, lines_to_stderr=lines_to_stderr
-    )
+    return emulate_plan(chosen, checked, max_params=max_params, lines_to_stderr=lines_to_stderr)
 
 
 def train(
@@ -128,7 +224,9 @@ def train(
     ``device``: cpu or cuda (default: cuda if there is one); GPUs compute in the dtype the
     plan priced unless ``compute_dtype`` says otherwise (a CPU run: fp32). ``config`` (a
     ``TrainConfig``) gives every other setting and then replaces ``steps`` and ``seed``.
-    ``print_line``: where the step lines go (default: stdout). Outside torchrun this is a
+    ``print_line``: where the step lines go (default: stdout). The arguments, the plan and
+    the config's outputs are checked before training, as :func:`emulate` checks them
+    (:func:`train_reference` too). Outside torchrun this is a
     RuntimeError: use :func:`emulate` to run the plan's cluster on this machine. Imports
     torch.
 
@@ -142,12 +240,16 @@ def train(
         )
     if device not in (None, "cpu", "cuda"):
         raise ArgumentError(argument="device", value=device, expected="cpu or cuda")
-    from piebald.runtime.training.config import TrainConfig
+    check_int("steps", steps)
+    check_int("seed", seed, minimum=0)
+    check_callable("print_line", print_line)
+    chosen = as_plan(plan)
+    checked = _config(config, steps=steps, seed=seed)
     from piebald.runtime.training.torchrun import train_rank
 
     return train_rank(
-        as_plan(plan),
-        config or TrainConfig(steps=steps, seed=seed),
+        chosen,
+        checked,
         device=device,
         compute_dtype=compute_dtype,
         print_line=print_line,
@@ -169,6 +271,18 @@ def train_reference(
 
     >>> summary = train_reference(model, job, TrainConfig(steps=2))  # doctest: +SKIP
     """
+    if not isinstance(model, ModelSpec):
+        raise ArgumentError(
+            argument="model",
+            value=model,
+            expected="a ModelSpec (piebald.load_model(...))",
+        )
+    check_job(job)
+    check_int("micro_batch_size", micro_batch_size, optional=True)
+    check_callable("print_line", print_line)
+    if config is None:
+        raise ArgumentError(argument="config", value=None, expected="a TrainConfig")
+    checked = _config(config)
     from piebald.runtime.training.reference import train_reference as train_one
 
-    return train_one(model, job, config, micro_batch_size=micro_batch_size, print_line=print_line)
+    return train_one(model, job, checked, micro_batch_size=micro_batch_size, print_line=print_line)

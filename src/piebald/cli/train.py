@@ -11,9 +11,11 @@ planning commands stay fast on machines without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -22,16 +24,9 @@ import typer
 
 from piebald.cli.common import console, errors, job_from, load_checked_plan, user_errors
 from piebald.cli.job_file import ConfigOption
-from piebald.errors import SpecError
-from piebald.outputs import (
-    check_appendable_file,
-    check_new_directory,
-    check_output_directory,
-    check_output_file,
-)
+from piebald.errors import ArgumentError, SpecError
 from piebald.specs.devices import Dtype
 from piebald.specs.job import check_seq_len
-from piebald.specs.presets import load_model
 
 if TYPE_CHECKING:
     from piebald.api import LrSchedule, RunSummary, TrainConfig
@@ -41,6 +36,48 @@ __all__ = ["train"]
 
 def _fail(field: str, value: object, expected: str) -> SpecError:
     return SpecError(source="piebald train", field=field, value=value, expected=expected)
+
+
+# The flag of each TrainConfig field (``piebald.api.training.check_config`` and TrainConfig
+# name the field; the command line names its flag).
+FLAG_OF_FIELD = {
+    "steps": "--steps",
+    "seed": "--seed",
+    "data_path": "--data",
+    "metrics_path": "--metrics",
+    "tensorboard_dir": "--tensorboard",
+    "checkpoint_dir": "--checkpoint-dir",
+    "checkpoint_every": "--checkpoint-every",
+    "resume": "--resume",
+    "resume_from": "--resume-from",
+    "save_model_path": "--save-model",
+    "init_from": "--init-from",
+    "eval_data_path": "--eval-data",
+    "eval_every": "--eval-every",
+    "time_scale": "--time-scale",
+    "optimizer.lr": "--lr",
+    "optimizer.weight_decay": "--weight-decay",
+    "optimizer.max_grad_norm": "--max-grad-norm",
+    "lr_schedule.min_lr": "--min-lr",
+    "name_or_path": "--model",  # piebald.api.load_model's argument
+}
+
+
+@contextlib.contextmanager
+def _as_flags() -> Iterator[None]:
+    """A TrainConfig field's ArgumentError, reported under its flag."""
+    try:
+        yield
+    except ArgumentError as error:
+        raise error.with_source(FLAG_OF_FIELD.get(error.argument, error.argument)) from None
+
+
+def _check_finite(**flags: float) -> None:
+    """Float flags are finite: click's FloatRange lets inf through (``--lr inf`` would train
+    to non-finite weights). Keyword: the flag's parameter name."""
+    for name, value in flags.items():
+        if not math.isfinite(value):
+            raise _fail("--" + name.replace("_", "-"), value, "a finite number")
 
 
 def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None) -> None:
@@ -247,24 +284,9 @@ def train(
     from piebald.api import OptimizerConfig, TrainConfig
 
     del job_file  # its keys are already the defaults of the options above (cli.job_file)
-    run_train(
-        plan_file=plan_file,
-        emulate=emulate,
-        device=device,
-        model=model,
-        global_batch=global_batch,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        max_emulated_params=max_emulated_params,
-        compute_dtype=compute_dtype,
-        as_json=as_json,
-        schedule=ScheduleFlags(
-            warmup_steps=warmup_steps,
-            lr_decay=lr_decay,
-            decay_steps=decay_steps,
-            min_lr=min_lr,
-        ),
-        config=TrainConfig(
+    _check_finite(lr=lr, min_lr=min_lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+    with _as_flags():
+        config = TrainConfig(
             steps=steps,
             seed=seed,
             optimizer=OptimizerConfig(
@@ -284,7 +306,25 @@ def train(
             eval_data_path=eval_data,
             eval_every=eval_every,
             time_scale=time_scale if emulate else None,
+        )
+    run_train(
+        plan_file=plan_file,
+        emulate=emulate,
+        device=device,
+        model=model,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        max_emulated_params=max_emulated_params,
+        compute_dtype=compute_dtype,
+        as_json=as_json,
+        schedule=ScheduleFlags(
+            warmup_steps=warmup_steps,
+            lr_decay=lr_decay,
+            decay_steps=decay_steps,
+            min_lr=min_lr,
         ),
+        config=config,
     )
 
 
@@ -307,16 +347,13 @@ def run_train(
     from dataclasses import replace
 
     from piebald.api import ComputeDtype, check_hf_weights
+    from piebald.api.training import check_config
 
     if device not in (None, "cpu", "cuda"):
         raise _fail("--device", device, "cpu or cuda")
     if schedule is not None:
-        config = replace(config, lr_schedule=_lr_schedule(schedule, config=config))
-    if config.tensorboard_dir is not None:
-        from piebald.api import MISSING_PACKAGE, tensorboard_available
-
-        if not tensorboard_available():
-            raise _fail("--tensorboard", str(config.tensorboard_dir), MISSING_PACKAGE)
+        with _as_flags():
+            config = replace(config, lr_schedule=_lr_schedule(schedule, config=config))
     choices = [c.value for c in ComputeDtype]
     if compute_dtype is not None and compute_dtype not in choices:
         raise _fail("--compute-dtype", compute_dtype, " or ".join(choices))
@@ -325,11 +362,8 @@ def run_train(
     if config.resume_from is not None and config.checkpoint_dir is None:
         # New checkpoints go next to the one resumed from: the same run, continued.
         config = replace(config, checkpoint_dir=config.resume_from.parent)
-    if config.resume and config.checkpoint_dir is None:
-        raise _fail("--resume", True, "a --checkpoint-dir holding the checkpoints to resume from")
-    _check_outputs(config)
-    if config.eval_data_path is None and config.eval_every:
-        raise _fail("--eval-every", config.eval_every, "an --eval-data file to evaluate on")
+    # Every output and the settings they depend on, as the API checks them, under the flags.
+    check_config(config, flags=FLAG_OF_FIELD)
     if plan_file is None:
         if emulate:
             raise _fail("--emulate", True, "a --plan to emulate")
@@ -351,9 +385,10 @@ def run_train(
                 compute_dtype,
                 "fp32 or nothing without a --plan: the single-process reference is fp32",
             )
-        from piebald.api import train_reference
+        from piebald.api import load_model, train_reference
 
-        spec = load_model(model)
+        with _as_flags():
+            spec = load_model(model)
         check_seq_len(spec, seq_len=seq_len)
         if config.init_from is not None:
             check_hf_weights(spec, config.init_from)
@@ -407,26 +442,6 @@ def run_train(
         compute_dtype_given=compute_dtype is not None,
         as_json=as_json,
     )
-
-
-def _check_outputs(config: TrainConfig) -> None:
-    """Before anything is spawned or trained: every place the run will write can be
-    written, and nothing the user has is in the way (a run must not be lost at its end)."""
-    if config.metrics_path is not None:
-        if config.resume:  # a resumed run appends to its metrics
-            check_appendable_file(config.metrics_path, flag="--metrics")
-        else:
-            check_output_file(
-                config.metrics_path,
-                flag="--metrics",
-                hint="choose another --metrics file, or pass --resume to continue its run",
-            )
-    if config.tensorboard_dir is not None:
-        check_output_directory(config.tensorboard_dir, flag="--tensorboard")
-    if config.checkpoint_dir is not None:
-        check_output_directory(config.checkpoint_dir, flag="--checkpoint-dir")
-    if config.save_model_path is not None:
-        check_new_directory(config.save_model_path, flag="--save-model")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

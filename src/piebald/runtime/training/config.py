@@ -1,12 +1,20 @@
 """What a training run is asked to do, besides the plan: steps, seed, optimizer settings and
 learning-rate schedule, data, initial weights, evaluation, checkpoints, metrics (JSONL,
-TensorBoard), and emulation's time scale."""
+TensorBoard), and emulation's time scale.
+
+A TrainConfig checks its fields when made (and when ``dataclasses.replace`` remakes it): a
+value of the wrong type or out of range, a float that is inf or nan anywhere (its own, its
+optimizer's, its schedule's) is an :class:`~piebald.errors.ArgumentError` naming the field
+(``steps``, ``optimizer.lr``, ``lr_schedule.min_lr``); a path may be given as a str."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from piebald.errors import ArgumentError
 from piebald.runtime.distributed.optimizer import OptimizerConfig
 from piebald.runtime.training.lr_schedule import LrSchedule
 from piebald.runtime.training.precision import ComputeDtype
@@ -50,13 +58,75 @@ class TrainConfig:
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps = {self.steps}; expected >= 1")
-        if self.seed < 0:
-            raise ValueError(f"seed = {self.seed}; expected >= 0")
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every = {self.eval_every}; expected >= 0")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every = {self.checkpoint_every}; expected >= 0")
-        if self.time_scale is not None and not self.time_scale > 0:
-            raise ValueError(f"time_scale = {self.time_scale}; expected > 0")
+        for name in _PATHS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+                    raise _error(name, value, "a path (str or pathlib.Path) or None")
+                object.__setattr__(self, name, Path(value))
+        _whole(self.steps, "steps", minimum=1)
+        _whole(self.seed, "seed", minimum=0)
+        _whole(self.eval_every, "eval_every", minimum=0)
+        _whole(self.checkpoint_every, "checkpoint_every", minimum=0)
+        for name in ("resume", "checkpoint_dir_claimed", "one_tag", "measure_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise _error(name, getattr(self, name), "True or False")
+        if self.device not in ("cpu", "cuda"):
+            raise _error("device", self.device, "cpu or cuda")
+        if not isinstance(self.compute_dtype, ComputeDtype):
+            raise _error("compute_dtype", self.compute_dtype, "a ComputeDtype")
+        if self.time_scale is not None:
+            _finite(self.time_scale, "time_scale", positive=True)
+        _finite(self.timeout_s, "timeout_s", positive=True)
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise _error("optimizer", self.optimizer, "an OptimizerConfig")
+        optimizer = self.optimizer
+        _finite(optimizer.lr, "optimizer.lr", minimum=0.0)
+        _finite(optimizer.eps, "optimizer.eps", positive=True)
+        _finite(optimizer.weight_decay, "optimizer.weight_decay", minimum=0.0)
+        if optimizer.max_grad_norm is not None:
+            _finite(optimizer.max_grad_norm, "optimizer.max_grad_norm", positive=True)
+        betas = optimizer.betas
+        if not isinstance(betas, tuple) or len(betas) != 2:
+            raise _error("optimizer.betas", betas, "a pair of numbers in [0, 1)")
+        for index, beta in enumerate(betas):
+            _finite(beta, f"optimizer.betas[{index}]", minimum=0.0)
+            if not beta < 1:
+                raise _error(f"optimizer.betas[{index}]", beta, "a number in [0, 1)")
+        if not isinstance(self.lr_schedule, LrSchedule):
+            raise _error("lr_schedule", self.lr_schedule, "an LrSchedule")
+        _finite(self.lr_schedule.min_lr, "lr_schedule.min_lr", minimum=0.0)
+
+
+_PATHS = tuple(
+    f.name
+    for f in fields(TrainConfig)
+    if f.name.endswith(("_path", "_dir", "_from")) and f.name != "checkpoint_dir_claimed"
+)
+
+
+def _error(name: str, value: object, expected: str) -> ArgumentError:
+    return ArgumentError(argument=name, value=value, expected=expected)
+
+
+def _whole(value: object, name: str, *, minimum: int) -> None:
+    expected = f"a whole number >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _error(name, value, expected)
+    if value < minimum:
+        raise _error(name, value, expected)
+
+
+def _finite(
+    value: object, name: str, *, minimum: float | None = None, positive: bool = False
+) -> None:
+    bound = "> 0" if positive else f">= {minimum:g}" if minimum is not None else ""
+    expected = f"a finite number {bound}".strip()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _error(name, value, expected)
+    if (
+        not math.isfinite(value)
+        or (minimum is not None and value < minimum)
+        or (positive and not value > 0)
+    ):
+        raise _error(name, value, expected)
