@@ -180,31 +180,51 @@ def _sliding_window(config: Fields, kind: HfModelType, *, num_blocks: int) -> in
 
     Mistral slides on every layer when ``sliding_window`` is set; a file without the field
     gets MistralConfig's 4096, an explicit null none. Qwen2 slides only with
-    ``use_sliding_window``, on the layers ``layer_types`` marks (by default those from
-    ``max_window_layers`` on); a model with a window on some layers is treated as having it.
+    ``use_sliding_window`` and a window, on the layers ``layer_types`` marks
+    ``sliding_attention`` (without ``layer_types``: layer ``i`` slides when
+    ``i >= max_window_layers``, 28 by default). piebald applies one window to every layer, so
+    a Qwen2 model whose window covers some layers but not all (``0 < max_window_layers <
+    num_hidden_layers``, or mixed ``layer_types``) is refused: every layer sliding
+    (``max_window_layers`` 0) or none (``max_window_layers >= num_hidden_layers``) is accepted.
     """
     if kind is HfModelType.LLAMA:
         return None  # LlamaConfig has no window; transformers ignores the field
-    if kind is HfModelType.QWEN2:
-        if not config.boolean("use_sliding_window", default=False):
-            return None
-        if config.has("layer_types"):
-            layer_types = config.items("layer_types")
-            allowed = ("full_attention", "sliding_attention")
-            if len(layer_types) != num_blocks or any(t not in allowed for t in layer_types):
-                raise config.error(
-                    "layer_types",
-                    layer_types,
-                    f"{num_blocks} entries (num_hidden_layers), each one of {list(allowed)}",
-                )
-            slides = "sliding_attention" in layer_types
-        else:
-            first = config.integer("max_window_layers", default=_QWEN2_MAX_WINDOW_LAYERS, minimum=0)
-            slides = first < num_blocks
-        if not slides:
-            return None
+    if kind is HfModelType.QWEN2 and not config.boolean("use_sliding_window", default=False):
+        return None  # Qwen2Config drops the window without use_sliding_window
     if "sliding_window" not in config.data:
-        return _DEFAULT_SLIDING_WINDOW
-    if not config.has("sliding_window"):  # an explicit null
-        return None
-    return config.integer("sliding_window", minimum=1, maximum=MAX_SEQ_LEN)
+        window: int | None = _DEFAULT_SLIDING_WINDOW
+    elif not config.has("sliding_window"):  # an explicit null
+        window = None
+    else:
+        window = config.integer("sliding_window", minimum=1, maximum=MAX_SEQ_LEN)
+    if kind is not HfModelType.QWEN2:
+        return window
+    if config.has("layer_types"):  # transformers uses it as given, over max_window_layers
+        layer_types = config.items("layer_types")
+        allowed = ("full_attention", "sliding_attention")
+        if len(layer_types) != num_blocks or any(t not in allowed for t in layer_types):
+            raise config.error(
+                "layer_types",
+                layer_types,
+                f"{num_blocks} entries (num_hidden_layers), each one of {list(allowed)}",
+            )
+        sliding = layer_types.count("sliding_attention")
+        if window is not None and 0 < sliding < num_blocks:
+            raise config.error(
+                "layer_types",
+                layer_types,
+                "the same type on every layer (piebald applies one attention window to all "
+                "layers or none; a window on some layers is not supported)",
+            )
+        return window if sliding else None
+    first = config.integer("max_window_layers", default=_QWEN2_MAX_WINDOW_LAYERS, minimum=0)
+    if window is not None and 0 < first < num_blocks:
+        raise config.error(
+            "max_window_layers",
+            first,
+            f"0 (a window on every layer) or at least num_hidden_layers ({num_blocks}, no "
+            f"window) with use_sliding_window true (piebald applies one attention window to "
+            f"all layers or none; a window on layers {first} to {num_blocks - 1} only is not "
+            f"supported)",
+        )
+    return window if first < num_blocks else None

@@ -108,6 +108,33 @@ REFUSED = {
         },
         "layer_types: got",
     ),
+    # A window on some layers only: transformers slides on layers i >= max_window_layers.
+    "qwen2 window on late layers": (
+        {
+            **LLAMA,
+            "model_type": "qwen2",
+            "use_sliding_window": True,
+            "sliding_window": 32,
+            "max_window_layers": 2,
+        },
+        "max_window_layers: got 2; expected 0 (a window on every layer) or at least "
+        "num_hidden_layers (3, no window)",
+    ),
+    "qwen2 default max_window_layers": (
+        {**LLAMA, "model_type": "qwen2", "use_sliding_window": True, "num_hidden_layers": 30},
+        "max_window_layers: got 28; expected 0",
+    ),
+    "qwen2 mixed layer_types": (
+        {
+            **LLAMA,
+            "model_type": "qwen2",
+            "use_sliding_window": True,
+            "max_window_layers": 0,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+        },
+        "layer_types: got ['full_attention', 'sliding_attention', 'sliding_attention']; "
+        "expected the same type on every layer",
+    ),
 }
 
 
@@ -185,12 +212,27 @@ MINIMAL = {
         "model_type": "qwen2",
         "num_attention_heads": 32,
     },
-    "qwen2 window on late layers": {
+    "qwen2 window on every layer": {
         **LLAMA,
         "model_type": "qwen2",
         "use_sliding_window": True,
         "sliding_window": 32,
-        "max_window_layers": 2,
+        "max_window_layers": 0,
+    },
+    "qwen2 window on every layer by layer_types": {
+        **LLAMA,
+        "model_type": "qwen2",
+        "use_sliding_window": True,
+        "sliding_window": 32,
+        "max_window_layers": 2,  # layer_types wins
+        "layer_types": ["sliding_attention"] * 3,
+    },
+    "qwen2 null window on some layers": {
+        **LLAMA,
+        "model_type": "qwen2",
+        "use_sliding_window": True,
+        "sliding_window": None,
+        "max_window_layers": 1,
     },
     "qwen2 window on no layer": {
         **LLAMA,

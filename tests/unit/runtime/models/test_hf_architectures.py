@@ -112,6 +112,27 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen2",
         dict(max_position_embeddings=64, tie_word_embeddings=False, use_sliding_window=False),
     ),
+    # What piebald accepts of Qwen2's window: on every layer (max_window_layers 0; the window
+    # covers the sequence, as piebald requires), or on none (max_window_layers at least the
+    # number of layers: a window shorter than the sequence that transformers does not apply).
+    "qwen2-window-every-layer": (
+        "qwen2",
+        dict(
+            max_position_embeddings=64,
+            use_sliding_window=True,
+            sliding_window=SEQ,
+            max_window_layers=0,
+        ),
+    ),
+    "qwen2-window-on-no-layer": (
+        "qwen2",
+        dict(
+            max_position_embeddings=64,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=2,
+        ),
+    ),
     "mistral-window-covers-seq": (
         "mistral",
         dict(max_position_embeddings=64, sliding_window=SEQ),
