@@ -6,14 +6,16 @@ expected, so the CLI can print it as one line and exit 2 instead of a traceback.
 argument of a library function (``piebald.plan(strategy=...)``) is an
 :class:`ArgumentError` naming the argument; the command line names its flag instead. A run
 that fails for another reason (a training worker killed by the OOM killer) is a
-:class:`RunFailedError`, also one line.
+:class:`RunFailedError`, also one line. A setting of a model file that piebald accepts but
+does not model (dropout) is a :class:`ModelWarning`, one line that the CLI prints as
+``warning: ...`` on stderr.
 """
 
 from __future__ import annotations
 
 import reprlib
 
-__all__ = ["ArgumentError", "RunFailedError", "SpecError", "error_fields"]
+__all__ = ["ArgumentError", "ModelWarning", "RunFailedError", "SpecError", "error_fields"]
 
 _MAX_VALUE_CHARS = 80
 
@@ -96,6 +98,12 @@ class RunFailedError(RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+class ModelWarning(UserWarning):
+    """A model file's setting that piebald reads but does not model, so training differs
+    from what the file describes (dropout: piebald trains without it). The message is one
+    line naming the file, the fields and their values."""
 
 
 def error_fields(error: SpecError) -> dict[str, object]:

@@ -38,7 +38,7 @@ from piebald.api import (
     load_model,
     load_plan,
 )
-from piebald.errors import ArgumentError, RunFailedError, SpecError
+from piebald.errors import ArgumentError, ModelWarning, RunFailedError, SpecError
 from piebald.extras import install_hint
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import Dtype
@@ -62,6 +62,7 @@ __all__ = [
     "inputs_from",
     "job_from",
     "load_checked_plan",
+    "model_warnings",
     "profile_warnings",
     "progress_bar",
     "require_installed",
@@ -107,12 +108,14 @@ def require_installed(module: str) -> None:
 def user_errors(command: Callable[P, R]) -> Callable[P, R]:
     """Report bad input as one line and a non-zero exit code instead of a traceback; so
     too a command run without the optional dependency it needs (exit 2), and a run that
-    failed while running (``RunFailedError``: exit 1)."""
+    failed while running (``RunFailedError``: exit 1). Each ``ModelWarning`` the command
+    issues is a ``warning:`` line on stderr (``model_warnings``)."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return command(*args, **kwargs)
+            with model_warnings():
+                return command(*args, **kwargs)
         except ModuleNotFoundError as error:
             module = (error.name or "").partition(".")[0]
             install = install_hint(module)
@@ -183,6 +186,36 @@ def profile_warnings(profiles: Path | None) -> Iterator[None]:
                 return
             errors.print(
                 f"[yellow]warning:[/yellow] {escape(f'--profiles {profiles}: {message.detail}')}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        warnings.showwarning = show
+        yield
+
+
+@contextlib.contextmanager
+def model_warnings() -> Iterator[None]:
+    """Each ``ModelWarning`` the library issues while inside (a model file's dropout,
+    which piebald does not train with) as one ``warning:`` line on stderr, when it is
+    issued, every time: never silently ignored, and not Python's warning format."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ModelWarning)
+        shown = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if not isinstance(message, ModelWarning):
+                shown(message, category, filename, lineno, file, line)
+                return
+            errors.print(
+                f"[yellow]warning:[/yellow] {escape(' '.join(str(message).split()))}",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -8,17 +8,21 @@ attention scaling, an unsupported RoPE variant, partial rotary embeddings, ...) 
 as one line naming the file, the field and the value, instead of training a different model
 silently.
 
-Accepted but not modelled: dropout (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop``,
-``attention_dropout``): piebald trains without dropout, and a model's outputs in evaluation
-do not depend on it. Fields that only concern generation, tokenizers, heads other than the
-causal LM head or tensor-parallel hints are ignored.
+Accepted but not modelled: dropout (GPT-2's ``attn_pdrop``, ``resid_pdrop`` and
+``embd_pdrop``, 0.1 each when left out; the others' ``attention_dropout``, 0 when left out):
+piebald trains without dropout (a model's outputs in evaluation do not depend on it), so a
+nonzero probability issues one :class:`DropoutIgnoredWarning` naming the file, the fields and
+their values. Fields that only concern generation, tokenizers, heads other than the causal
+LM head (GPT-2's ``summary_first_dropout`` is its double-heads model's) or tensor-parallel
+hints are ignored.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from piebald.errors import SpecError
+from piebald.errors import ModelWarning, SpecError
 from piebald.specs.fields import Fields
 from piebald.specs.limits import (
     MAX_FFN_HIDDEN_SIZE,
@@ -32,7 +36,7 @@ from piebald.specs.limits import (
 from piebald.specs.model import Family, HfModelType, ModelArch
 from piebald.specs.rope_scaling import rope_dict_from_hf, rope_scaling_from_hf
 
-__all__ = ["arch_from_hf_config"]
+__all__ = ["DropoutIgnoredWarning", "arch_from_hf_config"]
 
 _LLAMA_TYPES = {
     "llama": HfModelType.LLAMA,
@@ -44,6 +48,13 @@ _MAX_POSITIONS = {HfModelType.LLAMA: 2048, HfModelType.MISTRAL: 4096 * 32, HfMod
 _KV_HEADS = {HfModelType.MISTRAL: 8, HfModelType.QWEN2: 32}  # Llama: one per query head
 _DEFAULT_SLIDING_WINDOW = 4096  # MistralConfig and Qwen2Config
 _QWEN2_MAX_WINDOW_LAYERS = 28
+# Dropout probabilities transformers' causal LM applies in training, with their defaults.
+_DROPOUT = {
+    HfModelType.GPT2: {"attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1},
+    HfModelType.LLAMA: {"attention_dropout": 0.0},
+    HfModelType.MISTRAL: {"attention_dropout": 0.0},
+    HfModelType.QWEN2: {"attention_dropout": 0.0},
+}
 # Both are GELU's tanh approximation (Hendrycks and Gimpel 2016), which runtime/gpt2.py uses.
 _GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 # GPT-2 switches that change the attention piebald computes, with the value it implements.
@@ -61,7 +72,7 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
     model_type = config.choice("model_type", ("gpt2", *_LLAMA_TYPES))
     kwargs = _gpt2(config) if model_type == "gpt2" else _llama(config, _LLAMA_TYPES[model_type])
     try:
-        return ModelArch(**kwargs)
+        arch = ModelArch(**kwargs)
     except ValueError as error:  # the fields were checked one by one; this is their mix
         raise SpecError(
             source=source,
@@ -69,6 +80,46 @@ def arch_from_hf_config(data: object, *, source: str) -> ModelArch:
             has_value=False,
             expected=f"a consistent architecture ({error})",
         ) from None
+    _warn_dropout(config, arch.model_type)
+    return arch
+
+
+class DropoutIgnoredWarning(ModelWarning):
+    """A ``config.json`` with a nonzero dropout probability: piebald trains without dropout.
+
+    ``fields``: each nonzero probability by its field name (left-out fields at transformers'
+    default)."""
+
+    def __init__(self, message: str, *, fields: dict[str, float]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def _warn_dropout(config: Fields, kind: HfModelType) -> None:
+    """One :class:`DropoutIgnoredWarning` for the nonzero dropout probabilities of
+    ``config`` (a value that is not a probability is a SpecError)."""
+    nonzero: dict[str, float] = {}
+    left_out: list[str] = []
+    for name, default in _DROPOUT[kind].items():
+        if name in config.data and config.data[name] is None:  # LlamaConfig allows null: 0
+            continue
+        probability = config.number(name, default=default, maximum=1.0)
+        if probability:
+            nonzero[name] = probability
+            if name not in config.data:
+                left_out.append(name)
+    if not nonzero:
+        return
+    listed = ", ".join(f"{name} = {value:g}" for name, value in nonzero.items())
+    note = f" ({', '.join(left_out)} left out: transformers' default)" if left_out else ""
+    warnings.warn(
+        DropoutIgnoredWarning(
+            f"{config.source}: {listed}{note}; piebald trains without dropout, so these "
+            f"probabilities are ignored",
+            fields=nonzero,
+        ),
+        stacklevel=3,
+    )
 
 
 def _gpt2(config: Fields) -> dict[str, Any]:
