@@ -32,6 +32,7 @@ from piebald.specs.devices import (
 )
 from piebald.specs.fields import Fields, suggest
 from piebald.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, limit_text
+from piebald.specs.user_input import read_user_text
 from piebald.specs.yaml_bounded import YamlExpansionError, safe_load_bounded
 
 __all__ = [
@@ -77,19 +78,17 @@ _GROUP_FIELDS = (
 )
 _TOP_FIELDS = ("name", "gpu_types", "nodes", "sites")
 
+#: A cluster file larger than this is refused unread (32,768 GPUs listed one node a line
+#: with every field take a few MiB).
+MAX_CLUSTER_FILE_BYTES = 64 << 20
+
 
 def read_yaml(path: Path) -> Any:
-    """Parse a YAML (or JSON) file; unreadable or malformed files become one SpecError."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpecError(
-            source=str(path),
-            field="",
-            has_value=False,
-            expected=f"a readable UTF-8 file ({error.__class__.__name__}: "
-            f"{getattr(error, 'strerror', None) or error})",
-        ) from None
+    """Parse a YAML (or JSON) file; unreadable or malformed files become one SpecError.
+
+    The file is read as a user's input file (:mod:`piebald.specs.user_input`): a regular
+    file of at most :data:`MAX_CLUSTER_FILE_BYTES`, UTF-8."""
+    text = read_user_text(path, source=str(path), max_bytes=MAX_CLUSTER_FILE_BYTES)
     try:
         return safe_load_bounded(text)
     except YamlExpansionError as error:

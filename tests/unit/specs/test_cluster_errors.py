@@ -8,6 +8,7 @@ must print that line on stderr, prefixed ``error:``, and exit with code 2.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,7 +245,17 @@ def test_missing_file(tmp_path: Path) -> None:
         load_cluster(path)
     message = str(caught.value)
     assert_one_line_naming(message, source=str(path), field="")
-    assert "FileNotFoundError" in message
+    assert "No such file or directory" in message
+
+
+def test_a_fifo_is_refused_unread(tmp_path: Path) -> None:
+    """A named pipe would block the reader forever: it is refused before it is opened."""
+    path = tmp_path / "cluster.yaml"
+    os.mkfifo(path)
+    with pytest.raises(SpecError) as caught:
+        load_cluster(path)
+    assert_one_line_naming(str(caught.value), source=str(path), field="")
+    assert "named pipe" in str(caught.value)
 
 
 def test_a_directory_is_not_a_cluster_file(tmp_path: Path) -> None:
