@@ -2,9 +2,11 @@
 
 Only the tensors of the part's layers are read, from the ``*.safetensors`` files of a local
 directory (one file or a sharded set); nothing is ever downloaded. Which tensor goes where
-is ``hf_names``' table. A checkpoint holding tensors the model would leave unread, a
-missing tensor, a shape that differs and an integer tensor for a floating-point parameter
-are each refused in one line naming the file and tensor.
+is ``hf_names``' table. A ``config.json`` in the directory that describes another model is
+refused (``specs.hf_config_match``: the field and both values). A checkpoint holding
+tensors the model would leave unread, a missing tensor, a shape that differs and an integer
+tensor for a floating-point parameter are each refused in one line naming the file and
+tensor.
 
 Which file each tensor is read from: with a ``model.safetensors.index.json`` (what
 ``save_pretrained`` writes beside shards), its ``weight_map`` decides, and files it does not
@@ -26,6 +28,7 @@ from piebald.errors import SpecError
 from piebald.runtime.models.hf_export import INDEX_NAME
 from piebald.runtime.models.hf_names import HfTensor, hf_tensors, unused_hf_names
 from piebald.runtime.models.stage_part import StagePart
+from piebald.specs.hf_config_match import check_config_matches
 from piebald.specs.model import ModelSpec
 from piebald.specs.user_input import check_regular_file, read_user_json
 
@@ -77,10 +80,13 @@ def load_hf_weights(part: StagePart, directory: Path) -> None:
 
 
 def check_hf_weights(model: ModelSpec, directory: Path) -> dict[str, Path]:
-    """Tensor name -> file of the checkpoint in ``directory``, refused in one line when it
-    holds tensors ``model`` has no parameter for (another architecture, or a setting
-    piebald does not implement) or lacks one it needs; shapes are checked as they are read."""
+    """Tensor name -> file of the checkpoint in ``directory``, refused in one line when its
+    ``config.json`` describes another model than ``model`` (a field and both values,
+    :func:`~piebald.specs.hf_config_match.check_config_matches`), or when it holds tensors
+    ``model`` has no parameter for (another architecture, or a setting piebald does not
+    implement) or lacks one it needs; shapes are checked as they are read."""
     files = _index_tensors(directory)
+    check_config_matches(model, directory)
     whole = hf_tensors(model.arch, layer_start=0, layer_end=model.num_layers, has_embedding=True)
     for tensor in whole:
         if not any(name in files for name in tensor.hf_names):
