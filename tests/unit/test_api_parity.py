@@ -153,6 +153,25 @@ CASES: list[Case] = [
         "name_or_path",
     ),
     (
+        "plan-model-name-too-long",
+        [
+            "plan",
+            "--cluster",
+            "{cluster}",
+            "--model",
+            "x" * 300,
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "64",
+        ],
+        "--model",
+        lambda f: piebald.plan(
+            f["cluster"], "x" * 300, piebald.build_job(global_batch=8, seq_len=64)
+        ),
+        "model",
+    ),
+    (
         "plan-workers",
         ["plan", "--cluster", "{cluster}", *SMALL, "--workers", "0"],
         "--workers",

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from piebald import __version__
-from piebald.api import Comparison, load_cluster, search_plans
+from piebald.api import Comparison, load_cluster, load_model, search_plans
 from piebald.api import explain as explain_plan
 from piebald.cli import demo as cli_demo
 from piebald.cli import launch as cli_launch
@@ -54,7 +54,7 @@ from piebald.outputs import check_output_file
 from piebald.specs.cluster_yaml import cluster_to_dict
 from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.plan_io import plan_to_dict, save_plan
-from piebald.specs.presets import PRESETS, load_model
+from piebald.specs.presets import PRESETS
 from piebald.specs.units import format_rate
 
 app = typer.Typer(

@@ -89,6 +89,7 @@ FLAG_OF_ARGUMENT = {
     "device_name": "--device-name",
     "global_batch": "--global-batch",
     "model": "--model",
+    "name_or_path": "--model",
     "profiles": "--profiles",
     "recompute": "--recompute",
     "seq_len": "--seq-len",
