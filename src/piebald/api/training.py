@@ -178,6 +178,7 @@ def emulate(
     max_params: int = 50_000_000,
     config: TrainConfig | None = None,
     lines_to_stderr: bool = False,
+    source: str | None = None,
 ) -> RunSummary:
     """Train ``steps`` steps under ``plan`` (or the plan file at that path) on this
     machine, one CPU process per GPU of the plan's cluster (gloo over loopback), as
@@ -186,7 +187,8 @@ def emulate(
     seconds per emulated second; None: as fast as this machine goes). ``config`` (a
     ``TrainConfig``) gives every other setting (data, checkpoints, optimizer...) and then
     replaces ``steps``, ``seed`` and ``time_scale``. Imports torch; the workers print one
-    line per step on stdout (on stderr with ``lines_to_stderr``).
+    line per step on stdout (on stderr with ``lines_to_stderr``). ``source`` is what a
+    refusal of the plan names it by (default: the plan file's path when given one).
 
     Before any work, as ``piebald train --emulate`` does: a bad argument is an
     ArgumentError naming it (``max_params`` >= 1), a plan that no longer fits its
@@ -201,11 +203,16 @@ def emulate(
     check_finite("time_scale", time_scale, positive=True, optional=True)
     check_int("max_params", max_params)
     check_bool("lines_to_stderr", lines_to_stderr)
+    if source is not None and not isinstance(source, str):
+        raise ArgumentError(argument="source", value=type(source).__name__, expected="a str")
     chosen = as_plan(plan)  # before torch: a plan that no longer fits is refused at once
+    named = source if source is not None else "plan" if isinstance(plan, Plan) else str(plan)
     checked = _config(config, steps=steps, seed=seed, time_scale=time_scale)
     from piebald.runtime.training.emulate import emulate as emulate_plan
 
-    return emulate_plan(chosen, checked, max_params=max_params, lines_to_stderr=lines_to_stderr)
+    return emulate_plan(
+        chosen, checked, max_params=max_params, lines_to_stderr=lines_to_stderr, source=named
+    )
 
 
 def train(

@@ -431,7 +431,11 @@ def run_train(
                 highlight=False,
             )
         summary = emulate_plan(
-            plan, config=config, max_params=max_emulated_params, lines_to_stderr=as_json
+            plan,
+            config=config,
+            max_params=max_emulated_params,
+            lines_to_stderr=as_json,
+            source=str(plan_file),
         )
         _print_summary(summary, as_json=as_json, saved_to=config.save_model_path)
         return

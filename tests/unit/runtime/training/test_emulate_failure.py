@@ -64,3 +64,29 @@ def test_the_cli_prints_a_failed_run_as_one_line_and_exits_1(
     assert err.strip().splitlines() == [
         "error: emulated rank 0 was killed by SIGKILL, likely out of memory"
     ]
+
+
+MANY_GPUS = """name: c72
+nodes:
+  - {name: a100, gpu: A100-80GB, count: 9, gpus_per_node: 8, intra_link: 600GB/s,
+     nic: {kind: infiniband, bandwidth: 200Gb/s}}
+"""
+
+
+def test_an_emulation_refusal_names_the_plan_file(tmp_path: Path) -> None:
+    """A plan emulation cannot run (more GPUs than processes it starts) is refused naming
+    the plan file it came from, as every other refusal of an input file does."""
+    from cli_runner import run_cli
+
+    cluster = tmp_path / "c72.yaml"
+    cluster.write_text(MANY_GPUS)
+    plan_file = tmp_path / "p72.json"
+    code, output = run_cli(
+        "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "72",
+        "--seq-len", "64", "--strategy", "megatron", "--out", str(plan_file),
+    )  # fmt: skip
+    assert code == 0, output
+    code, output = run_cli("train", "--plan", str(plan_file), "--emulate", "--steps", "1")
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, output
+    assert lines[0].startswith(f"error: {plan_file}: cluster: got 'c72 (72 GPUs)'"), output
