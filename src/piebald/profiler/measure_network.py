@@ -27,7 +27,6 @@ import json
 import os
 import socket
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from torch.multiprocessing.spawn import spawn
 from piebald.profiler.fit import fit_alpha_beta
 from piebald.profiler.records import NetworkKey, NetworkKind, NetworkProfile, Provenance
 from piebald.runtime.parent_watch import die_with_parent, exit_on_sigterm
+from piebald.runtime.scratch import run_scratch
 from piebald.specs.cluster import ClusterSpec, Node
 
 __all__ = [
@@ -269,11 +269,11 @@ def emulate_network(
         local.append(Measurement(key=replace(m.key, num_ranks=len(ranks)), ranks=ranks))
     # Clean-up: SIGTERM (and SIGINT, any error) stops the workers, then removes the scratch
     # directory; a SIGKILLed parent's workers remove it themselves (``die_with_parent``).
-    # What cannot be cleaned up: ``kill -9`` of the whole process group (a scheduler ending
-    # the job) kills the parent and every worker at once, so no process is left to remove
-    # ``$TMPDIR/piebald-network-*`` (nor multiprocessing's ``pymp-*``); it stays until the
+    # ``kill -9`` of the whole process group (a scheduler ending the job) kills the parent
+    # and every worker at once, so no process is left to remove ``$TMPDIR/piebald-network-*``:
+    # the next run does (``run_scratch``); multiprocessing's ``pymp-*`` stays until the
     # machine's tmp cleaner or a reboot removes it.
-    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="piebald-network-") as scratch:
+    with exit_on_sigterm(), run_scratch("piebald-network-") as scratch:
         out_path = os.path.join(scratch, "profiles.json")
         context = spawn(  # type: ignore[no-untyped-call]
             _emulated_rank,

@@ -26,7 +26,6 @@ import multiprocessing.connection
 import os
 import signal
 import sys
-import tempfile
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch.distributed as dist
 from piebald.errors import RunFailedError, SpecError, error_fields
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
 from piebald.runtime.parent_watch import die_with_parent, exit_on_sigterm
+from piebald.runtime.scratch import run_scratch
 from piebald.runtime.training.checkpoint_lock import CheckpointDirLock
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.data_source import load_tokens
@@ -265,7 +265,7 @@ def emulate(
         elif config.checkpoint_dir is None:
             resolve_resume(config, plan=plan)  # --resume without a directory: one line
         stack.enter_context(exit_on_sigterm())
-        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="piebald-emulate-")))
+        scratch = stack.enter_context(run_scratch("piebald-emulate-"))
         args = (
             world_size,
             f"file://{scratch / 'store'}",
