@@ -17,7 +17,9 @@ words; scalars are flushed at every step, so the error comes at the step that fa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -82,8 +84,32 @@ class TensorBoardWriter:
             self._writer = None
 
     def _abandon(self) -> None:
-        """Forget a writer that failed: closing it would only fail again."""
+        """Forget a writer that failed. tensorboardX would write again what it still holds
+        (its logger thread, the atexit hook that closes every writer, the file's own
+        buffer when it is collected), each failing again with a traceback after the run's
+        one line; so each of its event files is pointed at an anonymous memory file first
+        (:func:`_sink`), where those writes succeed and vanish. What reached the disk
+        stays."""
+        for file_writer in (getattr(self._writer, "all_writers", None) or {}).values():
+            record = getattr(getattr(file_writer, "event_writer", None), "_ev_writer", None)
+            stream: Any = getattr(getattr(record, "_py_recordio_writer", None), "_writer", None)
+            if stream is None:
+                continue
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                sink = _sink()
+                try:
+                    os.dup2(sink, stream.fileno())
+                finally:
+                    os.close(sink)
         self._writer = None
 
 
 _FLAG = "--tensorboard"
+
+
+def _sink() -> int:
+    """A descriptor whose writes and fsyncs succeed and keep nothing on disk: an anonymous
+    memory file (Linux), else ``/dev/null`` (where fsync may fail: nothing better)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("piebald-abandoned-events")
+    return os.open(os.devnull, os.O_WRONLY)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
 from piebald.runtime.data.token_file import write_token_file
@@ -83,3 +86,45 @@ def test_a_resumed_run_gets_its_own_file_and_purges_what_it_retrains(tmp_path: P
     assert len(list(directory.iterdir())) == 2  # the first file was not reopened
     starts = [e.step for e in _events(directory) if e.session_log.status == SessionLog.START]
     assert starts == [3]  # steps >= 3 of earlier files are hidden: this run logs them anew
+
+
+_FILL_AND_LOG = """
+import contextlib, sys
+from pathlib import Path
+from piebald.errors import SpecError
+from piebald.runtime.training.tensorboard import TensorBoardWriter
+disk = Path(sys.argv[1])
+writer = TensorBoardWriter(disk / "tb")
+with contextlib.suppress(OSError), (disk / "filler").open("ab") as filler:
+    while True:  # until the disk is full
+        filler.write(bytes(4096))
+        filler.flush()
+try:
+    for step in range(1, 2000):
+        writer.write_scalars(step=step, scalars={"loss": 1.0, "lr": 0.1})
+    writer.close()
+except SpecError as error:
+    print(error)
+"""
+
+
+def test_a_full_disk_is_one_line_and_nothing_after_it(tmp_path: Path) -> None:
+    """tensorboardX retries a failed write from its logger thread, its atexit hook and the
+    file's buffer: none of them may print a traceback after the run's one line."""
+    pytest.importorskip("tensorboardX")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+                       check=True, capture_output=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        run = subprocess.run([sys.executable, "-c", _FILL_AND_LOG, str(disk)],
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("--tensorboard: got '/"), run.stdout
+    assert lines[0].endswith("; expected a location piebald can write (No space left on device)")
