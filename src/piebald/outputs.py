@@ -43,6 +43,7 @@ __all__ = [
     "check_output_directory",
     "check_output_file",
     "check_writable_location",
+    "file_kind",
     "file_mode",
     "make_run_directory",
     "open_run_file",
@@ -64,8 +65,8 @@ class OutputError(SpecError):
         self.args = (f"{flag}: got {str(path)!r}; expected {expected}",)
 
 
-def _describe(mode: int) -> str:
-    """What a non-regular file is, in words (for ``--force`` refusals)."""
+def file_kind(mode: int) -> str:
+    """What the file of ``st_mode`` ``mode`` is, in words ('a named pipe'), for refusals."""
     if stat.S_ISREG(mode):
         return "a file"
     if stat.S_ISLNK(mode):
@@ -114,7 +115,7 @@ def _check_replaceable(path: Path, *, flag: str, force: bool, hint: str = FORCE_
         raise OutputError(
             flag=flag,
             path=path,
-            expected=f"a regular file to replace (it is {_describe(info.st_mode)}; --force "
+            expected=f"a regular file to replace (it is {file_kind(info.st_mode)}; --force "
             "replaces only regular files; nothing was changed)",
         )
 
@@ -180,7 +181,7 @@ def check_appendable_file(path: str | Path, *, flag: str) -> None:
         raise OutputError(
             flag=flag,
             path=path,
-            expected=f"a regular file to append to (it is {_describe(info.st_mode)})",
+            expected=f"a regular file to append to (it is {file_kind(info.st_mode)})",
         )
     try:
         with path.open("ab"):  # appends nothing: proves the file can be written
@@ -199,7 +200,7 @@ def check_output_directory(path: str | Path, *, flag: str) -> None:
         raise OutputError(
             flag=flag,
             path=path,
-            expected=f"a directory (it is {_describe(path.lstat().st_mode)})",
+            expected=f"a directory (it is {file_kind(path.lstat().st_mode)})",
         )
     check_writable_location(path, flag=flag, path=path)
 
@@ -215,7 +216,7 @@ def check_new_directory(path: str | Path, *, flag: str) -> None:
             flag=flag,
             path=path,
             expected=f"a path that does not exist yet (it already exists: "
-            f"{_describe(info.st_mode)}; nothing was overwritten; choose another {flag})",
+            f"{file_kind(info.st_mode)}; nothing was overwritten; choose another {flag})",
         )
 
 
@@ -371,7 +372,7 @@ def open_run_file(path: str | Path, how: RunFileMode, *, flag: str, mode: int | 
         fd = os.open(path, flags, file_mode() if mode is None else mode)
     except FileExistsError:
         info = _lstat(path)
-        kind = _describe(info.st_mode) if info is not None else "something"
+        kind = file_kind(info.st_mode) if info is not None else "something"
         raise OutputError(
             flag=flag,
             path=path,
@@ -398,7 +399,7 @@ def _not_regular(path: Path, *, flag: str, mode: int) -> OutputError:
     return OutputError(
         flag=flag,
         path=path,
-        expected=f"a regular file of this run (it is {_describe(mode)}; piebald neither "
+        expected=f"a regular file of this run (it is {file_kind(mode)}; piebald neither "
         "follows nor writes it; nothing was changed)",
     )
 
@@ -414,7 +415,7 @@ def make_run_directory(path: str | Path, *, flag: str, new: bool = False) -> Pat
     except FileExistsError:
         info = _lstat(path)
         if new or info is None or not stat.S_ISDIR(info.st_mode):
-            kind = _describe(info.st_mode) if info is not None else "something"
+            kind = file_kind(info.st_mode) if info is not None else "something"
             raise OutputError(
                 flag=flag,
                 path=path,

@@ -166,12 +166,12 @@ def job_from(*, global_batch: int, seq_len: int, precision: Dtype) -> JobSpec:
 
 
 @contextlib.contextmanager
-def profile_warnings(profiles: Path | None) -> Iterator[None]:
-    """Each ``ProfileWarning`` the library issues while inside (measurements of
-    ``--profiles`` the cluster cannot use, priced analytically instead) as one line on
-    stderr, when it is issued: never silently ignored, and not Python's warning format."""
+def warning_lines(kind: type[Warning], text: Callable[[Warning], str]) -> Iterator[None]:
+    """Each warning of ``kind`` the library issues while inside as one ``warning:``
+    line on stderr (``text`` of it), when it is issued, every time: never silently
+    ignored, and not Python's warning format. Other warnings are shown as before."""
     with warnings.catch_warnings():
-        warnings.simplefilter("always", ProfileWarning)
+        warnings.simplefilter("always", kind)
         shown = warnings.showwarning
 
         def show(
@@ -182,11 +182,11 @@ def profile_warnings(profiles: Path | None) -> Iterator[None]:
             file: TextIO | None = None,
             line: str | None = None,
         ) -> None:
-            if not isinstance(message, ProfileWarning):
+            if not isinstance(message, kind):
                 shown(message, category, filename, lineno, file, line)
                 return
             errors.print(
-                f"[yellow]warning:[/yellow] {escape(f'--profiles {profiles}: {message.detail}')}",
+                f"[yellow]warning:[/yellow] {escape(' '.join(text(message).split()))}",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -195,34 +195,20 @@ def profile_warnings(profiles: Path | None) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def model_warnings() -> Iterator[None]:
-    """Each ``ModelWarning`` the library issues while inside (a model file's dropout,
-    which piebald does not train with) as one ``warning:`` line on stderr, when it is
-    issued, every time: never silently ignored, and not Python's warning format."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", ModelWarning)
-        shown = warnings.showwarning
+def profile_warnings(profiles: Path | None) -> contextlib.AbstractContextManager[None]:
+    """Each ``ProfileWarning`` (measurements of ``--profiles`` the cluster cannot use,
+    priced analytically instead) as one line naming ``--profiles`` (:func:`warning_lines`)."""
 
-        def show(
-            message: Warning | str,
-            category: type[Warning],
-            filename: str,
-            lineno: int,
-            file: TextIO | None = None,
-            line: str | None = None,
-        ) -> None:
-            if not isinstance(message, ModelWarning):
-                shown(message, category, filename, lineno, file, line)
-                return
-            errors.print(
-                f"[yellow]warning:[/yellow] {escape(' '.join(str(message).split()))}",
-                highlight=False,
-                soft_wrap=True,
-            )
+    def text(message: Warning) -> str:
+        return f"--profiles {profiles}: {getattr(message, 'detail', message)}"
 
-        warnings.showwarning = show
-        yield
+    return warning_lines(ProfileWarning, text)
+
+
+def model_warnings() -> contextlib.AbstractContextManager[None]:
+    """Each ``ModelWarning`` (a model file's dropout, which piebald does not train with) as
+    one line (:func:`warning_lines`)."""
+    return warning_lines(ModelWarning, str)
 
 
 @contextlib.contextmanager

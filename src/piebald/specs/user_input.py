@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from piebald.errors import SpecError
+from piebald.outputs import file_kind
 
 __all__ = [
     "MAX_NESTING",
@@ -72,18 +73,6 @@ def _refuse(path: Path, source: str, expected: str) -> SpecError:
     return SpecError(source=source, field="", value=str(path), expected=expected)
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device node"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _size_text(count: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if count >= size and count % size == 0:
@@ -100,7 +89,7 @@ def check_regular_file(path: Path, *, source: str) -> os.stat_result:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise _refuse(path, source, f"a readable file ({reason})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise _refuse(path, source, f"a regular file (it is {_kind(info.st_mode)})")
+        raise _refuse(path, source, f"a regular file (it is {file_kind(info.st_mode)})")
     return info
 
 
@@ -114,7 +103,7 @@ def read_user_bytes(path: Path, *, source: str, max_bytes: int) -> bytes:
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):  # replaced between the stat and the open
-            raise _refuse(path, source, f"a regular file (it is {_kind(mode)})")
+            raise _refuse(path, source, f"a regular file (it is {file_kind(mode)})")
         parts: list[bytes] = []
         left = max_bytes + 1
         while left > 0:

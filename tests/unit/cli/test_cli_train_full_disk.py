@@ -4,8 +4,6 @@ device", exit 2, no temporary left, and the older checkpoint intact."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from cli_runner import run_cli
 from piebald.runtime.distributed.checkpoint import verify_checkpoint
+from small_disk import fill, small_disk
 
 FULL = "expected a location piebald can write (No space left on device)"
 
@@ -38,31 +37,8 @@ nodes:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
-    mounted = tmp_path / "disk"
-    mounted.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mounted)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_disk(tmp_path / "disk", size="3m") as mounted:
         yield mounted
-    finally:
-        subprocess.run(["umount", str(mounted)], check=False)
-
-
-def _fill(path: Path, *, leave: int = 0) -> None:
-    """Write ``path`` until the disk is full, then free ``leave`` bytes of it again."""
-    with contextlib.suppress(OSError), path.open("ab") as filler:
-        while True:
-            filler.write(b"\0" * 4096)
-            filler.flush()
-    if leave:
-        with path.open("r+b") as filler:
-            filler.truncate(max(0, path.stat().st_size - leave))
 
 
 def _error_line(output: str) -> str:
@@ -88,7 +64,7 @@ def test_a_full_disk_during_train_is_one_line_and_keeps_older_checkpoints(
     assert code == 0, output
     first = checkpoints / "step-00000001"
     size = sum(p.stat().st_size for p in first.iterdir())
-    _fill(disk / "filler", leave=size // 2)  # room for half a checkpoint
+    fill(disk / "filler", leave=size // 2)  # room for half a checkpoint
 
     code, output = run_cli(*train, "--steps", "2", "--resume", "--checkpoint-dir", str(checkpoints))
     assert code == 2, output
@@ -96,7 +72,7 @@ def test_a_full_disk_during_train_is_one_line_and_keeps_older_checkpoints(
     assert sorted(p.name for p in checkpoints.iterdir()) == [".lock", "step-00000001"]
     assert verify_checkpoint(first).step == 1
 
-    _fill(disk / "filler")
+    fill(disk / "filler")
     model = disk / "w"
     code, output = run_cli(*train, "--steps", "1", "--save-model", str(model))
     assert code == 2, output

@@ -22,6 +22,7 @@ from piebald.runtime.data import (
     write_token_file,
 )
 from piebald.runtime.data.token_writer import TokenFileWriter
+from small_disk import fill, small_disk
 
 
 @pytest.mark.parametrize(
@@ -233,31 +234,16 @@ def test_a_hostile_sidecar_is_one_line(tmp_path: Path, kind: str) -> None:
 def test_a_full_disk_is_one_line_naming_out_and_leaves_no_temporary(tmp_path: Path) -> None:
     """``data prepare --out`` on a full disk gave an OSError traceback and left
     ``.d.train.bin.*`` behind: now one line naming --out, and discard removes them all."""
-    import contextlib
-    import subprocess
 
     from piebald.outputs import OutputError
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_disk(tmp_path / "disk", size="256k") as disk:
         for documents in (200, 1):  # fails while writing; fails when committing
             writer = TokenFileWriter(disk / "d.train.bin", dtype="uint16")
             with pytest.raises(OutputError) as caught:
                 for _ in range(documents):
                     writer.add_documents([np.arange(1000) % 256])
-                with contextlib.suppress(OSError), (disk / "filler").open("ab") as filler:
-                    while True:  # the disk fills up before the commit
-                        filler.write(b"\0" * 4096)
-                        filler.flush()
+                fill(disk / "filler")
                 writer.commit(tokenizer="t", metadata={})
             writer.discard()
             (disk / "filler").unlink(missing_ok=True)
@@ -266,5 +252,3 @@ def test_a_full_disk_is_one_line_naming_out_and_leaves_no_temporary(tmp_path: Pa
                 "write (No space left on device)"
             )
             assert list(disk.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)

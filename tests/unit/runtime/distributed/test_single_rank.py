@@ -4,10 +4,8 @@ atomic checkpoints with clear errors."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,6 +34,7 @@ from piebald.runtime.distributed.tensor_slice import TensorSlice
 from piebald.runtime.training.memory_meter import MemoryMeter
 from piebald.specs.job import Optimizer
 from piebald.specs.plan import ZeroMode
+from small_disk import fill, small_disk
 
 PLAN = make_plan(
     [StageSpec(layer_end=6, ranks=(0,), num_micro_batches=(3,), fractions=(1.0,))], num_gpus=1
@@ -335,24 +334,11 @@ def test_what_stands_under_a_checkpoints_name_is_set_aside_never_deleted(
 def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path: Path) -> None:
     """A checkpoint that no longer fits: one line naming --checkpoint-dir, the path and
     the OS's words; the temporary directory is removed, the older checkpoint intact."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_disk(tmp_path / "disk", size="256k") as disk:
         params, optimizer = _fresh()
         _train(params, optimizer, range(1))
         good = save_checkpoint(disk, step=1, optimizer=optimizer, group=GROUP, rank=0)
-        with contextlib.suppress(OSError), (disk / "filler").open("ab") as filler:
-            while True:  # until the disk is full
-                filler.write(b"\0" * 4096)
-                filler.flush()
+        fill(disk / "filler")
         with pytest.raises(SpecError) as caught:
             save_checkpoint(disk, step=2, optimizer=optimizer, group=GROUP, rank=0)
         assert str(caught.value) == (
@@ -361,8 +347,6 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path: Path) -> None
         )
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "step-00000001"]
         verify_checkpoint(good)
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 
 from piebald.outputs import OutputError
 from piebald.runtime.models.hf_export import INDEX_NAME, SINGLE_FILE, write_hf_model
+from small_disk import small_disk
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,17 +73,7 @@ def test_an_existing_destination_is_never_replaced_and_the_model_kept(tmp_path: 
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_disk(tmp_path / "disk", size="64k") as disk:
         with pytest.raises(OutputError) as caught:
             write_hf_model(disk / "w", tensors={"w": torch.zeros(100_000)}, config={})
         assert str(caught.value) == (
@@ -91,8 +81,6 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
             "(No space left on device)"
         )
         assert list(disk.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 @pytest.mark.parametrize("appears", ["directory", "empty directory", "file"])

@@ -26,6 +26,7 @@ from piebald.runtime.training.reference import train_reference
 from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec
 from piebald.specs.presets import load_model
+from small_disk import small_disk
 
 
 def _events(directory: Path) -> list[Event]:
@@ -112,18 +113,9 @@ def test_a_full_disk_is_one_line_and_nothing_after_it(tmp_path: Path) -> None:
     """tensorboardX retries a failed write from its logger thread, its atexit hook and the
     file's buffer: none of them may print a traceback after the run's one line."""
     pytest.importorskip("tensorboardX")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-                       check=True, capture_output=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_disk(tmp_path / "disk", size="256k") as disk:
         run = subprocess.run([sys.executable, "-c", _FILL_AND_LOG, str(disk)],
                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
     assert run.returncode == 0 and run.stderr == "", run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("--tensorboard: got '/"), run.stdout
