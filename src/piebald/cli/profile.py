@@ -59,14 +59,19 @@ ProfilesOption = Annotated[
 OutOption = Annotated[Path, typer.Option("--out", help="The profile DB directory to add to.")]
 
 
-def _sizes(text: str, option: str) -> tuple[int, ...]:
+#: The largest ``--message-sizes`` entry: a buffer every rank allocates twice (16 GiB).
+MAX_MESSAGE_MIB = 16_384
+
+
+def _sizes(text: str, option: str, *, maximum: int | None = None) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         sizes = ()
-    if not sizes or any(size < 1 for size in sizes):
+    top = f" and <= {maximum:,}" if maximum is not None else ""
+    if not sizes or any(size < 1 or (maximum is not None and size > maximum) for size in sizes):
         raise SpecError(
-            source=option, field="", value=text, expected="comma-separated whole numbers >= 1"
+            source=option, field="", value=text, expected=f"comma-separated whole numbers >= 1{top}"
         )
     return sizes
 
@@ -182,7 +187,8 @@ def network(
     check_output_directory(out, flag="--out")  # before measuring: results must not be lost
     require_installed("torch")
     spec = load_cluster(cluster)
-    sizes = tuple(size * 2**20 for size in _sizes(message_sizes, "--message-sizes"))
+    mib = _sizes(message_sizes, "--message-sizes", maximum=MAX_MESSAGE_MIB)
+    sizes = tuple(size * 2**20 for size in mib)
     with contextlib.ExitStack() as stack:
         if emulate:
             progress = stack.enter_context(progress_bar("emulated network"))

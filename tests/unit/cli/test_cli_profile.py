@@ -85,3 +85,20 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
         "--profiles", str(tmp_path / "missing"),
     )  # fmt: skip
     assert code == 2
+
+
+@pytest.mark.parametrize("sizes", ["16777216", "1,16385", "0", "1,,x"])
+def test_message_sizes_out_of_bounds_are_one_line(tmp_path: Path, sizes: str) -> None:
+    """--message-sizes is in MiB: 16777216 asked every rank for two 16 TiB buffers, a
+    worker's allocation traceback after the workers started. Refused first, in one line."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "name: c\nnodes:\n  - {name: a, gpu: A100-80GB, gpus_per_node: 2, intra_link: 600GB/s}\n"
+    )
+    code, output = run_cli(
+        "profile", "network", "--cluster", str(cluster), "--emulate",
+        "--message-sizes", sizes, "--out", str(tmp_path / "n"),
+    )  # fmt: skip
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --message-sizes"), output
+    assert not (tmp_path / "n").exists()

@@ -50,7 +50,7 @@ def test_sigterm_removes_the_scratch_directory_and_stops_the_workers(tmp_path: P
             [
                 sys.executable, "-m", "piebald", "profile", "network",
                 "--cluster", str(tmp_path / "c.yaml"), "--emulate",
-                "--message-sizes", "16777216", "--repeats", "100000",
+                "--message-sizes", "16", "--repeats", "100000",
                 "--out", str(tmp_path / "net.json"),
             ],
             stdout=subprocess.DEVNULL,
