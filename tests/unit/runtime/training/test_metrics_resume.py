@@ -12,6 +12,7 @@ import pytest
 
 from piebald.errors import SpecError
 from piebald.runtime.training.metrics import MetricsWriter, StepMetrics
+from small_disk import fill, small_disk
 
 
 def _metrics(step: int) -> StepMetrics:
@@ -118,3 +119,20 @@ def test_a_metrics_link_is_refused_and_its_target_untouched(tmp_path: Path) -> N
         with pytest.raises(SpecError, match="a symbolic link"):
             MetricsWriter(link, first_step=first_step, run_id="x")
     assert target.read_text() == "mine\n"
+
+
+def test_a_full_disk_is_one_line_naming_metrics(tmp_path: Path) -> None:
+    """A disk that fills during the run: the record that does not fit is one line naming
+    --metrics, the path and the OS's words, not a traceback."""
+    with small_disk(tmp_path / "disk", size="64k") as disk:
+        path = disk / "metrics.jsonl"
+        writer = MetricsWriter(path, first_step=0)
+        writer.write(_metrics(1))
+        fill(disk / "filler")
+        with pytest.raises(SpecError) as caught:
+            for step in range(2, 10_000):  # each record is flushed: one soon does not fit
+                writer.write(_metrics(step))
+            writer.close()
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("--metrics: got '/"), message
+        assert message.endswith("expected a location piebald can write (No space left on device)")
