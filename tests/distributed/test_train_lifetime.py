@@ -28,6 +28,7 @@ from piebald.runtime.distributed.checkpoint import (
 )
 from piebald.runtime.training.checkpoint_lock import LOCK_FILE, CheckpointDirLock
 from piebald.specs.plan_io import save_plan
+from proc_table import session_members
 
 pytestmark = pytest.mark.distributed
 
@@ -71,23 +72,6 @@ def _wait_for(
         time.sleep(0.05)
 
 
-def _session(session_id: int) -> list[int]:
-    """Live processes of a session (``/proc/PID/stat``: state, ppid, pgrp, session after
-    the command name); zombies are already dead."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        state, _, _, session = stat[stat.rindex(")") + 2 :].split()[:4]
-        if int(session) == session_id and state != "Z":
-            members.append(int(entry.name))
-    return members
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
 def test_workers_die_with_their_parent(
@@ -108,7 +92,7 @@ def test_workers_die_with_their_parent(
     )
     try:
         _wait_for(lambda: find_latest_checkpoint(checkpoints), parent, "checkpoint")
-        workers = [pid for pid in _session(parent.pid) if pid != parent.pid]
+        workers = [pid for pid in session_members(parent.pid) if pid != parent.pid]
         assert len(workers) >= PLAN.cluster.num_gpus  # the ranks, and the forkserver
         assert list(scratch.glob("piebald-emulate-*"))
     finally:
@@ -117,9 +101,9 @@ def test_workers_die_with_their_parent(
     # SIGTERM: the parent cleans up and exits 128 + 15; SIGKILL: the workers do.
     assert parent.returncode == (-signum if signum == signal.SIGKILL else 128 + signum)
     deadline = time.monotonic() + 10
-    while _session(parent.pid) or list(scratch.glob("piebald-emulate-*")):
+    while session_members(parent.pid) or list(scratch.glob("piebald-emulate-*")):
         if time.monotonic() > deadline:
-            for pid in _session(parent.pid):  # leave nothing behind for the next test
+            for pid in session_members(parent.pid):  # leave nothing behind for the next test
                 os.kill(pid, signal.SIGKILL)
             pytest.fail("workers or their scratch directory outlived the parent by 10 s")
         time.sleep(0.1)

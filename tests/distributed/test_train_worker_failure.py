@@ -17,23 +17,9 @@ from test_train_resume import PLAN, paced
 
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint
 from piebald.specs.plan_io import save_plan
+from proc_table import children
 
 pytestmark = pytest.mark.distributed
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        if int(ppid) == pid and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -56,7 +42,7 @@ def test_a_worker_killed_by_sigkill_is_one_line_naming_the_newest_checkpoint(
     try:
         _wait_for(lambda: find_latest_checkpoint(checkpoints), parent, "checkpoint")
         # The parent's child is the forkserver; the workers are its children.
-        workers = [pid for server in _children(parent.pid) for pid in _children(server)]
+        workers = [pid for server in children(parent.pid) for pid in children(server)]
         assert len(workers) == PLAN.cluster.num_gpus, workers
         os.kill(max(workers), signal.SIGKILL)
         _, stderr = parent.communicate(timeout=120)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from proc_table import session_members
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
@@ -24,21 +26,6 @@ name: pair
 nodes:
   - {name: g, gpu: T4, gpus_per_node: 2, intra_link: 16GB/s}
 """
-
-
-def _session(session_id: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, _, _, session = stat[stat.rindex(")") + 2 :].split()[:4]
-        if int(session) == session_id and state != "Z":
-            members.append(int(entry.name))
-    return members
 
 
 def test_sigterm_removes_the_scratch_directory_and_stops_the_workers(tmp_path: Path) -> None:
@@ -76,7 +63,7 @@ def test_sigterm_removes_the_scratch_directory_and_stops_the_workers(tmp_path: P
         assert parent.returncode == 128 + signal.SIGTERM, stderr
         assert "Traceback" not in stderr, stderr
         deadline = time.monotonic() + 10
-        while _session(parent.pid):
+        while session_members(parent.pid):
             assert time.monotonic() < deadline, "workers outlived the parent by 10 s"
             time.sleep(0.1)
         assert not list(scratch.glob("piebald-network-*"))

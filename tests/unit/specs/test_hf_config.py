@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cli_runner import run_cli
+from hf_configs import GPT2, LLAMA
 from piebald.errors import ArgumentError, SpecError
 from piebald.examples import example_path
 from piebald.specs.hf_config import arch_from_hf_config
@@ -21,24 +21,6 @@ from piebald.specs.model import Family, HfModelType, ModelArch, ModelSpec
 from piebald.specs.presets import PRESETS, load_model, model_from_dict, model_to_dict
 from piebald.specs.rope_scaling import RopeScaling, RopeType
 
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 101,
-    "max_position_embeddings": 256,
-}
-GPT2: dict[str, Any] = {
-    "model_type": "gpt2",
-    "n_embd": 64,
-    "n_layer": 2,
-    "n_head": 4,
-    "vocab_size": 101,
-    "n_positions": 128,
-}
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,

@@ -12,30 +12,13 @@ from typing import Any
 import pytest
 
 from cli_runner import run_cli
+from hf_configs import GPT2, LLAMA
 from piebald.errors import ModelWarning, SpecError
 from piebald.examples import example_path
 from piebald.specs.hf_config import DropoutIgnoredWarning, arch_from_hf_config
 from piebald.specs.hf_config_write import hf_config_from_arch
 from piebald.specs.presets import load_model
 
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 101,
-    "max_position_embeddings": 256,
-}
-GPT2: dict[str, Any] = {
-    "model_type": "gpt2",
-    "n_embd": 64,
-    "n_layer": 2,
-    "n_head": 4,
-    "vocab_size": 101,
-    "n_positions": 128,
-}
 NO_DROPOUT = {"attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0}
 
 WARNED = {
