@@ -434,6 +434,15 @@ def _settings(
         )
         for device, group in tensor_group.items()
     }
+    # Each type's tensor group: its ring and the input its leader broadcasts, the same
+    # under every recompute.
+    group_ring = {device: ring_profile(cluster, group) for device, group in tensor_group.items()}
+    group_input_s = {
+        device: input_broadcast_s(
+            cluster, group, model=model, job=job, micro_batch_size=micro_batch_size
+        )
+        for device, group in tensor_group.items()
+    }
     settings: list[Setting] = []
     for recompute in rules.recompute:
         shapes = {
@@ -452,18 +461,15 @@ def _settings(
         for device, shape in shapes.items():
             forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
             if degree > 1:  # as ``cost.rank_pass`` prices a member's pass
-                group = tensor_group[device]
                 comm_forward_s, comm_backward_s = tensor_comm_s(
                     model,
                     holds_embedding=holds_embedding,
                     holds_head=holds_head,
                     num_blocks=blocks,
                     shape=shape,
-                    ring=ring_profile(cluster, group),
+                    ring=group_ring[device],
                 )
-                broadcast_s = input_broadcast_s(
-                    cluster, group, model=model, job=job, micro_batch_size=micro_batch_size
-                )
+                broadcast_s = group_input_s[device]
                 forward[device] = forward[device] + comm_forward_s + broadcast_s * (stage_index > 0)
                 backward[device] = (
                     backward[device]

@@ -76,6 +76,46 @@ def test_tasks_run_in_workers_and_come_back_in_order() -> None:
     assert len(ticks) == 6 and state.num_structures == 0
 
 
+def test_meanwhile_runs_here_while_forked_processes_take_tasks() -> None:
+    # ``meanwhile`` waits at a barrier for two: the other party can only be a forked
+    # process running task 0, so the two overlap; the results come back in order.
+    meet = multiprocessing.get_context("fork").Barrier(2, timeout=60)
+    ran: list[int] = []
+
+    def run(index: int) -> tuple[int, int]:
+        if index == 0:
+            meet.wait()
+        return index + 10, os.getpid()
+
+    def meanwhile() -> None:
+        meet.wait()
+        ran.append(os.getpid())
+
+    results = parallel.map_forked(3, run, workers=2, meanwhile=meanwhile)
+    assert [value for value, _ in results] == [10, 11, 12]
+    assert ran == [os.getpid()] and results[0][1] != os.getpid()
+
+
+def test_seeded_search_finds_the_same_plans_on_one_and_two_workers() -> None:
+    # A small cluster seeds with the baselines' searches, on other processes while the
+    # search runs its own phases: the seeds, and so the plans, are those of one process.
+    cluster = _cluster(
+        "two-types",
+        _group("a", "A100-80GB", 2, count=1),
+        _group("v", "V100-32GB", 2, count=1),
+    )
+    model, job = load_model("tiny"), JobSpec(global_batch_size=8, seq_len=64)
+    alone = search(cluster, model=model, job=job, workers=1)
+    shared = search(cluster, model=model, job=job, workers=2)
+    assert shared.num_structures == alone.num_structures
+    for one, two in zip(
+        (alone.best, *alone.runners_up), (shared.best, *shared.runners_up), strict=True
+    ):
+        assert two.strategy == one.strategy
+        assert two.estimate.step_time_s == one.estimate.step_time_s
+        assert plan_to_dict(two.plan) == plan_to_dict(one.plan)
+
+
 def _raise(task: int) -> None:
     raise ValueError(f"task {task} failed in a worker")
 

@@ -37,7 +37,7 @@ from piebald.planner.partition import uniform_bounds
 from piebald.planner.search.exact import build_exactly
 from piebald.planner.search.finish import distinct_runners_up, finished_plan, why_infeasible
 from piebald.planner.search.idle import idle_subsets
-from piebald.planner.search.parallel import available_workers, run_tasks
+from piebald.planner.search.parallel import available_workers, map_forked, run_tasks
 from piebald.planner.search.records import Infeasible, Scan, ScoredPlan, SearchResult
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.search.state import SearchState
@@ -112,7 +112,28 @@ def search(
             workers=workers,
         )
     settings = SearchSettings.for_cluster(cluster.num_gpus, workers=workers)
+    state = SearchState(
+        cluster, model=model, job=job, strategy=strategy, curve=curve, settings=settings
+    )
+    built: list[ScoredPlan] = []
+
+    def phases() -> None:
+        if strategy.grid_drop:
+            scan_grids(state, _Ticker(progress, state, steps=len(_sizes(state))))
+        else:
+            subsets = idle_subsets(cluster, strategy, job.precision, settings)
+            orders = unit_orders(build_units(cluster, precision=job.precision, nodes=subsets[0]))
+            steps = len(orders) * len(_sizes(state)) + len(subsets)
+            ticker = _Ticker(progress, state, steps=steps)
+            scans = scan_structures(state, orders, ticker)
+            best = refine_best(state, orders, scans)
+            # Also where nothing fits with every node: a subset may (a node whose GPUs
+            # cannot all form tensor groups of the asked degree, say).
+            try_idle_subsets(state, orders, best, subsets[1:], ticker)
+        built.extend(build_exactly(state))
+
     if seeds is None:
+        # The baselines' searches on other processes while this one runs its own.
         seeds = seed_with_baselines(
             cluster,
             model=model,
@@ -123,22 +144,11 @@ def search(
             tensor_parallel=tensor_parallel,
             recompute=recompute,
             workers=workers,
+            meanwhile=phases,
         )
-    state = SearchState(
-        cluster, model=model, job=job, strategy=strategy, curve=curve, settings=settings
-    )
-    if strategy.grid_drop:
-        scan_grids(state, _Ticker(progress, state, steps=len(_sizes(state))))
     else:
-        subsets = idle_subsets(cluster, strategy, job.precision, settings)
-        orders = unit_orders(build_units(cluster, precision=job.precision, nodes=subsets[0]))
-        ticker = _Ticker(progress, state, steps=len(orders) * len(_sizes(state)) + len(subsets))
-        scans = scan_structures(state, orders, ticker)
-        best = refine_best(state, orders, scans)
-        # Also where nothing fits with every node: a subset may (a node whose GPUs cannot
-        # all form tensor groups of the asked degree, say).
-        try_idle_subsets(state, orders, best, subsets[1:], ticker)
-    scored = build_exactly(state) + _as_found_by(strategy, seeds)
+        phases()
+    scored = built + _as_found_by(strategy, seeds)
     if not scored:
         raise Infeasible(why_infeasible(state))
     return finish(state, scored, started_s=started)
@@ -233,36 +243,41 @@ def seed_with_baselines(
     tensor_parallel: int | None = None,
     recompute: tuple[Recompute, ...] | None = None,
     workers: int = 1,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[ScoredPlan]:
     """Phase 1. The best plan of every baseline that can express ``zero``,
     ``tensor_parallel`` and ``recompute`` and finds one, where ``strategy`` seeds with
-    baselines on this cluster; none otherwise."""
-    if not strategy.seeds_with_baselines(cluster.num_gpus):
-        return []
-    seeds = []
-    for baseline in BASELINES:
-        restricted = with_zero_mode(baseline, zero)
-        if restricted is not None:
-            restricted = with_tensor_parallel(restricted, tensor_parallel)
-        if restricted is not None:
-            restricted = with_recompute(restricted, recompute)
-        if restricted is None:
-            continue
+    baselines on this cluster; none otherwise. The baselines' searches run on up to
+    ``workers`` processes (``parallel.map_forked``), this one running ``meanwhile`` (the
+    strategy's own phases) first; the seeds come in the order of ``BASELINES`` however
+    they ran."""
+    baselines = []
+    if strategy.seeds_with_baselines(cluster.num_gpus):
+        for baseline in BASELINES:
+            restricted = with_zero_mode(baseline, zero)
+            if restricted is not None:
+                restricted = with_tensor_parallel(restricted, tensor_parallel)
+            if restricted is not None:
+                restricted = with_recompute(restricted, recompute)
+            if restricted is not None:
+                baselines.append(restricted)
+
+    def best_of(index: int) -> ScoredPlan | None:
         try:
-            seeds.append(
-                search(
-                    cluster,
-                    model=model,
-                    job=job,
-                    strategy=restricted,
-                    curve=curve,
-                    seeds=(),
-                    workers=workers,
-                ).best
-            )
+            return search(
+                cluster,
+                model=model,
+                job=job,
+                strategy=baselines[index],
+                curve=curve,
+                seeds=(),
+                workers=1,
+            ).best
         except Infeasible:
-            continue
-    return seeds
+            return None
+
+    found = map_forked(len(baselines), best_of, workers=workers, meanwhile=meanwhile)
+    return [seed for seed in found if seed is not None]
 
 
 def scan_grids(state: SearchState, ticker: _Ticker) -> None:

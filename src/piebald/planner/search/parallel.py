@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 from piebald.planner.search.records import Candidate, Stages
 from piebald.planner.search.state import SearchState
 
-__all__ = ["available_workers", "run_tasks"]
+__all__ = ["available_workers", "map_forked", "run_tasks"]
 
 Task = TypeVar("Task")
 Result = TypeVar("Result")
@@ -114,39 +114,69 @@ def run_tasks(
     ``workers`` processes (module docstring): this one (its caches then outlive the phase)
     and forked ones, each taking the next task as it finishes one. ``done`` is called once
     per task as its result arrives."""
-    count = min(workers, len(tasks))
+    job = _Job(state, tasks, work)
+    before, structures = dict(state.candidates), state.num_structures
+    outcomes = map_forked(len(tasks), job.run, workers=workers, done=done)
+    # Merged in task order from the state before, as one process running them in turn
+    # would have kept them (the first finding's place, the lowest proxy).
+    state.candidates, state.num_structures = before, structures
+    results = []
+    for result, found, priced in outcomes:
+        state.absorb(found, num_structures=priced)
+        results.append(result)
+    return results
+
+
+def map_forked(
+    count: int,
+    run: Callable[[int], Result],
+    *,
+    workers: int,
+    done: Callable[[], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[Result]:
+    """``run(index)`` for every index below ``count``, the results in index order, on up
+    to ``workers`` processes: this one and forked ones (copy on write; each result comes
+    back pickled), each taking the next index as it finishes one. ``meanwhile`` runs here
+    once the forked processes have started, before this one takes any index (work of its
+    own that overlaps theirs). ``done`` is called once per index as its result arrives.
+    One process (no fork, one worker, no semaphores) runs them all in turn, ``meanwhile``
+    first."""
+    processes = min(workers, count + (meanwhile is not None))
     context = multiprocessing.get_context("fork") if _can_fork() else None
     try:
-        # Tasks handed out so far, to whichever process asks (its lock is a POSIX
+        # Indices handed out so far, to whichever process asks (its lock is a POSIX
         # semaphore, which some containers lack: then one process does it all).
-        taken = None if context is None or count <= 1 else context.Value("l", 0)
+        taken = None if context is None or processes <= 1 else context.Value("l", 0)
     except OSError:
         taken = None
     if context is None or taken is None:
+        if meanwhile is not None:
+            meanwhile()
         results = []
-        for task in tasks:
-            results.append(work(state, task))
+        for index in range(count):
+            results.append(run(index))
             if done is not None:
                 done()
         return results
-    job = _Job(state, tasks, work)
     children = []
-    for _ in range(1, count):
+    for _ in range(1, processes):
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_worker, args=(job, taken, sender))
+        child = context.Process(target=_worker, args=(run, count, taken, sender))
         try:
             child.start()
-        except OSError:  # no process to spare: those started, and this one, take every task
+        except OSError:  # no process to spare: those started, and this one, take every index
             receiver.close()
             break
         finally:
             sender.close()
         children.append((child, receiver))
-    before, structures = dict(state.candidates), state.num_structures
-    outcomes: dict[int, tuple[Any, dict[tuple[Stages, int], Candidate], int]] = {}
+    outcomes: dict[int, Any] = {}
     try:
-        for index in _next_tasks(taken, len(tasks)):
-            outcomes[index] = job.run(index)
+        if meanwhile is not None:
+            meanwhile()
+        for index in _next_tasks(taken, count):
+            outcomes[index] = run(index)
             if done is not None:
                 done()
         for child, receiver in children:
@@ -170,15 +200,7 @@ def run_tasks(
         for child, receiver in children:
             receiver.close()
             child.join()
-    # Merged in task order from the state before, as one process running them in turn
-    # would have kept them (the first finding's place, the lowest proxy).
-    state.candidates, state.num_structures = before, structures
-    results = []
-    for index in range(len(tasks)):
-        result, found, priced = outcomes[index]
-        state.absorb(found, num_structures=priced)
-        results.append(result)
-    return results
+    return [outcomes[index] for index in range(count)]
 
 
 def _next_tasks(taken: Synchronized[int], count: int) -> Iterator[int]:
@@ -192,11 +214,13 @@ def _next_tasks(taken: Synchronized[int], count: int) -> Iterator[int]:
         yield index
 
 
-def _worker(job: _Job[Any, Any], taken: Synchronized[int], sender: Connection) -> None:
-    """A forked worker: tasks until none are left, their outcomes sent back as one
+def _worker(
+    run: Callable[[int], Any], count: int, taken: Synchronized[int], sender: Connection
+) -> None:
+    """A forked worker: indices until none are left, their results sent back as one
     message (or the error's traceback)."""
     try:
-        outcomes = {index: job.run(index) for index in _next_tasks(taken, len(job.tasks))}
+        outcomes = {index: run(index) for index in _next_tasks(taken, count)}
         sender.send(("ok", outcomes))
     except BaseException:  # the parent raises it, with this traceback
         sender.send(("error", traceback.format_exc()))
