@@ -1,13 +1,20 @@
-"""Synthetic clusters of N GPUs of six types for the planner-scaling benchmark."""
+"""Synthetic clusters of N GPUs of six types for the planner-scaling benchmark.
+
+One mapping, :func:`scaling_cluster_data` (the fields of a cluster YAML file), is the
+source of both forms: :func:`scaling_cluster` parses it into a ClusterSpec and
+:func:`scaling_cluster_yaml` writes it as a file for ``piebald plan --cluster``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 
-__all__ = ["TYPES", "scaling_cluster"]
+__all__ = ["TYPES", "scaling_cluster", "scaling_cluster_data", "scaling_cluster_yaml"]
 
 # (GPU type, intra-node link, NIC kind, NIC bandwidth): six generations, three NIC classes.
 TYPES = (
@@ -20,8 +27,9 @@ TYPES = (
 )
 
 
-def scaling_cluster(num_gpus: int, *, gpus_per_node: int = 8) -> ClusterSpec:
-    """``num_gpus`` GPUs in nodes of ``gpus_per_node``, spread as evenly as possible over TYPES."""
+def scaling_cluster_data(num_gpus: int, *, gpus_per_node: int = 8) -> dict[str, Any]:
+    """The cluster file's fields: ``num_gpus`` GPUs in nodes of ``gpus_per_node``, spread
+    as evenly as possible over TYPES (the first types take one node more)."""
     num_nodes = num_gpus // gpus_per_node
     if num_nodes * gpus_per_node != num_gpus or num_nodes < len(TYPES):
         raise ValueError(f"{num_gpus} GPUs do not make >= {len(TYPES)} nodes of {gpus_per_node}")
@@ -39,4 +47,26 @@ def scaling_cluster(num_gpus: int, *, gpus_per_node: int = 8) -> ClusterSpec:
                 "ethernet": "25Gb/s",
             }
         )
-    return parse_cluster({"name": f"scaling-{num_gpus}", "nodes": nodes}, source="scaling")
+    return {"name": f"scaling-{num_gpus}", "nodes": nodes}
+
+
+def scaling_cluster(num_gpus: int, *, gpus_per_node: int = 8) -> ClusterSpec:
+    """The synthetic cluster of :func:`scaling_cluster_data`, parsed."""
+    data = scaling_cluster_data(num_gpus, gpus_per_node=gpus_per_node)
+    return parse_cluster(data, source="scaling")
+
+
+def scaling_cluster_yaml(num_gpus: int, *, gpus_per_node: int = 8) -> str:
+    """The synthetic cluster of :func:`scaling_cluster_data` as cluster-file text, one
+    node group a line."""
+    data = scaling_cluster_data(num_gpus, gpus_per_node=gpus_per_node)
+    lines = [
+        f"# Synthetic: {num_gpus} GPUs of six types in nodes of {gpus_per_node} "
+        "(benchmarks/scaling_clusters.py).",
+        f"name: {data['name']}",
+        "nodes:",
+    ]
+    for group in data["nodes"]:
+        flow = yaml.safe_dump(group, default_flow_style=True, sort_keys=False, width=10**6)
+        lines.append(f"  - {flow.strip()}")
+    return "\n".join(lines) + "\n"
