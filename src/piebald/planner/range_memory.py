@@ -158,9 +158,11 @@ class FewestRounds:
     up, whose budgets max(1, ceil(n / rho)) fit the ranks (inf where none do): what
     :meth:`RangeMemory.shrunk_at` needs of the ranks' memory and micro-batches, which do
     not depend on Little's budget. Searched where first asked (:meth:`at`), then
-    remembered, so that every in-flight budget of the same ranks shares the search."""
+    remembered, so that every in-flight budget of the same ranks shares the search. The
+    bound too is computed where first asked: most stages fit Little's budget everywhere
+    and never ask."""
 
-    __slots__ = ("_found", "even_shards", "kinds", "low", "num_ranks")
+    __slots__ = ("_found", "_low", "even_shards", "kinds", "num_ranks")
 
     def __init__(
         self,
@@ -170,8 +172,15 @@ class FewestRounds:
         num_ranks: int | Ranges,
     ) -> None:
         self.kinds, self.even_shards, self.num_ranks = tuple(kinds), even_shards, num_ranks
-        self.low = self._lower_bound()
-        self._found = np.full(self.low.shape, np.nan)  # nan: not searched yet
+        self._low: Ranges | None = None
+        self._found: Ranges | None = None  # nan: not searched yet
+
+    @property
+    def low(self) -> Ranges:
+        """The closed-form lower bound on the round trips (``_lower_bound``)."""
+        if self._low is None:
+            self._low = self._lower_bound()
+        return self._low
 
     def _lower_bound(self) -> Ranges:
         """No fewer round trips fit: each rank on its own needs w <= W (the most in flight
@@ -198,6 +207,8 @@ class FewestRounds:
 
     def at(self, positions: npt.NDArray[np.intp]) -> Ranges:
         """The fewest round trips at ``positions`` (inf where none fit)."""
+        if self._found is None:
+            self._found = np.full(self.low.shape, np.nan)
         found = self._found[positions]
         missing = np.isnan(found)
         if np.any(missing):
