@@ -7,7 +7,9 @@ calls one function here and renders what it returns, so what the CLI shows as ta
 comes back as dataclasses (:class:`PlanResult`, :class:`Comparison`,
 :class:`SimulationReport`, ...). Planning, estimating and simulating never import torch;
 training and measuring import it when called, and the runtime's types
-(:class:`TrainConfig`, :class:`RunSummary`, ...) when first named.
+(:class:`TrainConfig`, :class:`RunSummary`, ...) when first named. Every name here loads
+its module on first use, so a process imports only what it calls (``piebald plan`` the
+planner, not the profiler's scipy.optimize or the simulator).
 
 >>> import piebald
 >>> from piebald.examples import example_path
@@ -31,65 +33,57 @@ The modules, one per concern: :mod:`piebald.api.inputs` (loading and saving),
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
-from piebald.api import training
-from piebald.api.data import prepare_data
-from piebald.api.inputs import (
-    Profiles,
-    ProfileWarning,
-    Progress,
-    build_job,
-    load_cluster,
-    load_model,
-    load_plan,
-    save_plan,
-)
-from piebald.api.planning import (
-    Comparison,
-    ComparisonRow,
-    Explanation,
-    Infeasible,
-    PlanResult,
-    ScoredPlan,
-    Verification,
-    VerifiedCandidate,
-    compare,
-    explain,
-    plan,
-    search_plans,
-)
-from piebald.api.profiling import (
-    Calibration,
-    ComputeProfile,
-    NetworkProfile,
-    ProfileDB,
-    calibrate,
-    load_profile_db,
-    merge_profile_dbs,
-    profile_compute,
-    profile_network,
-    write_profile,
-)
-from piebald.api.simulation import (
-    PriceBasis,
-    SimulationReport,
-    SimulationResult,
-    estimate,
-    plot_gantt,
-    simulate,
-    simulate_report,
-    write_trace,
-)
-from piebald.api.training import emulate, train, train_reference
-from piebald.cost.plan_estimate import PlanEstimate
-from piebald.specs.cluster import ClusterSpec
-from piebald.specs.devices import Dtype
-from piebald.specs.job import JobSpec
-from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, ZeroMode
-
 if TYPE_CHECKING:
+    from piebald.api.data import prepare_data
+    from piebald.api.inputs import (
+        Profiles,
+        ProfileWarning,
+        Progress,
+        build_job,
+        load_cluster,
+        load_model,
+        load_plan,
+        save_plan,
+    )
+    from piebald.api.planning import (
+        Comparison,
+        ComparisonRow,
+        Explanation,
+        Infeasible,
+        PlanResult,
+        ScoredPlan,
+        Verification,
+        VerifiedCandidate,
+        compare,
+        explain,
+        plan,
+        search_plans,
+    )
+    from piebald.api.profiling import (
+        Calibration,
+        ComputeProfile,
+        NetworkProfile,
+        ProfileDB,
+        calibrate,
+        load_profile_db,
+        merge_profile_dbs,
+        profile_compute,
+        profile_network,
+        write_profile,
+    )
+    from piebald.api.simulation import (
+        PriceBasis,
+        SimulationReport,
+        SimulationResult,
+        estimate,
+        plot_gantt,
+        simulate,
+        simulate_report,
+        write_trace,
+    )
     from piebald.api.training import (
         DEFAULT_MAX_EMULATED_PARAMS,
         MISSING_PACKAGE,
@@ -100,10 +94,19 @@ if TYPE_CHECKING:
         RunSummary,
         TrainConfig,
         check_hf_weights,
+        emulate,
         emulated_model,
         tensorboard_available,
+        train,
+        train_reference,
         under_torchrun,
     )
+    from piebald.cost.plan_estimate import PlanEstimate
+    from piebald.specs.cluster import ClusterSpec
+    from piebald.specs.devices import Dtype
+    from piebald.specs.job import JobSpec
+    from piebald.specs.model import ModelSpec
+    from piebald.specs.plan import Plan, ZeroMode
 
 __all__ = [
     "DEFAULT_MAX_EMULATED_PARAMS",
@@ -170,9 +173,97 @@ __all__ = [
 ]
 
 
+# Where each name of __all__ lives (the imports above, for type checkers and the docs).
+_HOMES = {
+    "piebald.api.data": ("prepare_data",),
+    "piebald.api.inputs": (
+        "ProfileWarning",
+        "Profiles",
+        "Progress",
+        "build_job",
+        "load_cluster",
+        "load_model",
+        "load_plan",
+        "save_plan",
+    ),
+    "piebald.api.planning": (
+        "Comparison",
+        "ComparisonRow",
+        "Explanation",
+        "Infeasible",
+        "PlanResult",
+        "ScoredPlan",
+        "Verification",
+        "VerifiedCandidate",
+        "compare",
+        "explain",
+        "plan",
+        "search_plans",
+    ),
+    "piebald.api.profiling": (
+        "Calibration",
+        "ComputeProfile",
+        "NetworkProfile",
+        "ProfileDB",
+        "calibrate",
+        "load_profile_db",
+        "merge_profile_dbs",
+        "profile_compute",
+        "profile_network",
+        "write_profile",
+    ),
+    "piebald.api.simulation": (
+        "PriceBasis",
+        "SimulationReport",
+        "SimulationResult",
+        "estimate",
+        "plot_gantt",
+        "simulate",
+        "simulate_report",
+        "write_trace",
+    ),
+    "piebald.api.training": (
+        "DEFAULT_MAX_EMULATED_PARAMS",
+        "MISSING_PACKAGE",
+        "ComputeDtype",
+        "LrDecay",
+        "LrSchedule",
+        "OptimizerConfig",
+        "RunSummary",
+        "TrainConfig",
+        "check_hf_weights",
+        "emulate",
+        "emulated_model",
+        "tensorboard_available",
+        "train",
+        "train_reference",
+        "under_torchrun",
+    ),
+    "piebald.cost.plan_estimate": ("PlanEstimate",),
+    "piebald.specs.cluster": ("ClusterSpec",),
+    "piebald.specs.devices": ("Dtype",),
+    "piebald.specs.job": ("JobSpec",),
+    "piebald.specs.model": ("ModelSpec",),
+    "piebald.specs.plan": ("Plan", "ZeroMode"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_SUBMODULES = frozenset(
+    ("arguments", "data", "inputs", "planning", "profiling", "simulation", "training")
+)
+
+
 def __getattr__(name: str) -> object:
-    # PEP 562: the runtime's names (``TrainConfig``, ``RunSummary``...) import torch, so
-    # they load on first use (``piebald.api.training``), not with ``import piebald.api``.
-    if name in training.LAZY:
-        return getattr(training, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # PEP 562: each name loads its module on first use, not with ``import piebald.api``, so
+    # a process imports only what it calls: ``piebald plan`` the planner, not the profiler's
+    # scipy.optimize or the runtime's torch. Not cached: the module stays the one place
+    # each name lives.
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -3,9 +3,11 @@ compare``), and where a plan's time goes (``piebald explain``)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from piebald.api.arguments import check_bool, check_callable, check_int, check_str
 from piebald.api.inputs import (
@@ -21,7 +23,6 @@ from piebald.api.inputs import (
 from piebald.cost.plan_estimate import PlanEstimate
 from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError
-from piebald.planner import verify
 from piebald.planner.choices import (
     check_tensor_parallel_fits,
     recompute_modes,
@@ -32,13 +33,15 @@ from piebald.planner.choices import (
 from piebald.planner.compare import Comparison, ComparisonRow, compare_strategies
 from piebald.planner.search import Infeasible, ScoredPlan, search
 from piebald.planner.strategies import STRATEGIES
-from piebald.planner.verify import Verification, VerifiedCandidate
 from piebald.profiler.pricing import plan_with_cost_inputs, planning_prices
 from piebald.report.explain import Explanation, explain_plan
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, ZeroMode
+
+if TYPE_CHECKING:
+    from piebald.planner.verify import Verification, VerifiedCandidate
 
 __all__ = [
     "Comparison",
@@ -54,6 +57,13 @@ __all__ = [
     "plan",
     "search_plans",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PEP 562: the verification's types live with the simulator, loaded on first use.
+    if name in ("Verification", "VerifiedCandidate"):
+        return getattr(importlib.import_module("piebald.planner.verify"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,9 +140,13 @@ def search_plans(
         recompute=modes,
         workers=workers,
     )
-    verification = (
-        verify.verify_by_simulation(result, curve=curve) if verify_by_simulation else None
-    )
+    verification = None
+    if verify_by_simulation:
+        # Here, not at the top: verifying runs the simulator, which planning without
+        # ``verify_by_simulation`` (``piebald plan`` without --simulate) does not load.
+        from piebald.planner.verify import verify_by_simulation as verify
+
+        verification = verify(result, curve=curve)
     best = result.best if verification is None else verification.chosen
     return PlanResult(
         plan=plan_with_cost_inputs(best.plan, inputs),

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from piebald import __version__
-from piebald.api import Comparison, load_cluster, load_model, search_plans
-from piebald.api import explain as explain_plan
+from piebald.api import load_cluster, load_model
 from piebald.cli import demo as cli_demo
 from piebald.cli import launch as cli_launch
 from piebald.cli import simulate as cli_simulate
@@ -56,6 +55,9 @@ from piebald.specs.devices import Dtype, builtin_catalog
 from piebald.specs.plan_io import plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS
 from piebald.specs.units import format_rate
+
+if TYPE_CHECKING:
+    from piebald.api import Comparison
 
 app = typer.Typer(
     add_completion=False,
@@ -153,6 +155,8 @@ def plan(
     workers: WorkersOption = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
+    from piebald.api import search_plans  # the planner: loaded by the commands that plan
+
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
     cluster_spec, model_spec = load_cluster(cluster), load_model(model)
@@ -191,6 +195,8 @@ def plan(
 @user_errors
 def explain(plan_file: Annotated[Path, typer.Argument(help="A plan JSON file.")]) -> None:
     """Where the plan's step time goes, what limits each GPU, and the runner-up plans."""
+    from piebald.api import explain as explain_plan  # the planner, as in plan
+
     loaded = load_checked_plan(plan_file)
     # A plan made from profiles is explained with the prices it was made with.
     for renderable in explanation_tables(loaded, explain_plan(loaded)):

@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, ParamSpec, TextIO, TypeVar
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TextIO, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,16 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from piebald.api import (
-    Comparison,
-    Infeasible,
-    ProfileWarning,
-    build_job,
-    compare,
-    load_cluster,
-    load_model,
-    load_plan,
-)
+from piebald.api import ProfileWarning, build_job, load_cluster, load_model, load_plan
 from piebald.errors import ArgumentError, ModelWarning, RunFailedError, SpecError
 from piebald.extras import install_hint
 from piebald.specs.cluster import ClusterSpec
@@ -45,6 +36,9 @@ from piebald.specs.devices import Dtype
 from piebald.specs.job import JobSpec, check_job_fits_model
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
+
+if TYPE_CHECKING:
+    from piebald.api import Comparison
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -140,7 +134,12 @@ def user_errors(command: Callable[P, R]) -> Callable[P, R]:
         except FileExistsError as error:
             errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
-        except Infeasible as error:
+        except Exception as error:
+            # Here, not at the top: the planner loads with the commands that plan.
+            from piebald.api import Infeasible
+
+            if not isinstance(error, Infeasible):
+                raise
             errors.print(
                 f"[red]no feasible plan:[/red] {escape(str(error))}",
                 highlight=False,
@@ -261,6 +260,8 @@ def run_comparison(
     workers: int | None = None,
 ) -> Comparison:
     """Every strategy on the same inputs (``piebald.api.compare``), with a progress bar."""
+    from piebald.api import compare  # the planner: loaded by the commands that plan
+
     with profile_warnings(profiles), progress_bar("comparing") as progress:
         return compare(cluster, model, job, profiles=profiles, progress=progress, workers=workers)
 

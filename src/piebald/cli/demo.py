@@ -18,17 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from piebald.api import (
-    Comparison,
-    estimate,
-    explain,
-    load_cluster,
-    load_model,
-    plot_gantt,
-    search_plans,
-    simulate,
-    write_trace,
-)
+from piebald.api import load_cluster, load_model
 from piebald.cli.common import (
     comparison_title,
     console,
@@ -53,7 +43,7 @@ from piebald.specs.plan import Plan
 from piebald.specs.plan_io import save_plan
 
 if TYPE_CHECKING:  # the runtime imports torch: only the training step of the demo loads it
-    from piebald.api import RunSummary
+    from piebald.api import Comparison, RunSummary
 
 __all__ = [
     "HOMOGENEOUS_BASELINES",
@@ -126,6 +116,10 @@ def _check_artefacts(out_dir: Path, *, train_steps: int, force: bool) -> None:
 
 @user_errors
 def run_demo(*, out_dir: Path, train_steps: int, force: bool = False) -> None:
+    # Here, not at the top: the planner and the simulator load when the demo runs, not
+    # with every command (``piebald --help``).
+    from piebald.api import estimate, explain, plot_gantt, search_plans, simulate, write_trace
+
     if train_steps:  # before five sections of output, not after them
         require_installed("torch")
     _check_artefacts(out_dir, train_steps=train_steps, force=force)

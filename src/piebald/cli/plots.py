@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from piebald.api import Comparison
 from piebald.figure_files import save_figure
+
+if TYPE_CHECKING:
+    from piebald.api import Comparison
 
 __all__ = ["plot_comparison"]
 

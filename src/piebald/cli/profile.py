@@ -10,22 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from piebald.api import (
-    Calibration,
-    load_profile_db,
-    merge_profile_dbs,
-    profile_compute,
-    profile_network,
-    write_profile,
-)
-from piebald.api import (
-    calibrate as calibrate_profiles,
-)
 from piebald.cli.common import (
     ModelOption,
     SeqOption,
@@ -40,6 +29,12 @@ from piebald.specs.cluster_yaml import load_cluster
 from piebald.specs.devices import BLOCK_SHARE_OF_BENCHMARK_GEMM, Dtype
 from piebald.specs.presets import load_model
 from piebald.specs.units import format_bytes
+
+if TYPE_CHECKING:
+    from piebald.api import Calibration
+
+# Each command imports what it calls of piebald.api (the profiler) when it runs, not with
+# every command: ``piebald plan`` and ``piebald --help`` do not load the profiler.
 
 __all__ = ["ProfilesOption", "profile_app"]
 
@@ -105,6 +100,8 @@ def compute(
 ) -> None:
     """Time forward and backward (with and without recompute) of the embedding, one block
     and the head of MODEL per micro-batch size, and record them with peak memory."""
+    from piebald.api import profile_compute, write_profile
+
     check_output_directory(out, flag="--out")  # before measuring: results must not be lost
     require_installed("torch")
     spec = load_model(model)
@@ -184,6 +181,8 @@ def network(
 ) -> None:
     """Point-to-point links between and inside node groups and collectives over nodes,
     node groups and the cluster; fits latency + size/bandwidth per link."""
+    from piebald.api import profile_network, write_profile
+
     check_output_directory(out, flag="--out")  # before measuring: results must not be lost
     require_installed("torch")
     spec = load_cluster(cluster)
@@ -221,6 +220,8 @@ def merge(
 ) -> None:
     """Copy every profile of SOURCES into INTO; runs of one key from different machines
     are all kept (the loader takes their median)."""
+    from piebald.api import load_profile_db, merge_profile_dbs
+
     check_output_directory(into, flag="--into")
     copied = merge_profile_dbs(sources, into)
     db = load_profile_db(into)
@@ -258,6 +259,8 @@ def calibrate(
 ) -> None:
     """Fit the analytic efficiency curve of each measured device type (per layer kind and
     pass) and print the analytic-versus-measured error before and after."""
+    from piebald.api import calibrate as calibrate_profiles
+
     spec = load_cluster(cluster) if cluster is not None else None
     for calibration in calibrate_profiles(profiles, cluster=spec):
         _print_calibration(calibration)

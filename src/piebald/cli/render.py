@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
-from piebald.api import Comparison
 from piebald.cost.plan_estimate import PlanEstimate, model_flops_utilization
 from piebald.report.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
@@ -13,6 +14,9 @@ from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan, Stage
 from piebald.specs.recompute import Recompute
 from piebald.specs.units import format_bytes, format_rate
+
+if TYPE_CHECKING:
+    from piebald.api import Comparison
 
 __all__ = [
     "catalog_table",

@@ -11,26 +11,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from piebald.api import (
-    PlanEstimate,
-    PriceBasis,
-    SimulationReport,
-    SimulationResult,
-    Verification,
-    plot_gantt,
-    simulate_report,
-    write_trace,
-)
 from piebald.cli.common import console, errors, load_checked_plan, profile_warnings, user_errors
 from piebald.figure_files import check_figure_file
 from piebald.outputs import check_output_file
 from piebald.report.describe import describe_plan
 from piebald.specs.plan import Plan
+
+if TYPE_CHECKING:
+    from piebald.api import PlanEstimate, SimulationReport, SimulationResult, Verification
 
 __all__ = [
     "EXIT_DEADLOCK",
@@ -115,6 +108,8 @@ def _check_outputs(*, trace: Path | None, gantt: Path | None, force: bool) -> No
 
 def priced_by(report: SimulationReport, profiles: Path | None) -> str:
     """A line saying where the prices of ``report`` come from."""
+    from piebald.api import PriceBasis  # loaded by simulate_report, which made ``report``
+
     if report.basis is PriceBasis.PROFILE_DB:
         return f"priced from the profile DB {profiles}" + (
             " (not the one the plan was made with)" if report.other_db else ""
@@ -151,6 +146,9 @@ def simulate(
 ) -> None:
     """Execute one step of a plan event by event: step time, bubble, per-GPU busy/idle
     time and memory, against the planner's prediction; optionally a trace and a Gantt chart."""
+    # Here, not at the top: the simulator loads with this command, not with every command.
+    from piebald.api import plot_gantt, simulate_report, write_trace
+
     _check_outputs(trace=trace, gantt=gantt, force=force)
     loaded = load_checked_plan(plan_file)
     with profile_warnings(profiles):

@@ -27,7 +27,6 @@ from piebald.cost.profiled_curve import (
     distinct_layers,
     layer_table_of,
 )
-from piebald.profiler.calibrate import calibrate_device, observations_of
 from piebald.profiler.db import ProfileDB
 from piebald.profiler.keys import layer_signature
 from piebald.profiler.network_model import apply_network_profiles, measured_links
@@ -83,6 +82,10 @@ def profiled_curve(
     calibrated curves for every device type of ``devices`` that the DB has measurements
     of, in the dtype that device trains in for a ``precision`` job. Other devices are
     priced by ``base``."""
+    # Here, not at the top: calibrating imports scipy.optimize (0.4 s), which planning
+    # without a profile DB never needs (``piebald plan`` imports this module).
+    from piebald.profiler.calibrate import calibrate_device, observations_of
+
     tables: list[LayerTable] = []
     activation_tables: list[ActivationTable] = []
     kind_curves: list[KindCurve] = []
