@@ -353,11 +353,13 @@ def try_idle_subsets(
     ticker: _Ticker,
 ) -> None:
     """Phase 4. For each subset of nodes that take part, its own task: the structures near
-    the best one without the idle nodes, priced: depths near the best (one stage always);
-    in small clusters every order and micro-batch size of the subset's own units (fewer
-    GPUs may favour larger micro-batches), else the winning order without the idle nodes at
-    the winning size. Where nothing fit with every node (``best`` None), every order, size
-    and depth of the subset's own units. Then, each its own task again, the cuts of each
+    the best one without the idle nodes, priced: every order of the subset's own units
+    (without a node group another order of the rest may win: the winning order less the
+    idle nodes left 3.7% on the six-type 1,024-GPU benchmark cluster) at depths near the
+    best (one stage always); in small clusters at every
+    micro-batch size (fewer GPUs may favour larger micro-batches), else at the winning
+    size. Where nothing fit with every node (``best`` None), every order, size and depth
+    of the subset's own units. Then, each its own task again, the cuts of each
     subset's best get a local search where that best is within
     ``SearchSettings.subset_refine_margin`` of the best structure priced so far (most of a
     subset's time): the best few first (``subsets_refined_first``), the others against the
@@ -365,11 +367,7 @@ def try_idle_subsets(
     small = state.settings.small_cluster
 
     def orders_of(nodes: frozenset[int]) -> list[tuple[Unit, ...]]:
-        if small or best is None:
-            return unit_orders(
-                build_units(state.cluster, precision=state.job.precision, nodes=nodes)
-            )
-        return [tuple(u for u in orders[best.order_index] if u.node_indices[0] in nodes)]
+        return unit_orders(build_units(state.cluster, precision=state.job.precision, nodes=nodes))
 
     def scan_subset(state: SearchState, nodes: frozenset[int]) -> Scan | None:
         subset_orders = orders_of(nodes)
