@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -11,7 +12,7 @@ from piebald.report.explain import Explanation
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
 from piebald.specs.model import ModelSpec
-from piebald.specs.plan import Plan, Stage
+from piebald.specs.plan import Plan
 from piebald.specs.recompute import Recompute
 from piebald.specs.units import format_bytes, format_rate
 
@@ -154,16 +155,19 @@ def models_table(models: list[ModelSpec], *, seq_len: int) -> Table:
     return table
 
 
-def _tensor_cell(stage: Stage, rank: int) -> str:
-    """The rank's tensor-parallel degree, its leader marked: ``2 (leader)``, ``2``; ``-``
-    at degree 1."""
-    t = stage.tensor_parallel_degree
-    if t == 1:
-        return "-"
-    return f"{t} (leader)" if stage.leader_of(rank) == rank else str(t)
+def _rank_cell(ranks: Sequence[int]) -> str:
+    """Ranks as a row shows them: ``4``, ``4-7`` where consecutive, else listed."""
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
+    """The plan stage by stage, a row per run of ranks alike in every other column (a
+    tensor group's ranks together, its memory the group's peak): a few rows per stage
+    however many GPUs it has."""
     tokens_per_s = estimate.tokens_per_s
     mfu = model_flops_utilization(plan, tokens_per_s=tokens_per_s)
     title = (
@@ -172,9 +176,11 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
         f"bottleneck {estimate.bottleneck}"
     )
     caption = (
-        "tp: tensor-parallel degree (ranks per tensor group, its leader first), mbs: "
-        "micro-batch size, #mb: micro-batches per step, shard: fraction of the stage's "
-        "training state, rc: recompute (sel: selective), busy: compute time / step time"
+        "rank: ranks alike in every column share a row; tp: tensor-parallel degree (a "
+        "row's ranks form whole tensor groups, each its leader first; memory: a group's "
+        "peak), mbs: micro-batch size, #mb: micro-batches per step, shard: fraction of the "
+        "stage's training state, rc: recompute (sel: selective), busy: compute time / step "
+        "time"
     )
     table = Table(title=title, caption=caption)
     for column in (
@@ -194,24 +200,35 @@ def plan_table(plan: Plan, estimate: PlanEstimate) -> Table:
         left = column in ("GPU", "zero")
         table.add_column(column, no_wrap=True, justify="left" if left else "right")
     for index, (stage, stage_estimate) in enumerate(zip(plan.stages, estimate.stages, strict=True)):
-        for position, rank in enumerate(stage.ranks):
-            device = plan.cluster.device_of(rank)
-            memory = stage_estimate.memory[rank].total_bytes
-            busy = stage_estimate.compute_s[rank] / estimate.step_time_s
-            first = position == 0
-            table.add_row(
-                str(index) if first else "",
-                f"{stage.layer_start}-{stage.layer_end - 1}" if first else "",
-                str(rank),
+        t = stage.tensor_parallel_degree
+        rows: list[tuple[list[int], tuple[str, ...]]] = []
+        for start in range(0, len(stage.ranks), t):  # a tensor group (one rank at t = 1)
+            group = stage.ranks[start : start + t]
+            device = plan.cluster.device_of(group[0])
+            memory = max(stage_estimate.memory[rank].total_bytes for rank in group)
+            busy = max(stage_estimate.compute_s[rank] for rank in group) / estimate.step_time_s
+            cells: tuple[str, ...] = (
                 device.name,
-                _tensor_cell(stage, rank),
-                str(stage.micro_batch_size[position]),
-                str(stage.num_micro_batches[position]),
-                f"{stage.shard_fraction[position]:.3f}",
+                "-" if t == 1 else str(t),
+                str(stage.micro_batch_size[start]),
+                str(stage.num_micro_batches[start]),
+                f"{stage.shard_fraction[start]:.3f}",
                 stage.zero.value,
                 _RECOMPUTE_CELL[stage.recompute],
                 f"{busy:.0%}",
                 f"{memory / 2**30:.1f} / {device.memory_bytes / 2**30:.1f} GiB",
+            )
+            if rows and rows[-1][1] == cells:
+                rows[-1][0].extend(group)
+            else:
+                rows.append((list(group), cells))
+        for row, (ranks, shown) in enumerate(rows):
+            first = row == 0
+            table.add_row(
+                str(index) if first else "",
+                f"{stage.layer_start}-{stage.layer_end - 1}" if first else "",
+                _rank_cell(ranks),
+                *shown,
             )
         table.add_section()
     return table
