@@ -18,7 +18,8 @@ from piebald.cost.compute import DEFAULT_CURVE
 from piebald.cost.data_parallel import plan_stage_comm
 from piebald.cost.rank_pass import plan_rank_pass
 from piebald.planner.stage_builder import StageRules, build_stage
-from piebald.planner.stage_costs import stage_cost, stage_settings
+from piebald.planner.stage_costs import stage_cost
+from piebald.planner.stage_settings import stage_settings
 from piebald.specs.job import JobSpec
 from piebald.specs.plan import Plan, ZeroMode
 from piebald.specs.presets import load_model

@@ -19,7 +19,8 @@ from collections import Counter
 import numpy as np
 
 from piebald.planner.range_memory import RankRoom
-from piebald.planner.stage_costs import Setting, StageCost, StageSettings, stage_cost
+from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.stage_settings import Setting, StageSettings
 from piebald.specs.devices import builtin_catalog
 
 NUM_LAYERS = 12

@@ -26,7 +26,8 @@ from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.rank_pass import input_broadcast_s, rank_pass
 from piebald.planner.stage_builder import StageChoice, StageRules, build_stage
-from piebald.planner.stage_costs import StageCost, stage_cost, stage_settings
+from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.stage_settings import stage_settings
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec

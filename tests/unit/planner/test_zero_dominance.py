@@ -1,5 +1,5 @@
 """ZeRO-1 takes every layer range a replicated stage (ZeRO none) could, so the DP does not
-price NONE beside it (``stage_costs._priced_zero_modes``).
+price NONE beside it (``stage_settings._priced_zero_modes``).
 
 The oracle is each mode priced alone over every range, on stages of several GPU types,
 at several depths, micro-batch sizes and tensor-parallel degrees, with memory tight
@@ -20,12 +20,8 @@ from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.compute import DEFAULT_CURVE
 from piebald.planner.stage_builder import ALL_ZERO_MODES, StageRules
-from piebald.planner.stage_costs import (
-    StageCost,
-    _priced_zero_modes,
-    stage_cost,
-    stage_settings,
-)
+from piebald.planner.stage_costs import StageCost, stage_cost
+from piebald.planner.stage_settings import _priced_zero_modes, stage_settings
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec

@@ -25,7 +25,7 @@ from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.profiled_curve import ActivationTable, ProfiledCurve, Source, layer_key
 from piebald.cost.recorded_curve import recorded_curve
 from piebald.planner.search import search
-from piebald.planner.stage_costs import memory_matrices
+from piebald.planner.stage_settings import memory_matrices
 from piebald.profiler.apply import cost_inputs_for, profiled_inputs
 from piebald.profiler.db import load_profile_db, write_profile
 from piebald.profiler.keys import layer_signature

@@ -9,20 +9,15 @@ import math
 from piebald.cost.compute import EfficiencyCurve
 from piebald.cost.plan_estimate import estimate_plan
 from piebald.cost.traffic import BoundaryTraffic
+from piebald.planner.layer_ranges import Positions
 from piebald.planner.partition import split_layers, uniform_bounds
 from piebald.planner.proxy import ShareTrips, pipeline_proxy, polish_bounds, share_round_trips
 from piebald.planner.raised_in_flight import raise_in_flight
 from piebald.planner.search.records import Candidate, ScoredPlan, Stages
 from piebald.planner.search.settings import SearchSettings
 from piebald.planner.stage_builder import StageChoice, build_stage
-from piebald.planner.stage_costs import (
-    Positions,
-    RangePrices,
-    StageCost,
-    StageSettings,
-    price_ranges,
-    stage_settings,
-)
+from piebald.planner.stage_costs import RangePrices, StageCost, price_ranges
+from piebald.planner.stage_settings import StageSettings, stage_settings
 from piebald.planner.strategies import Strategy
 from piebald.planner.structure_traffic import NodeSignatures, Signature, StructureTraffic
 from piebald.specs.cluster import ClusterSpec
