@@ -39,6 +39,7 @@ __all__ = [
     "ranks_to_end",
     "slack_of",
     "stage_in_flight",
+    "stage_round_trips",
 ]
 
 # Micro-batches a 1F1B rank with later stages holds beyond Little's law: the mean round
@@ -130,6 +131,23 @@ def num_round_trips(micro_batches: Any, budget: Any) -> Any:
     if isinstance(micro_batches, np.ndarray) or isinstance(budget, np.ndarray):
         return np.ceil(micro_batches / budget)
     return math.ceil(micro_batches / budget)
+
+
+def stage_round_trips(micro_batches: Sequence[Any], budgets: Sequence[Any]) -> Any:
+    """Round trips a step takes a stage: its slowest rank's (:func:`num_round_trips`;
+    a rank without micro-batches takes none), at least 1. ``micro_batches`` and
+    ``budgets``: per rank (or per GPU type); elementwise where they are numpy arrays, one
+    entry per layer range."""
+    rounds: Any = 1
+    for n, w in zip(micro_batches, budgets, strict=True):
+        if not isinstance(n, np.ndarray) and n <= 0:
+            continue  # no work: no round trips (and no budget to divide by)
+        trips = num_round_trips(n, w)
+        if isinstance(trips, np.ndarray) or isinstance(rounds, np.ndarray):
+            rounds = np.maximum(rounds, trips)
+        elif trips > rounds:
+            rounds = trips
+    return rounds
 
 
 def in_flight_for_rounds(*, budget: Any, rank_micro_batches: Any, num_rounds: Any) -> Any:

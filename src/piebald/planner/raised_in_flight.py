@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 
 from piebald.cost.compute import EfficiencyCurve
-from piebald.cost.in_flight import chains_from, num_round_trips, stage_in_flight
+from piebald.cost.in_flight import chains_from, stage_in_flight, stage_round_trips
 from piebald.cost.plan_fit import stage_memory_overflow
 from piebald.specs.plan import Plan, Schedule, Stage
 
@@ -55,9 +55,7 @@ def _fewest_rounds(plan: Plan, index: int, *, curve: EfficiencyCurve) -> tuple[i
     stage = plan.stages[index]
     counts = stage.num_micro_batches
     current = stage_in_flight(plan, index)
-    most = max(
-        (num_round_trips(n, w) for n, w in zip(counts, current, strict=True) if n), default=1
-    )
+    most = stage_round_trips(counts, current)
 
     def budgets_for(rounds: int) -> tuple[int, ...]:
         return tuple(

@@ -2,14 +2,14 @@
 1F1B round trips that fit where Little's in-flight budget does not.
 
 The layer-split DP's version of the exact stage build's in-flight fit
-(``stage_builder._fit_in_flight``): each GPU type's ranks of a stage (:class:`RankKind`)
+(``stage_builder._fit_in_flight``): each GPU type's ranks of a stage (:class:`RankRoom`)
 have, per layer range, the memory left beside everything but activations, the bytes of
 one micro-batch in flight and of one unit of shard fraction; they fit holding a budget
 where every rank does and, with uneven shards, the free memory of all of them holds the
 sharded state (water-filling succeeds). Where Little's budget does not fit, the budget
 shrinks to the fewest round trips rho whose budgets w = ceil(n / rho) fit
 (``cost.in_flight.in_flight_for_rounds``): closed-form bounds on rho, then bisection, all
-ranges at once (:class:`FewestRounds`, :meth:`RangeMemory.shrunk_at`). From the round
+ranges at once (:class:`FewestRounds`, :meth:`FewestRounds.rounds_at`). From the round
 trips Little's budget needs on, those budgets do not depend on it, so the bisection is
 done once per stage and shared by every in-flight budget (docs/design.md, section 6).
 
@@ -25,17 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from piebald.cost.in_flight import in_flight_for_rounds, num_round_trips
+from piebald.cost.in_flight import in_flight_for_rounds
 
-__all__ = [
-    "FewestRounds",
-    "RangeMemory",
-    "Ranges",
-    "RankKind",
-    "RankRoom",
-    "Room",
-    "fits_ranges",
-]
+__all__ = ["FewestRounds", "Ranges", "RankRoom", "Room", "fits_ranges"]
 
 # One entry per layer range [a, b) with a < b (or a subset of them).
 Ranges = npt.NDArray[np.float64]
@@ -66,8 +58,8 @@ class Room:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankRoom(Room):
-    """The ranks of one GPU type in a stage, with their micro-batches: all of
-    :class:`RankKind` but the in-flight budget."""
+    """The ranks of one GPU type in a stage, with their micro-batches (from their speed
+    share)."""
 
     micro_batches: Ranges  # each rank's, from its speed share
 
@@ -79,33 +71,6 @@ class RankRoom(Room):
             sharded_bytes=self.sharded_bytes[where],
             micro_batches=self.micro_batches[where],
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankKind(RankRoom):
-    """The ranks of one GPU type in a stage, with their micro-batches and in-flight budget."""
-
-    little: Ranges  # Little's in-flight budget
-
-    def at(self, where: Where) -> RankKind:
-        return RankKind(
-            count=_at(self.count, where),
-            free_bytes=self.free_bytes[where],
-            per_in_flight_bytes=self.per_in_flight_bytes[where],
-            sharded_bytes=self.sharded_bytes[where],
-            micro_batches=self.micro_batches[where],
-            little=self.little[where],
-        )
-
-    def budget(self, rounds: Ranges | None) -> Ranges:
-        """In flight under Little's budget (None) or the fewest for ``rounds`` round trips
-        (``cost.in_flight.in_flight_for_rounds``)."""
-        if rounds is None:
-            return self.little
-        budget: Ranges = in_flight_for_rounds(
-            budget=self.little, rank_micro_batches=self.micro_batches, num_rounds=rounds
-        )
-        return budget
 
 
 def fits_ranges(
@@ -155,9 +120,9 @@ def _fits(
 
 class FewestRounds:
     """Per entry, the fewest round trips rho, from a closed-form lower bound (:attr:`low`)
-    up, whose budgets max(1, ceil(n / rho)) fit the ranks (inf where none do): what
-    :meth:`RangeMemory.shrunk_at` needs of the ranks' memory and micro-batches, which do
-    not depend on Little's budget. Searched where first asked (:meth:`at`), then
+    up, whose budgets max(1, ceil(n / rho)) fit the ranks (inf where none do): what a
+    shrunk in-flight budget needs of the ranks' memory and micro-batches, which does not
+    depend on Little's budget (:meth:`rounds_at`). Searched where first asked (:meth:`at`), then
     remembered, so that every in-flight budget of the same ranks shares the search. The
     bound too is computed where first asked: most stages fit Little's budget everywhere
     and never ask."""
@@ -215,6 +180,19 @@ class FewestRounds:
             where = positions[missing]
             found[missing] = self._found[where] = self._search(where)
         return found
+
+    def low_at(self, positions: npt.NDArray[np.intp], little: Ranges) -> Ranges:
+        """A bound below :meth:`rounds_at`, in closed form."""
+        bound: Ranges = np.maximum(little, self.low[positions])
+        return bound
+
+    def rounds_at(self, positions: npt.NDArray[np.intp], little: Ranges) -> Ranges:
+        """The fewest round trips at ``positions`` whose budgets fit, where Little's budget
+        takes ``little`` round trips (``cost.in_flight.stage_round_trips``) and does not
+        fit: no fewer than Little's, as from there on its budget never caps the ranks'
+        (docs/design.md, section 6); inf where none fit."""
+        rounds: Ranges = np.maximum(little, self.at(positions))
+        return rounds
 
     def _search(self, where: npt.NDArray[np.intp]) -> Ranges:
         result = np.full(len(where), np.inf)
@@ -281,72 +259,3 @@ def _shard_terms(kinds: Sequence[RankRoom]) -> tuple[Ranges, Ranges, Ranges]:
         per_rounds += weight * kind.micro_batches
         per_extra += weight
     return spare, per_rounds, per_extra
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RangeMemory:
-    """Whether a stage's ranks fit (:func:`fits_ranges`), over every layer range or a subset."""
-
-    kinds: list[RankKind]
-    even_shards: bool
-    num_ranks: int
-
-    def fits(self, rounds: Ranges | None) -> Flags:
-        """Where every rank fits holding Little's budget (None) or that of ``rounds``."""
-        return fits_ranges(
-            self.kinds,
-            [kind.budget(rounds) for kind in self.kinds],
-            even_shards=self.even_shards,
-            num_ranks=self.num_ranks,
-        )
-
-    def little_rounds(self) -> Ranges:
-        """Round trips Little's budget needs: 1F1B finishes w micro-batches per trip."""
-        rounds: Ranges = np.maximum.reduce(
-            [num_round_trips(k.micro_batches, k.little) for k in self.kinds]
-        )
-        return rounds
-
-    def shrunk(
-        self,
-        where: Flags,
-        *,
-        busy: Ranges,
-        sync: Ranges,
-        beat: Ranges,
-    ) -> tuple[Ranges, Ranges]:
-        """(rho over Little's round trips, rho) for the ranges ``where`` Little's budget
-        does not fit, at the fewest round trips rho that fit; (inf, 0) where none fit or
-        where even the lower bound's stretch cannot ``beat`` the given cost."""
-        stretch = np.full(busy.shape, np.inf)
-        rounds = np.zeros(busy.shape)
-        positions, stretch_at, rounds_at = self.shrunk_at(where, busy=busy, sync=sync, beat=beat)
-        stretch[positions] = stretch_at
-        rounds[positions] = rounds_at
-        return stretch, rounds
-
-    def shrunk_at(
-        self,
-        where: Flags,
-        *,
-        busy: Ranges,
-        sync: Ranges,
-        beat: Ranges,
-    ) -> tuple[npt.NDArray[np.intp], Ranges, Ranges]:
-        """``shrunk`` at the ranges where it is finite only: (their positions, rho over
-        Little's round trips, rho)."""
-        fewest = FewestRounds(self.kinds, even_shards=self.even_shards, num_ranks=self.num_ranks)
-        # A stretch is at least 1.
-        positions = np.flatnonzero(where & (busy + sync < beat))
-        little: Ranges = np.maximum.reduce(
-            [num_round_trips(k.micro_batches[positions], k.little[positions]) for k in self.kinds]
-        )
-        low = np.maximum(little, fewest.low[positions])
-        # Where even the fewest round trips that might fit cannot win, look no closer.
-        hope = ~(busy[positions] * low / little + sync[positions] >= beat[positions])
-        positions, little = positions[hope], little[hope]
-        # Little's budget w caps each rank's; from the round trips it needs on
-        # (ceil(n / w) for every rank) the cap never binds (docs/design.md, section 6).
-        rounds = np.maximum(little, fewest.at(positions))
-        fit = np.isfinite(rounds)
-        return positions[fit], rounds[fit] / little[fit], rounds[fit]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from piebald.cost.in_flight import num_round_trips
+from piebald.cost.in_flight import stage_round_trips
 from piebald.planner.layer_ranges import Flags, Positions, Ranges
 from piebald.planner.range_memory import FewestRounds, RankRoom, fits_ranges
 
@@ -164,20 +164,15 @@ class SettingPairs:
         low_bound = self.fewest.low[self.origin]
         at = np.flatnonzero(where & np.isfinite(self.cost) & np.isfinite(low_bound))
         segments = Segments.of(self.range[at])
-        little: Ranges = np.maximum.reduce(
-            [
-                num_round_trips(kind.micro_batches[at], budget[at])
-                for kind, budget in zip(self.kinds, littles, strict=True)
-            ]
+        little: Ranges = stage_round_trips(
+            [kind.micro_batches[at] for kind in self.kinds], [budget[at] for budget in littles]
         )
-        # No fewer round trips than Little's: from there on its budget never caps the
-        # ranks' (docs/design.md, section 6).
-        low = np.maximum(little, low_bound[at])
-        bound = self.busy[at] * low / little + self.sync[at]
+        bound = self.busy[at] * self.fewest.low_at(self.origin[at], little) / little
+        bound += self.sync[at]
 
         def priced(chosen: Flags) -> tuple[Ranges, Ranges]:
             """(cost, rounds) of the pairs ``at[chosen]``."""
-            rounds = np.maximum(little[chosen], self.fewest.at(self.origin[at[chosen]]))
+            rounds = self.fewest.rounds_at(self.origin[at[chosen]], little[chosen])
             stretch = rounds / little[chosen]
             return self.busy[at[chosen]] * stretch + self.sync[at[chosen]], rounds
 

@@ -28,8 +28,8 @@ from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve, optimizer_step_
 from piebald.cost.in_flight import (
     in_flight_for_rounds,
     in_flight_micro_batches,
-    num_round_trips,
     slack_of,
+    stage_round_trips,
 )
 from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
@@ -410,13 +410,6 @@ def _per_member(values: Sequence[_T], degree: int) -> tuple[_T, ...]:
     return tuple(value for value in values for _ in range(degree))
 
 
-def _rounds(counts: Sequence[int], budgets: Sequence[int]) -> int:
-    """Round trips a step takes the stage's ranks: its slowest rank's."""
-    return max(
-        (num_round_trips(n, w) for n, w in zip(counts, budgets, strict=True) if n), default=1
-    )
-
-
 def _fit_in_flight(
     model: ModelSpec,
     *,
@@ -502,7 +495,7 @@ def _fit_in_flight(
         )
 
     # Memory only falls as the round trips grow: the fewest that fit, by bisection.
-    low, high = _rounds(counts, little), max(counts)  # at max(counts) every budget is 1
+    low, high = stage_round_trips(counts, little), max(counts)  # at max(counts) every budget is 1
     if fit(budgets_for(high)) is None:
         return None
     while low < high:
@@ -514,7 +507,11 @@ def _fit_in_flight(
     budgets = budgets_for(high)
     fractions = fit(budgets)
     assert fractions is not None
-    return fractions, budgets, _rounds(counts, budgets) / _rounds(counts, little)
+    return (
+        fractions,
+        budgets,
+        stage_round_trips(counts, budgets) / stage_round_trips(counts, little),
+    )
 
 
 def _fit_memory(

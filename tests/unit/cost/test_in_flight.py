@@ -21,6 +21,7 @@ from piebald.cost.in_flight import (
     mean_in_flight,
     num_round_trips,
     slack_of,
+    stage_round_trips,
 )
 from piebald.specs.plan import Schedule
 
@@ -224,3 +225,20 @@ def test_arrays_agree_with_scalars(ranks: int, counts: list[int], slack: int, ro
         assert lowered[index] == in_flight_for_rounds(
             budget=budget, rank_micro_batches=count, num_rounds=rounds
         )
+
+
+def test_a_stages_round_trips_are_its_slowest_ranks_per_rank_and_per_range() -> None:
+    # One rule for the exact build (per rank, ranks without work take none, at least 1)
+    # and the DP (per GPU type, elementwise over layer ranges): the same numbers.
+    counts, budgets = (7, 0, 3), (2, 0, 3)
+    assert stage_round_trips(counts, budgets) == 4  # ceil(7 / 2); the idle rank none
+    assert stage_round_trips((0, 0), (1, 1)) == 1
+    arrays = stage_round_trips(
+        [np.array([7.0, 1.0, 5.0]), np.array([3.0, 1.0, 9.0])],
+        [np.array([2.0, 1.0, 5.0]), np.array([3.0, 1.0, 2.0])],
+    )
+    expected = [
+        stage_round_trips((a, b), (w, v))
+        for a, b, w, v in ((7, 3, 2, 3), (1, 1, 1, 1), (5, 9, 5, 2))
+    ]
+    assert arrays.tolist() == expected == [4, 1, 5]

@@ -3,7 +3,7 @@
 - ``build_stage``: no setting fits with Little's budget, so the stage takes the fewest
   round trips rho whose budgets ceil(n / rho) fit, found against brute force over every rho
   with ``rank_memory`` directly, and records them.
-- The layer-split DP's version of the same search (``range_memory.RangeMemory.shrunk``, closed
+- The layer-split DP's version of the same search (``range_memory.FewestRounds``, closed
   form bounds then bisection over all ranges at once) equals brute force over every rho
   on random instances, with even and with water-filled shards.
 """
@@ -23,10 +23,11 @@ from piebald.cost.in_flight import (
     in_flight_for_rounds,
     in_flight_micro_batches,
     slack_of,
+    stage_round_trips,
 )
 from piebald.cost.memory import rank_memory
 from piebald.cost.pass_shape import PassShape
-from piebald.planner.range_memory import RangeMemory, RankKind
+from piebald.planner.range_memory import FewestRounds, RankRoom, fits_ranges
 from piebald.planner.stage_builder import StageRules, build_stage
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
@@ -201,52 +202,76 @@ def test_littles_budget_without_its_slack_where_only_that_fits() -> None:
 # -- the DP's search over every range at once ----------------------------------------------
 
 
-def _random_memory(rng: random.Random, *, even_shards: bool, size: int) -> RangeMemory:
-    kinds = []
+def _random_kinds(
+    rng: random.Random, *, size: int
+) -> tuple[list[RankRoom], list[np.ndarray[Any, np.dtype[np.float64]]]]:
+    """Random GPU types of a stage over ``size`` ranges, and each one's Little's budget."""
+    kinds, littles = [], []
     for _ in range(rng.randint(1, 3)):
         micro_batches = np.array([float(rng.randint(1, 40)) for _ in range(size)])
-        little = np.array([float(rng.randint(1, int(n))) for n in micro_batches])
+        littles.append(np.array([float(rng.randint(1, int(n))) for n in micro_batches]))
         kinds.append(
-            RankKind(
+            RankRoom(
                 count=rng.randint(1, 4),
                 free_bytes=np.array([rng.uniform(-5.0, 60.0) for _ in range(size)]),
                 per_in_flight_bytes=np.array([rng.uniform(0.0, 4.0) for _ in range(size)]),
                 sharded_bytes=np.array([rng.uniform(0.0, 30.0) for _ in range(size)]),
                 micro_batches=micro_batches,
-                little=little,
             )
         )
-    return RangeMemory(kinds=kinds, even_shards=even_shards, num_ranks=sum(k.count for k in kinds))
+    return kinds, littles
+
+
+def _fits(
+    kinds: list[RankRoom],
+    littles: list[np.ndarray[Any, np.dtype[np.float64]]],
+    rounds: float | None,
+    *,
+    even_shards: bool,
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Where every rank fits with Little's budgets (``rounds`` None) or with those of
+    ``rounds`` round trips."""
+    budgets = [
+        little
+        if rounds is None
+        else in_flight_for_rounds(
+            budget=little, rank_micro_batches=kind.micro_batches, num_rounds=rounds
+        )
+        for kind, little in zip(kinds, littles, strict=True)
+    ]
+    num_ranks = sum(int(kind.count) for kind in kinds)
+    return fits_ranges(kinds, budgets, even_shards=even_shards, num_ranks=num_ranks)
 
 
 @pytest.mark.parametrize("even_shards", [True, False], ids=["even", "water-filled"])
 def test_the_dps_fewest_round_trips_match_brute_force(even_shards: bool) -> None:
+    # The DP's search (``FewestRounds.rounds_at``: closed-form bounds, then bisection over
+    # every range at once) against trying every rho from Little's round trips up.
     rng = random.Random(11 + even_shards)
     size = 200
     shrunk_somewhere = 0
     for _ in range(20):
-        memory = _random_memory(rng, even_shards=even_shards, size=size)
-        fits_little = memory.fits(None)
-        where = ~fits_little
-        busy, sync, beat = np.ones(size), np.zeros(size), np.full(size, np.inf)
-        stretch, rounds = memory.shrunk(where, busy=busy, sync=sync, beat=beat)
-        little = memory.little_rounds()
-        most = np.maximum.reduce([k.micro_batches for k in memory.kinds])
-        for i in range(size):
-            if fits_little[i]:
-                continue
+        kinds, littles = _random_kinds(rng, size=size)
+        num_ranks = sum(int(kind.count) for kind in kinds)
+        fits_little = _fits(kinds, littles, None, even_shards=even_shards)
+        positions = np.flatnonzero(~fits_little)
+        little = stage_round_trips([k.micro_batches for k in kinds], littles)
+        fewest = FewestRounds(kinds, even_shards=even_shards, num_ranks=num_ranks)
+        rounds = fewest.rounds_at(positions, little[positions])
+        assert np.all(fewest.low_at(positions, little[positions]) <= rounds)
+        most = np.maximum.reduce([k.micro_batches for k in kinds])
+        for i, found in zip(positions, rounds, strict=True):
             expected = next(
                 (
                     rho
                     for rho in range(int(little[i]), int(most[i]) + 1)
-                    if memory.fits(np.full(size, float(rho)))[i]
+                    if _fits(kinds, littles, rho, even_shards=even_shards)[i]
                 ),
                 None,
             )
             if expected is None:
-                assert math.isinf(stretch[i]) and rounds[i] == 0
+                assert math.isinf(found)
             else:
-                assert rounds[i] == expected
-                assert stretch[i] == expected / little[i]
+                assert found == expected
                 shrunk_somewhere += 1
     assert shrunk_somewhere > 50
