@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from piebald.cost import elementwise
 from piebald.cost.compute import DEFAULT_CURVE, EfficiencyCurve
 from piebald.cost.data_parallel import data_parallel_shares
 from piebald.cost.pass_shape import PassShape
@@ -153,39 +154,16 @@ def _tied_bytes_per_param(dtype: Dtype, optimizer: Optimizer) -> tuple[float, fl
     return bytes_per_param(dtype=dtype, optimizer=optimizer, zero=ZeroMode.OPTIMIZER)
 
 
-# The formulas below take one layer range (Python or numpy scalars: the exact checks,
-# thousands of calls) or matrices of every range (the planner): these four are numpy's
-# where, maximum, minimum and clip, without numpy's per-call cost on scalars.
-def _where(condition: Any, yes: Any, no: Any) -> Any:
-    if isinstance(condition, np.ndarray):
-        return np.where(condition, yes, no)
-    return yes if condition else no
-
-
-def _maximum(a: Any, b: Any) -> Any:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return a if a >= b else b
-
-
-def _minimum(a: Any, b: Any) -> Any:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.minimum(a, b)
-    return a if a <= b else b
-
-
-def _clip(value: Any, low: Any, high: Any) -> Any:
-    return _minimum(_maximum(value, low), high)
-
-
 def adamw_temporary_elements(*, stepped_numel: Any, chunk_numel: Any) -> Any:
     """The most fp32 elements torch's single-tensor AdamW holds beyond its state while it
     steps ``stepped_numel`` elements in chunks of ``chunk_numel``
     (``runtime.distributed.optimizer``): a chunk's sqrt(v) and its quotient, beside the
     previous chunk's quotient, which the loop's local variable keeps until replaced."""
-    first = _minimum(chunk_numel, stepped_numel)
-    second = _clip(stepped_numel - chunk_numel, 0.0, chunk_numel)
-    return _maximum(2.0 * first, _where(second > 0, first + 2.0 * second, 0.0))
+    first = elementwise.minimum(chunk_numel, stepped_numel)
+    second = elementwise.clip(stepped_numel - chunk_numel, 0.0, chunk_numel)
+    return elementwise.maximum(
+        2.0 * first, elementwise.where(second > 0, first + 2.0 * second, 0.0)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -428,9 +406,9 @@ def _round_bytes(
     round) and the sum of its part; a group of one exchanges nothing, so only the wire
     buffer remains where one is needed."""
     rounds_over_one = largest_share * numel > chunk / group_size
-    packed = _where((wire_bytes != 4) | rounds_over_one, 1.0, 0.0)
+    packed = elementwise.where((wire_bytes != 4) | rounds_over_one, 1.0, 0.0)
     exchanged = 1.0 + 1.0 / group_size if group_size > 1 else 0.0
-    return _where(numel > 0, (packed + exchanged) * chunk * wire_bytes, 0.0)
+    return elementwise.where(numel > 0, (packed + exchanged) * chunk * wire_bytes, 0.0)
 
 
 def _bucket_step_end_bytes(
@@ -441,7 +419,7 @@ def _bucket_step_end_bytes(
     if not adamw:
         return rounds_bytes
     temporaries = adamw_temporary_elements(stepped_numel=stepped_numel, chunk_numel=chunk_numel)
-    return _maximum(rounds_bytes, 4.0 * temporaries)
+    return elementwise.maximum(rounds_bytes, 4.0 * temporaries)
 
 
 def _activations_and_working(
@@ -489,9 +467,9 @@ def _activations_and_working(
     # ([s, head_dim] each) the checkpointed blocks keep as inputs (without recompute each
     # block keeps its own cast, counted in its bytes per token).
     boundary = tokens * r.hidden_size * dtype.num_bytes
-    ends = _where(r.has_embedding[index], 0.0, boundary)
-    ends = ends + _where(r.has_head[index], 0.0, boundary)
-    rope = _where(r.has_block[index], seq_len * r.rope_bytes_per_position, 0.0)
+    ends = elementwise.where(r.has_embedding[index], 0.0, boundary)
+    ends = ends + elementwise.where(r.has_head[index], 0.0, boundary)
+    rope = elementwise.where(r.has_block[index], seq_len * r.rope_bytes_per_position, 0.0)
     activations = activations + num_in_flight * (ends + (rope if recompute.checkpoints else 0.0))
     # The group's reduce-scatter buffers (``runtime.distributed.collectives``): the wire
     # buffer, what the rank receives (every rank's copy of its part) and the sum of its
@@ -507,7 +485,7 @@ def _activations_and_working(
     received = 1.0 / size if receive_share is None else receive_share
     pass_reduce = 1.0 + (size + 1) * received if size > 1 else 1.0
     largest = r.largest_params[index]
-    chunk = _minimum(largest, STEP_CHUNK_ELEMENTS)
+    chunk = elementwise.minimum(largest, STEP_CHUNK_ELEMENTS)
     # At the step's end, after the passes (so beside no activations and no pass buffers),
     # bucket after bucket: the reduce-scatter of the stage's bucket, round by round, then
     # AdamW's fp32 temporaries (:func:`adamw_temporary_elements`) over what the rank
@@ -536,7 +514,7 @@ def _activations_and_working(
     # chunks (unknown group: an uneven pair on an fp32 wire, whose rounds hold the most),
     # then AdamW over a TIED_SHARE of it.
     tied = r.tied_params[index]
-    tied_chunk = _minimum(tied, STEP_CHUNK_ELEMENTS)
+    tied_chunk = elementwise.minimum(tied, STEP_CHUNK_ELEMENTS)
     tied_size, tied_wire_bytes, tied_share = tied_group or (2, 4, 1.0)
     tied_end = _bucket_step_end_bytes(
         rounds_bytes=_round_bytes(
@@ -550,7 +528,7 @@ def _activations_and_working(
         chunk_numel=tied_chunk,
         adamw=adamw,
     )
-    step_end = _maximum(stage_end, tied_end)
+    step_end = elementwise.maximum(stage_end, tied_end)
     # During the passes, the largest of two moments (not their sum: they do not coexist).
     # Computing a layer: under ZeRO-3 it and the next layer gathered (in the compute dtype;
     # a group whose wire is wider gathers through one wire buffer), and the backward's
@@ -570,24 +548,26 @@ def _activations_and_working(
         gathered = largest * dtype.num_bytes
         if wire.num_bytes != dtype.num_bytes:
             gathered = gathered + largest * wire.num_bytes
-    loss_backward = _where(r.has_head[index], 8.0 * r.vocab_size * tokens, 0.0)
+    loss_backward = elementwise.where(r.has_head[index], 8.0 * r.vocab_size * tokens, 0.0)
     mlp_backward = 2.0 * r.ffn_size * tokens * dtype.num_bytes
     if shape.tensor_parallel_degree > 1 and shape.tensor_layout.splits_sequence:
         mlp_backward += tokens * r.hidden_size * dtype.num_bytes  # the input gathered again
     # Selective recompute rebuilds all but the kept outputs: bounded by the whole block.
     recomputed = block_bytes if recompute.checkpoints else 0.0
-    block_backward = _where(r.has_block[index], mlp_backward + recomputed, 0.0)
-    computing = 2 * gathered + _maximum(loss_backward, block_backward)
+    block_backward = elementwise.where(r.has_block[index], mlp_backward + recomputed, 0.0)
+    computing = 2 * gathered + elementwise.maximum(loss_backward, block_backward)
     reducing = (
         gathered + pass_reduce * largest * wire.num_bytes
         if zero.reduces_per_pass
         else 0.0 * largest
     )
-    working = _maximum(computing, reducing)
+    working = elementwise.maximum(computing, reducing)
     # Point-to-point buffers of activations and their gradients (``schedule.build``):
     # per neighbouring stage, the receives posted from it, and on every stage but the
     # first a gradient on its way back (an activation sent on is the held output above).
-    buffers = RECEIVES_POSTED * num_neighbor_stages + _where(r.has_embedding[index], 0.0, 1.0)
+    buffers = RECEIVES_POSTED * num_neighbor_stages + elementwise.where(
+        r.has_embedding[index], 0.0, 1.0
+    )
     working = working + buffers * tokens * r.hidden_size * dtype.num_bytes
     return activations, working, step_end
 
@@ -642,7 +622,7 @@ def stage_memory_bytes(
         params * (sum(per_param) - sharded_per_param)
         + tied * (tied_weight_b + tied_grad_b)
         + activations
-        + _maximum(working, step_end)  # MemoryBreakdown.working_bytes
+        + elementwise.maximum(working, step_end)  # MemoryBreakdown.working_bytes
         + framework_reserve_bytes(shape.device)
     )
     return fixed, params * sharded_per_param + tied * tied_optim_b * TIED_SHARE

@@ -25,6 +25,7 @@ from piebald.cost.memory import MemoryBreakdown, plan_rank_memory
 from piebald.cost.rank_pass import plan_rank_pass
 from piebald.cost.step_model import Bottleneck, RoundTrip, StageTerms, settle
 from piebald.cost.traffic import plan_traffic
+from piebald.cost.zero_comm import overlapped_passes_s
 from piebald.specs.devices import DeviceType
 from piebald.specs.plan import Plan, Prediction, Schedule
 
@@ -97,8 +98,12 @@ def _stage_parts(plan: Plan, stage_index: int, *, curve: EfficiencyCurve) -> _St
         kind = (device, size, plan.cluster.gpus[rank].group_index)
         if kind not in pass_of:
             one = plan_rank_pass(plan, stage_index=stage_index, position=index, curve=curve)
-            forward_s = max(one.forward_s, before_forward_s)
-            backward_s = max(one.backward_s, during_backward_s)
+            forward_s, backward_s = overlapped_passes_s(
+                forward_s=one.forward_s,
+                backward_s=one.backward_s,
+                before_forward_s=before_forward_s,
+                during_backward_s=during_backward_s,
+            )
             pass_of[kind] = forward_s + backward_s
             forward_of[kind] = forward_s
         compute[rank] = count * pass_of[kind]

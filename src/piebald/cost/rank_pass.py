@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from piebald.cost import replica_broadcast
 from piebald.cost.comm import RingProfile, broadcast_time_s, ring_profile
@@ -41,7 +42,14 @@ from piebald.specs.job import JobSpec
 from piebald.specs.model import ModelSpec
 from piebald.specs.plan import Plan
 
-__all__ = ["RankPass", "group_broadcast_s", "input_broadcast_s", "plan_rank_pass", "rank_pass"]
+__all__ = [
+    "RankPass",
+    "group_broadcast_s",
+    "input_broadcast_s",
+    "member_comm_s",
+    "plan_rank_pass",
+    "rank_pass",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,12 +68,24 @@ class RankPass:
     @property
     def tensor_forward_s(self) -> float:
         """The forward's tensor-parallel communication: all-reduces and broadcasts."""
-        return self.tensor.forward_s + self.broadcast_forward_s + self.weights_broadcast_s
+        return float(
+            member_comm_s(
+                collectives_s=self.tensor.forward_s,
+                input_broadcast_s=self.broadcast_forward_s,
+                weights_broadcast_s=self.weights_broadcast_s,
+            )
+        )
 
     @property
     def tensor_backward_s(self) -> float:
         """The backward's tensor-parallel communication: all-reduces and broadcasts."""
-        return self.tensor.backward_s + self.broadcast_backward_s + self.weights_broadcast_s
+        return float(
+            member_comm_s(
+                collectives_s=self.tensor.backward_s,
+                input_broadcast_s=self.broadcast_backward_s,
+                weights_broadcast_s=self.weights_broadcast_s,
+            )
+        )
 
     @property
     def forward_s(self) -> float:
@@ -78,6 +98,15 @@ class RankPass:
     @property
     def pass_s(self) -> float:
         return self.forward_s + self.backward_s
+
+
+def member_comm_s(*, collectives_s: Any, input_broadcast_s: Any, weights_broadcast_s: Any) -> Any:
+    """What one direction of a tensor-group member's pass adds to its compute: its
+    group's collectives in the layers (``cost.tensor_comm``), the received input (or
+    output gradient) its leader broadcasts, and the weights the group holds whole
+    broadcast before the pass (ZeRO-3, ``cost.replica_broadcast``). Elementwise over
+    arrays of layer ranges (the planner's matrices) as over one range."""
+    return collectives_s + input_broadcast_s + weights_broadcast_s
 
 
 def group_broadcast_s(cluster: ClusterSpec, group: Sequence[int], *, num_bytes: float) -> float:

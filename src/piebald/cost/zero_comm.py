@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from piebald.cost import elementwise
 from piebald.cost.comm import Collective, RingProfile
 from piebald.specs.plan import ZeroMode
 
-__all__ = ["StageComm", "stage_comm"]
+__all__ = ["StageComm", "overlapped_passes_s", "stage_comm"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,4 +77,17 @@ def stage_comm(
         ),
         reduce_scatter_s=scatter_s if zero.step_end_reduce_scatter else 0.0,
         all_gather_s=gather_s if zero.step_end_all_gather else 0.0,
+    )
+
+
+def overlapped_passes_s(
+    *, forward_s: Any, backward_s: Any, before_forward_s: Any, during_backward_s: Any
+) -> tuple[Any, Any]:
+    """(forward, backward) of a rank's passes beside its stage's per-pass ZeRO traffic
+    (:class:`StageComm`): a forward no shorter than the gather it waits for, a backward no
+    shorter than the reduce-scatter it runs alongside. Elementwise over arrays of layer
+    ranges (the planner's matrices) as over one range (the exact build, the estimate)."""
+    return (
+        elementwise.maximum(forward_s, before_forward_s),
+        elementwise.maximum(backward_s, during_backward_s),
     )

@@ -41,7 +41,7 @@ from piebald.cost.replica_broadcast import (
     broadcasts_per_step,
     weights_broadcast_s,
 )
-from piebald.cost.zero_comm import stage_comm
+from piebald.cost.zero_comm import overlapped_passes_s, stage_comm
 from piebald.planner.allocation import min_makespan_counts, min_makespan_sized
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.devices import DeviceType, Dtype
@@ -320,7 +320,17 @@ def _build_at_degree(
             # comes close); the allocation needs positive times.
             per_pass = broadcasts_per_pass(zero, degree)
             pass_s = [
-                max(max(f + w * per_pass, before_s) + max(b + w * per_pass, during_s), 1e-12)
+                max(
+                    sum(
+                        overlapped_passes_s(
+                            forward_s=f + w * per_pass,
+                            backward_s=b + w * per_pass,
+                            before_forward_s=before_s,
+                            during_backward_s=during_s,
+                        )
+                    ),
+                    1e-12,
+                )
                 for (f, b), w in zip(compute_s, broadcasts_s, strict=True)
             ]
             counts = _counts(

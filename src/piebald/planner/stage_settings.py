@@ -28,14 +28,14 @@ from piebald.cost.memory import prefix_sums, stage_memory_bytes, stage_params_ma
 from piebald.cost.pass_shape import PassShape
 from piebald.cost.pass_times import pass_times
 from piebald.cost.precision import wire_dtype_of_devices
-from piebald.cost.rank_pass import input_broadcast_s
+from piebald.cost.rank_pass import input_broadcast_s, member_comm_s
 from piebald.cost.replica_broadcast import (
     broadcasts_per_pass,
     broadcasts_per_step,
     layer_broadcasts_s,
 )
 from piebald.cost.tensor_comm import tensor_comm_s
-from piebald.cost.zero_comm import stage_comm
+from piebald.cost.zero_comm import overlapped_passes_s, stage_comm
 from piebald.planner.layer_ranges import Matrix, Ranges, read_only_ranges, valid_ranges
 from piebald.planner.range_memory import RankRoom
 from piebald.planner.setting_pairs import SettingPairs
@@ -236,12 +236,16 @@ def _settings(
             )
             for device in classes
         }
-        forward: dict[DeviceType, Ranges] = {}
-        backward: dict[DeviceType, Ranges] = {}
+        # A member's pass as ``cost.rank_pass`` prices it: its compute, and its group's
+        # collectives and broadcasts (``member_comm_s``; the weights' only under per-pass
+        # ZeRO, below).
+        compute: dict[DeviceType, tuple[Ranges, Ranges]] = {}
+        collectives: dict[DeviceType, tuple[Ranges | float, Ranges | float]] = {}
         for device, shape in shapes.items():
-            forward[device], backward[device] = _pass_ranges(model, shape=shape, curve=curve)
-            if degree > 1:  # as ``cost.rank_pass`` prices a member's pass
-                comm_forward_s, comm_backward_s = tensor_comm_s(
+            compute[device] = _pass_ranges(model, shape=shape, curve=curve)
+            collectives[device] = (0.0, 0.0)
+            if degree > 1:
+                collectives[device] = tensor_comm_s(
                     model,
                     holds_embedding=holds_embedding,
                     holds_head=holds_head,
@@ -249,13 +253,7 @@ def _settings(
                     shape=shape,
                     ring=group_ring[device],
                 )
-                broadcast_s = group_input_s[device]
-                forward[device] = forward[device] + comm_forward_s + broadcast_s * (stage_index > 0)
-                backward[device] = (
-                    backward[device]
-                    + comm_backward_s
-                    + broadcast_s * (stage_index < num_stages - 1)
-                )
+
         # ZeRO modes with the same per-pass traffic (none, and ZeRO-1, which sync once per
         # step) time their passes alike: the passes and what follows from them once each.
         passes: dict[tuple[float, float, float, float, bool, bool], _Passes] = {}
@@ -273,12 +271,13 @@ def _settings(
             key = (pre_a, pre_b, during_a, during_b, lockstep, per_pass)
             if key not in passes:
                 passes[key] = _passes(
-                    {d: forward[d] + weights_broadcast[d] for d in classes}
-                    if per_pass
-                    else forward,
-                    {d: backward[d] + weights_broadcast[d] for d in classes}
-                    if per_pass
-                    else backward,
+                    *_member_passes(
+                        compute,
+                        collectives,
+                        inputs_s=group_input_s,
+                        weights_s=weights_broadcast if per_pass else None,
+                        receives=(stage_index > 0, stage_index < num_stages - 1),
+                    ),
                     classes,
                     # Per-pass traffic overlaps the pass, as in the exact stage and plan
                     # estimate.
@@ -333,6 +332,33 @@ def _settings(
     return settings
 
 
+def _member_passes(
+    compute: dict[DeviceType, tuple[Ranges, Ranges]],
+    collectives: dict[DeviceType, tuple[Ranges | float, Ranges | float]],
+    *,
+    inputs_s: dict[DeviceType, float],
+    weights_s: dict[DeviceType, Ranges] | None,
+    receives: tuple[bool, bool],
+) -> tuple[dict[DeviceType, Ranges], dict[DeviceType, Ranges]]:
+    """Each GPU type's member pass, forward and backward, over every range: its compute
+    and what ``member_comm_s`` adds (its input broadcast where the stage ``receives`` an
+    activation, a gradient; the weights' where ``weights_s``, per-pass ZeRO)."""
+    forward, backward = {}, {}
+    for device, (compute_forward, compute_backward) in compute.items():
+        weights = 0.0 if weights_s is None else weights_s[device]
+        forward[device] = compute_forward + member_comm_s(
+            collectives_s=collectives[device][0],
+            input_broadcast_s=inputs_s.get(device, 0.0) * receives[0],
+            weights_broadcast_s=weights,
+        )
+        backward[device] = compute_backward + member_comm_s(
+            collectives_s=collectives[device][1],
+            input_broadcast_s=inputs_s.get(device, 0.0) * receives[1],
+            weights_broadcast_s=weights,
+        )
+    return forward, backward
+
+
 def _priced_zero_modes(
     zero_modes: tuple[ZeroMode, ...], *, num_groups: int
 ) -> tuple[ZeroMode, ...]:
@@ -372,7 +398,14 @@ def _passes(
     num_micro_batches: float,
 ) -> _Passes:
     pass_of = {
-        d: np.maximum(forward[d], before_forward_s) + np.maximum(backward[d], during_backward_s)
+        d: sum(
+            overlapped_passes_s(
+                forward_s=forward[d],
+                backward_s=backward[d],
+                before_forward_s=before_forward_s,
+                during_backward_s=during_backward_s,
+            )
+        )
         for d in classes
     }
     rate = np.zeros(before_forward_s.shape)
