@@ -22,7 +22,7 @@ import pytest
 from cluster_builders import cluster as _cluster
 from cluster_builders import group as _group
 from piebald.cost.compute import DEFAULT_CURVE
-from piebald.planner.search import parallel, search
+from piebald.planner.search import SearchResult, parallel, search
 from piebald.planner.search.parallel import run_tasks
 from piebald.planner.search.settings import ALL_SIZES_UP_TO, SearchSettings
 from piebald.planner.search.state import SearchState
@@ -45,14 +45,10 @@ def test_one_and_two_workers_find_the_same_plans() -> None:
     )
     assert cluster.num_gpus > ALL_SIZES_UP_TO
     model, job = load_model("llama-3.2-1b"), JobSpec(global_batch_size=64, seq_len=1024)
-    alone = search(cluster, model=model, job=job, workers=1)
-    shared = search(cluster, model=model, job=job, workers=2)
-    assert shared.num_structures == alone.num_structures
-    for one, two in zip(
-        (alone.best, *alone.runners_up), (shared.best, *shared.runners_up), strict=True
-    ):
-        assert two.estimate.step_time_s == one.estimate.step_time_s
-        assert plan_to_dict(two.plan) == plan_to_dict(one.plan)
+    _assert_same_results(
+        search(cluster, model=model, job=job, workers=1),
+        search(cluster, model=model, job=job, workers=2),
+    )
 
 
 def test_tasks_run_in_workers_and_come_back_in_order() -> None:
@@ -105,15 +101,10 @@ def test_seeded_search_finds_the_same_plans_on_one_and_two_workers() -> None:
         _group("v", "V100-32GB", 2, count=1),
     )
     model, job = load_model("tiny"), JobSpec(global_batch_size=8, seq_len=64)
-    alone = search(cluster, model=model, job=job, workers=1)
-    shared = search(cluster, model=model, job=job, workers=2)
-    assert shared.num_structures == alone.num_structures
-    for one, two in zip(
-        (alone.best, *alone.runners_up), (shared.best, *shared.runners_up), strict=True
-    ):
-        assert two.strategy == one.strategy
-        assert two.estimate.step_time_s == one.estimate.step_time_s
-        assert plan_to_dict(two.plan) == plan_to_dict(one.plan)
+    _assert_same_results(
+        search(cluster, model=model, job=job, workers=1),
+        search(cluster, model=model, job=job, workers=2),
+    )
 
 
 def _raise(task: int) -> None:
@@ -226,3 +217,15 @@ def _state(*, workers: int) -> SearchState:
         curve=DEFAULT_CURVE,
         settings=settings,
     )
+
+
+def _assert_same_results(alone: SearchResult, shared: SearchResult) -> None:
+    """The best plan and its runners-up, their estimates, the search credited with each
+    and the count of structures priced: identical."""
+    assert shared.num_structures == alone.num_structures
+    for one, two in zip(
+        (alone.best, *alone.runners_up), (shared.best, *shared.runners_up), strict=True
+    ):
+        assert two.strategy == one.strategy
+        assert two.estimate.step_time_s == one.estimate.step_time_s
+        assert plan_to_dict(two.plan) == plan_to_dict(one.plan)
