@@ -390,16 +390,10 @@ def try_idle_subsets(
             for t in scan_depths(state, order, size, refine=False, depths=depths)
         ]
         finite = [s for s in tried if math.isfinite(s.proxy_s)]
-
-        def first(scans: list[Scan]) -> list[Scan]:
-            # Best first; ties to the smaller size, the shallower depth, the earlier order.
-            key = lambda s: (s.proxy_s, s.micro_batch_size, s.depth, s.order_index)  # noqa: E731
-            return [min(scans, key=key)] if scans else []
-
-        found = first(finite)
+        found = _best_scans(finite)
         if found and found[0].order_index != 0 and not small and best is not None:
             # The winning order's best too: the best coarse scan need not refine best.
-            found += first([s for s in finite if s.order_index == 0])
+            found += _best_scans([s for s in finite if s.order_index == 0])
         return tuple(found)
 
     def refine_subset(state: SearchState, task: tuple[frozenset[int], tuple[Scan, ...]]) -> None:
@@ -436,6 +430,14 @@ def try_idle_subsets(
     first = state.settings.subsets_refined_first
     refine_within_bar(ranked[:first])
     refine_within_bar(ranked[first:])
+
+
+def _best_scans(scans: Sequence[Scan]) -> list[Scan]:
+    """The best of ``scans`` (none of none); ties to the smaller size, the shallower
+    depth, the earlier order."""
+    if not scans:
+        return []
+    return [min(scans, key=lambda s: (s.proxy_s, s.micro_batch_size, s.depth, s.order_index))]
 
 
 def finish(state: SearchState, scored: list[ScoredPlan], *, started_s: float) -> SearchResult:
