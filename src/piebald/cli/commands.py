@@ -20,6 +20,9 @@ from piebald.cli import launch as cli_launch
 from piebald.cli import simulate as cli_simulate
 from piebald.cli import train as cli_train
 from piebald.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_INFEASIBLE,
+    EXIT_RUN_FAILED,
     BatchOption,
     ClusterOption,
     ModelOption,
@@ -59,10 +62,20 @@ from piebald.specs.units import format_rate
 if TYPE_CHECKING:
     from piebald.api import Comparison
 
+# Under every command's --help: what its exit status means (rich joins a paragraph's lines
+# unless they are separated by a blank one).
+_EXIT_STATUS = (
+    f"Exit status: 0 done; {EXIT_RUN_FAILED} a run failed (a worker's error or death); "
+    f"{EXIT_BAD_INPUT} bad input, one line naming the file or flag; {EXIT_INFEASIBLE} no "
+    "plan fits memory."
+)
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Plan, simulate and train LLMs on heterogeneous GPU clusters.",
+    epilog=f"{_EXIT_STATUS}\n\nExample: piebald plan --cluster src/piebald/examples/"
+    "lab-mix.yaml --model llama-3.2-1b --global-batch 32 --seq-len 2048 --out plan.json",
 )
 
 
@@ -118,7 +131,11 @@ def gpus() -> None:
     console.print(catalog_table(list(builtin_catalog().values())))
 
 
-@app.command("plan")
+@app.command(
+    "plan",
+    epilog="Example: piebald plan --cluster src/piebald/examples/lab-mix.yaml --model "
+    "llama-3.2-1b --global-batch 32 --seq-len 2048 --out plan.json\n\n" + _EXIT_STATUS,
+)
 @user_errors
 def plan(
     cluster: ClusterOption,
@@ -257,7 +274,12 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, object]:
 app.command("demo")(cli_demo.demo)
 app.command("launch")(cli_launch.launch)
 app.command("simulate")(cli_simulate.simulate)
-app.command("train")(cli_train.train)
+app.command(
+    "train",
+    epilog="Example (CPU processes emulating the plan's cluster): piebald plan --cluster "
+    "src/piebald/examples/lab-mix.yaml --model tiny --global-batch 12 --seq-len 64 --out "
+    "tiny.json, then piebald train --plan tiny.json --emulate --steps 3\n\n" + _EXIT_STATUS,
+)(cli_train.train)
 app.add_typer(profile_app, name="profile")
 app.add_typer(data_app, name="data")
 
