@@ -10,6 +10,16 @@ from piebald.specs.cluster import ClusterSpec
 from piebald.specs.cluster_yaml import parse_cluster
 from piebald.specs.model import Family, ModelArch, ModelSpec
 
+# Two slow "GPUs" on one box, as a cluster file: what the CLI and API tests plan and
+# emulate on CPU processes.
+CPU_LAB_YAML = """\
+name: cpu-lab
+gpu_types:
+  - {name: cpu-a, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
+nodes:
+  - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
+"""
+
 
 def group(
     name: str,

@@ -19,16 +19,9 @@ from hypothesis import strategies as st
 
 import piebald
 from cli_runner import run_cli
+from cluster_builders import CPU_LAB_YAML
 from piebald.errors import ArgumentError, SpecError
 from piebald.specs.plan_io import plan_to_dict
-
-CLUSTER = """\
-name: cpu-lab
-gpu_types:
-  - {name: cpu-a, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
-nodes:
-  - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
-"""
 
 SMALL = ["--model", "tiny", "--global-batch", "8", "--seq-len", "64"]
 
@@ -39,7 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     existing file and a file where a directory is expected."""
     root = tmp_path_factory.mktemp("parity")
     cluster = root / "cluster.yaml"
-    cluster.write_text(CLUSTER)
+    cluster.write_text(CPU_LAB_YAML)
     plan = piebald.plan(cluster, "tiny", piebald.build_job(global_batch=8, seq_len=64))
     good = root / "plan.json"
     piebald.save_plan(plan, good)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_builders import CPU_LAB_YAML
+
 RUN = """
 import json, sys
 out = sys.argv[1]
@@ -33,13 +35,6 @@ with open(out, "w") as file:
     json.dump({"code": code, "modules": sorted(sys.modules)}, file)
 """
 
-CLUSTER = """\
-name: cpu-lab
-gpu_types:
-  - {name: cpu-a, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
-nodes:
-  - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
-"""
 
 # What no planning process loads: other commands' dependencies and the packages behind them.
 NOT_FOR_PLANNING = (
@@ -90,7 +85,7 @@ def test_starting_the_command_line_loads_no_command(args: tuple[str, ...], tmp_p
 
 def test_planning_loads_the_planner_only(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(CLUSTER)
+    cluster.write_text(CPU_LAB_YAML)
     code, modules = _modules_after(
         "plan", "--cluster", str(cluster), "--model", "tiny",
         "--global-batch", "8", "--seq-len", "64", "--out", "plan.json",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import run_cli
+from cluster_builders import CPU_LAB_YAML
 from piebald.cost.compute import DEFAULT_CURVE, layer_backward_time_s
 from piebald.cost.memory import layer_activation_bytes
 from piebald.cost.pass_shape import PassShape
@@ -31,13 +32,6 @@ from piebald.specs.recompute import Recompute
 
 from .conftest import MakeProfile
 
-CLUSTER = """\
-name: cpu-lab
-gpu_types:
-  - {name: cpu-a, memory: 8GiB, fp32_tflops: 0.05, memory_bandwidth: 5GB/s}
-nodes:
-  - {name: box, gpu: cpu-a, gpus_per_node: 2, intra_link: 2GB/s}
-"""
 SEQ = 32
 
 
@@ -62,7 +56,7 @@ def made(tmp_path: Path, profile_of: MakeProfile) -> tuple[Path, Path, Path]:
             db,
         )
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(CLUSTER)
+    cluster.write_text(CPU_LAB_YAML)
     plan = tmp_path / "plan.json"
     code, output = run_cli(
         "plan", "--cluster", str(cluster), "--model", "tiny", "--global-batch", "8",
@@ -177,7 +171,7 @@ def test_a_plan_whose_db_measured_none_of_its_gpus_says_it_is_analytic(
 ) -> None:
     db = made[0]
     other = tmp_path / "other.yaml"  # GPU types the DB did not measure
-    other.write_text(CLUSTER.replace("cpu-a", "cpu-b"))
+    other.write_text(CPU_LAB_YAML.replace("cpu-a", "cpu-b"))
     plan_file = tmp_path / "other-plan.json"
     code, output = run_cli(
         "plan", "--cluster", str(other), "--model", "tiny", "--global-batch", "4",
@@ -233,7 +227,7 @@ def test_a_measured_selective_backward_prices_the_plan_and_its_records(
             profile_of(kind=kind, seq_len=SEQ, forward_s=forward_s, selective_s=measured), db
         )
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(CLUSTER)
+    cluster.write_text(CPU_LAB_YAML)
     plan_file = _plan_selective(db, cluster, tmp_path / "selective.json")
     plan = load_plan(plan_file)
     assert plan.cost_inputs is not None
