@@ -1,4 +1,4 @@
-"""Parse quantities with units ("80GiB", "200Gb/s", "900GB/s", "15ms") into SI numbers.
+"""Parse quantities with units ("80GiB", "200Gb/s", "900GB/s", "15ms", "24h") into SI numbers.
 
 Units are parsed once, at the edge; everything inside piebald is bytes, bytes per second,
 seconds and FLOP/s. Decimal prefixes (k, M, G, T, P) are powers of 1000, binary prefixes
@@ -14,6 +14,7 @@ __all__ = [
     "QuantityRangeError",
     "UnitError",
     "format_bytes",
+    "format_duration",
     "format_rate",
     "parse_bytes",
     "parse_duration_s",
@@ -38,8 +39,17 @@ _PREFIX = {
 _NUMBER = r"([+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?))"
 _SIZE_RE = re.compile(rf"^{_NUMBER}\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P|)(B|b)$")
 _RATE_RE = re.compile(rf"^{_NUMBER}\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P|)(B|b)(?:/s|ps)$")
-_TIME_RE = re.compile(rf"^{_NUMBER}\s*(ns|us|µs|ms|s|min)$")
-_TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
+_TIME_RE = re.compile(rf"^{_NUMBER}\s*(ns|us|µs|ms|s|min|h|d)$")
+_TIME_SCALE = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
 
 
 class UnitError(ValueError):
@@ -81,12 +91,13 @@ def parse_rate(text: object) -> float:
 
 
 def parse_duration_s(text: object) -> float:
-    """Duration in seconds: ``"15ms"`` -> 0.015, ``"2us"`` -> 2e-6."""
+    """Duration in seconds: ``"15ms"`` -> 0.015, ``"2us"`` -> 2e-6, ``"24h"`` -> 86400.0
+    (units ns, us or µs, ms, s, min, h, d; no "m", which could be minutes or milli)."""
     if not isinstance(text, str):
         raise UnitError(f"{text!r} is not a duration string like '15ms'")
     match = _TIME_RE.match(text.strip())
     if match is None:
-        raise UnitError(f"{text!r} is not a duration like '15ms' or '5us'")
+        raise UnitError(f"{text!r} is not a duration like '15ms', '5us' or '24h'")
     number, unit = match.groups()
     return _finite_non_negative(float(number) * _TIME_SCALE[unit], text)
 
@@ -99,6 +110,16 @@ def format_bytes(num_bytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024.0
     raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """Human-readable duration in the largest unit that keeps it at least 1 (up to hours):
+    0.0123 -> '12.3 ms', 12.345 -> '12.3 s', 150 -> '2.5 min', 86400 -> '24 h'."""
+    value = float(seconds)
+    for unit, scale in (("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value * 1e6:.3g} us" if value else "0 s"
 
 
 def format_rate(bytes_per_s: float) -> str:
