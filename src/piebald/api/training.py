@@ -124,6 +124,10 @@ def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None)
         raise ArgumentError(
             argument=error.source, value=error.value, expected=error.expected
         ) from None
+    if config.elastic and config.checkpoint_dir is None and config.resume_from is None:
+        raise refuse("elastic", True, f"a {name('checkpoint_dir')}: an elastic run resumes from it")
+    if config.membership_path is not None and not config.elastic:
+        raise refuse("membership_path", str(config.membership_path), f"{name('elastic')} with it")
     if config.eval_data_path is None and config.eval_every:
         raise refuse(
             "eval_every", config.eval_every, f"an {name('eval_data_path')} file to evaluate on"

@@ -55,6 +55,10 @@ FLAG_OF_FIELD = {
     "eval_data_path": "--eval-data",
     "eval_every": "--eval-every",
     "time_scale": "--time-scale",
+    "timeout_s": "--collective-timeout",
+    "elastic": "--elastic",
+    "node": "--node",
+    "membership_path": "--membership",
     "optimizer.lr": "--lr",
     "optimizer.weight_decay": "--weight-decay",
     "optimizer.max_grad_norm": "--max-grad-norm",
@@ -97,6 +101,7 @@ def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None)
             "memory": summary.memory,
             "eval_steps": list(summary.eval_steps),
             "eval_losses": list(summary.eval_losses),
+            "membership_events": list(summary.membership_events),
         }
         print(json.dumps(payload))
         return
@@ -128,6 +133,7 @@ def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None)
 
 
 _OPTIMIZER = "Optimizer and learning rate"
+_ELASTIC = "Elastic training and failures"
 
 
 @user_errors  # its own imports need torch
@@ -199,6 +205,41 @@ def train(
     as_json: Annotated[
         bool, typer.Option("--json", help="Step lines to stderr, a JSON summary to stdout.")
     ] = False,
+    elastic: Annotated[
+        bool,
+        typer.Option(
+            help="A lost node does not end the run: re-plan for the live nodes and resume "
+            "from the newest checkpoint (--emulate, or under torchrun's elastic rendezvous).",
+            rich_help_panel=_ELASTIC,
+        ),
+    ] = False,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            help="Under torchrun with --elastic: the cluster file's node this process runs "
+            "on (node name or host; default: this machine's host name).",
+            rich_help_panel=_ELASTIC,
+        ),
+    ] = None,
+    membership: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --emulate --elastic: a YAML file naming the live nodes (nodes: "
+            "[a100-0, ...]); an edit removes or adds nodes at the next step boundary, with "
+            "nothing recomputed.",
+            rich_help_panel=_ELASTIC,
+        ),
+    ] = None,
+    collective_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            max=86_400.0,
+            help="Seconds a collective or transfer may wait for a peer before the run fails "
+            "(a dead peer is an error, never a hang).",
+            rich_help_panel=_ELASTIC,
+        ),
+    ] = 300.0,
     time_scale: Annotated[
         float,
         typer.Option(
@@ -306,6 +347,10 @@ def train(
             eval_data_path=eval_data,
             eval_every=eval_every,
             time_scale=time_scale if emulate else None,
+            timeout_s=collective_timeout,
+            elastic=elastic,
+            node=node,
+            membership_path=membership,
         )
     run_train(
         plan_file=plan_file,
@@ -367,6 +412,8 @@ def run_train(
     if plan_file is None:
         if emulate:
             raise _fail("--emulate", True, "a --plan to emulate")
+        if config.elastic:
+            raise _fail("--elastic", True, "a --plan: the single-process reference has no nodes")
         if model is None or global_batch is None or seq_len is None:
             raise _fail(
                 "--plan",
@@ -408,6 +455,14 @@ def run_train(
     plan = load_checked_plan(plan_file)
     if config.init_from is not None:
         check_hf_weights(plan.model, config.init_from)
+    if emulate and config.node is not None:
+        raise _fail("--node", config.node, "no --node with --emulate (it is torchrun's)")
+    if not emulate and config.membership_path is not None:
+        raise _fail(
+            "--membership",
+            str(config.membership_path),
+            "--emulate with it (under torchrun, nodes join and leave by torchrun's rendezvous)",
+        )
     if emulate:
         if device == "cuda":
             raise _fail("--device", device, "cpu with --emulate (emulation runs CPU processes)")

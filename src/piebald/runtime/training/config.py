@@ -56,6 +56,15 @@ class TrainConfig:
     # mode over every operator, which slows small models down: ``memory_meter``).
     measure_memory: bool = True
     timeout_s: float = 300.0  # a collective waiting longer than this fails the run
+    # Elastic training (docs/guides/elastic.md): a lost node ends in a new plan for the
+    # live nodes and a resume from the newest checkpoint, not in the run's end.
+    elastic: bool = False
+    # Under torchrun with ``elastic``: the cluster file's node this process runs on (its
+    # node name or host; None: this machine's host name).
+    node: str | None = None
+    # A YAML file naming the live nodes (``specs.membership``): an edit takes effect at the
+    # next step boundary, with a checkpoint there, so nothing is recomputed.
+    membership_path: Path | None = None
 
     def __post_init__(self) -> None:
         for name in _PATHS:
@@ -68,9 +77,11 @@ class TrainConfig:
         _whole(self.seed, "seed", minimum=0)
         _whole(self.eval_every, "eval_every", minimum=0)
         _whole(self.checkpoint_every, "checkpoint_every", minimum=0)
-        for name in ("resume", "checkpoint_dir_claimed", "one_tag", "measure_memory"):
+        for name in ("resume", "checkpoint_dir_claimed", "one_tag", "measure_memory", "elastic"):
             if not isinstance(getattr(self, name), bool):
                 raise _error(name, getattr(self, name), "True or False")
+        if self.node is not None and (not isinstance(self.node, str) or not self.node):
+            raise _error("node", self.node, "a node's name or host, or None")
         if self.device not in ("cpu", "cuda"):
             raise _error("device", self.device, "cpu or cuda")
         if not isinstance(self.compute_dtype, ComputeDtype):

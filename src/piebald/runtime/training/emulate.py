@@ -20,13 +20,16 @@ before exiting (status 128 + the signal's number for SIGTERM).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import sys
-from dataclasses import replace
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,13 +50,40 @@ from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
 from piebald.runtime.training.reduced import emulated_model
 from piebald.runtime.training.resume import resolve_resume
+from piebald.specs.membership import Membership
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 
-__all__ = ["MAX_EMULATED_GPUS", "emulate"]
+__all__ = [
+    "MAX_EMULATED_GPUS",
+    "PROGRESS",
+    "STOP_REQUEST",
+    "Segment",
+    "SegmentRunner",
+    "WorkerPlace",
+    "WorkersOutcome",
+    "emulate",
+    "worker_places",
+    "worker_process_name",
+]
 
 MAX_EMULATED_GPUS = 64  # processes on one machine; beyond this emulation is not useful
 _SUMMARY = "summary.json"
+_STOPPED = "stopped.json"  # the leader's: the step the run stopped after when asked to
+# The leader's: {"step", "time", "loss"} when ready (loss None) and after each step.
+PROGRESS = "progress.jsonl"
+STOP_REQUEST = "stop"  # a file the parent creates: stop after the current step
+_PR_SET_NAME = 15  # prctl(2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerPlace:
+    """Where an emulated worker stands, as torchrun would tell it (its environment):
+    ``group_rank`` is its node's index in the cluster file's order (of the whole cluster,
+    under elastic training too), ``local_rank`` its GPU's index on the node."""
+
+    group_rank: int
+    local_rank: int
 
 
 def _rank_main(
@@ -66,12 +96,14 @@ def _rank_main(
     out_dir: str,
     lines_to_stderr: bool,
     parent_pid: int,
+    places: tuple[WorkerPlace, ...],
 ) -> None:
     """One worker: its exit status says how it ended (0, 2 with ``error-RANK.json`` for a
     SpecError, 1 with ``failure-RANK.txt``, the exception's one-line message, for anything
     else), and nothing but the step lines reaches the terminal: the parent reports the
     first failure."""
-    die_with_parent(parent_pid, scratch=Path(out_dir))
+    die_with_parent(parent_pid, scratch=Path(out_dir).parent)  # the whole run's scratch
+    _announce(rank, world_size=world_size, place=places[rank])
     try:
         _train_rank(
             rank,
@@ -91,6 +123,28 @@ def _rank_main(
     except BaseException as error:
         (Path(out_dir) / f"failure-{rank}.txt").write_text(_one_line(error))
         os._exit(1)
+
+
+def worker_process_name(*, group_rank: int, rank: int) -> str:
+    """The name an emulated worker gives its process (``/proc/PID/comm``, what ``ps`` and
+    ``pkill`` match; at most 15 bytes): ``piebald-n<node>r<rank>``, so a node's workers
+    are found as a tool would find a real node's (``pkill -KILL '^piebald-n1r'``)."""
+    return f"piebald-n{group_rank}r{rank}"[:15]
+
+
+def _announce(rank: int, *, world_size: int, place: WorkerPlace) -> None:
+    """torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``)
+    and the process name of :func:`worker_process_name`."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(place.local_rank),
+        WORLD_SIZE=str(world_size),
+        GROUP_RANK=str(place.group_rank),
+    )
+    name = worker_process_name(group_rank=place.group_rank, rank=rank)
+    with contextlib.suppress(OSError, AttributeError):  # Linux only; a name is a nicety
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()), 0, 0, 0)
 
 
 def _one_line(error: BaseException) -> str:
@@ -128,19 +182,62 @@ def _train_rank(
         def print_line(line: str) -> None:
             print(line, flush=True, file=sys.stderr if lines_to_stderr else sys.stdout)
 
-        result = run_rank(plan, config, runtime_model=model, print_line=print_line)
+        scratch = Path(out_dir)
+
+        def on_progress(step: int, loss: float | None) -> None:
+            record = {"step": step, "time": time.time(), "loss": loss}
+            with (scratch / PROGRESS).open("a") as progress:
+                progress.write(json.dumps(record) + "\n")
+
+        result = run_rank(
+            plan,
+            config,
+            runtime_model=model,
+            print_line=print_line,
+            on_progress=on_progress if config.elastic else None,
+            stop_requested=(lambda: (scratch / STOP_REQUEST).exists()) if config.elastic else None,
+        )
         dist.barrier()  # idle ranks stay until the others are done with the world group
         if result.summary is not None:
-            (Path(out_dir) / _SUMMARY).write_text(json.dumps(result.summary.as_dict()))
+            (scratch / _SUMMARY).write_text(json.dumps(result.summary.as_dict()))
+            if result.stopped_after is not None:
+                (scratch / _STOPPED).write_text(json.dumps(result.stopped_after))
     finally:
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersOutcome:
+    """How one start of the workers ended: each rank's exit status (negative: the signal
+    that ended it), the first rank that failed (None: all exited 0), and the ranks this
+    process killed itself once one had failed (their status says nothing of their own)."""
+
+    exitcodes: tuple[int | None, ...]
+    first_failed: int | None
+    killed: frozenset[int]
+    failed_at: float | None = None  # time.time() when the first failure was seen
+
+    def died_of_signal(self) -> tuple[int, ...]:
+        """The ranks something else than this process ended by a signal (SIGKILL: the OOM
+        killer, a preemption, a lost node)."""
+        return tuple(
+            rank
+            for rank, code in enumerate(self.exitcodes)
+            if code is not None and code < 0 and rank not in self.killed
+        )
+
+
 def _run_workers(
-    args: tuple[Any, ...], *, world_size: int, scratch: Path, checkpoint_dir: Path | None
-) -> None:
-    """Start one process per rank and wait: all done, or the first failure reported (the
-    others are killed first, before they add their own "connection closed" errors)."""
+    args: tuple[Any, ...],
+    *,
+    world_size: int,
+    grace_s: float = 0.0,
+    watch: Callable[[], None] | None = None,
+) -> WorkersOutcome:
+    """Start one process per rank and wait: all done, or the first failure (then, after
+    ``grace_s`` for the failure's peers to end of their own, the others are killed, before
+    they add their own "connection closed" errors). ``watch`` is called about every 0.2 s
+    while the workers run."""
     context = multiprocessing.get_context("forkserver")
     processes = [
         context.Process(target=_rank_main, args=(rank, *args), name=f"piebald-rank-{rank}")
@@ -148,32 +245,40 @@ def _run_workers(
     ]
     started = []
     failed: int | None = None
+    failed_at: float | None = None
+    killed: set[int] = set()
     try:
         for process in processes:
             process.start()
             started.append(process)
         running = dict(enumerate(processes))
-        while running and failed is None:
+        deadline: float | None = None
+        while running and (deadline is None or time.monotonic() < deadline):
             sentinels = {process.sentinel: rank for rank, process in running.items()}
-            for sentinel in multiprocessing.connection.wait(list(sentinels)):
+            timeout = 0.2 if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = multiprocessing.connection.wait(list(sentinels), timeout=timeout)
+            for sentinel in ready:
                 rank = sentinels[sentinel]  # type: ignore[index]  # the sentinels given
                 process = running.pop(rank)
                 process.join()
                 if process.exitcode != 0 and failed is None:
-                    failed = rank
+                    failed, failed_at = rank, time.time()
+                    deadline = time.monotonic() + grace_s
+            if watch is not None and deadline is None:
+                watch()
     finally:
-        for process in started:
+        for rank, process in enumerate(started):
             if process.is_alive():
+                killed.add(rank)
                 process.kill()
         for process in started:
             process.join()
-    if failed is not None:
-        _raise_failure(
-            scratch,
-            rank=failed,
-            exitcode=processes[failed].exitcode,
-            checkpoint_dir=checkpoint_dir,
-        )
+    return WorkersOutcome(
+        exitcodes=tuple(process.exitcode for process in processes),
+        first_failed=failed,
+        killed=frozenset(killed),
+        failed_at=failed_at,
+    )
 
 
 def _raise_failure(
@@ -266,18 +371,105 @@ def emulate(
             resolve_resume(config, plan=plan)  # --resume without a directory: one line
         stack.enter_context(exit_on_sigterm())
         scratch = stack.enter_context(run_scratch("piebald-emulate-"))
+        runner = SegmentRunner(
+            scratch=scratch, max_params=max_params, lines_to_stderr=lines_to_stderr
+        )
+        if config.elastic:
+            from piebald.runtime.training.elastic import run_elastic
+
+            return run_elastic(plan, config, run_segment=runner, source=source)
+        segment = runner(plan, config, places=worker_places(Membership.everyone(plan.cluster)))
+        if segment.summary is None:
+            runner.raise_failure(segment, checkpoint_dir=config.checkpoint_dir)
+        assert segment.summary is not None  # raise_failure raised otherwise
+        return segment.summary
+
+
+def worker_places(membership: Membership) -> tuple[WorkerPlace, ...]:
+    """Each rank's place, for the sub-cluster of ``membership``'s live nodes."""
+    sub = membership.sub_cluster()
+    nodes = membership.live_nodes
+    return tuple(
+        WorkerPlace(group_rank=nodes[gpu.node_index].index, local_rank=gpu.local_index)
+        for gpu in sub.gpus
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """One start of the workers under one plan, ended: how (``outcome``), the leader's
+    summary when every worker exited 0, the step it stopped after when asked to, and the
+    leader's progress records (``PROGRESS``: when ready, then after each step)."""
+
+    outcome: WorkersOutcome
+    summary: RunSummary | None
+    stopped_after: int | None
+    progress: tuple[dict[str, Any], ...]
+    scratch: Path
+
+
+@dataclass(slots=True, kw_only=True)
+class SegmentRunner:
+    """Starts the workers of one plan, each time in a fresh scratch directory of its own
+    (its file store, its error files) under ``scratch``."""
+
+    scratch: Path
+    max_params: int
+    lines_to_stderr: bool
+    started: int = 0
+
+    def __call__(
+        self,
+        plan: Plan,
+        config: TrainConfig,
+        *,
+        places: tuple[WorkerPlace, ...],
+        grace_s: float = 0.0,
+        watch: Callable[[], None] | None = None,
+    ) -> Segment:
+        self.started += 1
+        scratch = self.scratch / f"start-{self.started}"
+        scratch.mkdir()
+        world_size = plan.cluster.num_gpus
         args = (
             world_size,
             f"file://{scratch / 'store'}",
             plan_to_dict(plan),
             config,
-            max_params,
+            self.max_params,
             str(scratch),
-            lines_to_stderr,
+            self.lines_to_stderr,
             os.getpid(),
+            places,
         )
-        _run_workers(
-            args, world_size=world_size, scratch=scratch, checkpoint_dir=config.checkpoint_dir
+        outcome = _run_workers(args, world_size=world_size, grace_s=grace_s, watch=watch)
+        summary = stopped = None
+        if outcome.first_failed is None:
+            summary = RunSummary.from_dict(json.loads((scratch / _SUMMARY).read_text()))
+            if (scratch / _STOPPED).is_file():
+                stopped = int(json.loads((scratch / _STOPPED).read_text()))
+        progress_file = scratch / PROGRESS
+        lines = progress_file.read_text().splitlines() if progress_file.is_file() else []
+        progress = tuple(json.loads(line) for line in lines if line.endswith("}"))
+        return Segment(
+            outcome=outcome,
+            summary=summary,
+            stopped_after=stopped,
+            progress=progress,
+            scratch=scratch,
         )
-        data = json.loads((scratch / _SUMMARY).read_text())
-    return RunSummary.from_dict(data)
+
+    def request_stop(self) -> None:
+        """Ask the running workers to stop after their current step (``STOP_REQUEST``)."""
+        (self.scratch / f"start-{self.started}" / STOP_REQUEST).touch()
+
+    def raise_failure(self, segment: Segment, *, checkpoint_dir: Path | None) -> None:
+        """The failure of ``segment`` as one line (``_raise_failure``)."""
+        outcome = segment.outcome
+        assert outcome.first_failed is not None, "the segment did not fail"
+        _raise_failure(
+            segment.scratch,
+            rank=outcome.first_failed,
+            exitcode=outcome.exitcodes[outcome.first_failed],
+            checkpoint_dir=checkpoint_dir,
+        )

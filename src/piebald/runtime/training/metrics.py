@@ -73,18 +73,23 @@ class RunSummary:
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
     eval_steps: tuple[int, ...] = ()  # the steps after which the run evaluated
     eval_losses: tuple[float, ...] = ()  # the evaluation loss after each of them
+    # Elastic runs: each change of the live nodes (``elastic.MembershipEvent.as_dict``).
+    membership_events: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
-        for name in ("losses", "eval_steps", "eval_losses"):
+        for name in _LISTS:
             data[name] = list(data[name])
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
         """The inverse of ``as_dict`` (a summary handed between processes as JSON)."""
-        lists = {name: tuple(data[name]) for name in ("losses", "eval_steps", "eval_losses")}
+        lists = {name: tuple(data.get(name, ())) for name in _LISTS}
         return cls(**{**data, **lists})
+
+
+_LISTS = ("losses", "eval_steps", "eval_losses", "membership_events")
 
 
 def format_step(metrics: StepMetrics) -> str:

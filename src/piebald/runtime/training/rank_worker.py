@@ -74,6 +74,11 @@ __all__ = [
 ]
 
 StepPrinter = Callable[[str], None]
+# Elastic runs (``training.elastic``): told on the leader once the rank is ready to train
+# (restored: the step it starts from, no loss) and after every step (the step, its loss).
+ProgressHook = Callable[[int, float | None], None]
+# Asked on every used rank at each step boundary: stop there (a checkpoint is saved)?
+StopRequest = Callable[[], bool]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +89,8 @@ class RankRun:
 
     rank: int
     summary: RunSummary | None
+    # The step the run stopped after when asked to (``stop_requested``), before its end.
+    stopped_after: int | None = None
 
 
 def global_named_parameters(part: StagePart) -> tuple[list[tuple[str, nn.Parameter]], str | None]:
@@ -146,10 +153,18 @@ def run_rank(
     *,
     runtime_model: ModelSpec | None = None,
     print_line: StepPrinter | None = None,
+    on_progress: ProgressHook | None = None,
+    stop_requested: StopRequest | None = None,
 ) -> RankRun:
     """Train under ``plan`` on this rank. ``runtime_model`` is the model the processes
     build (``plan.model`` unless emulating at reduced width); the plan's own model prices
-    the emulated times and the MFU."""
+    the emulated times and the MFU.
+
+    ``on_progress(step, loss)`` is called on the leader once the rank is restored and
+    ready (the step it starts from, loss None) and after every step. ``stop_requested()``
+    is asked on every used rank after every step: when any rank says yes, all stop after
+    that step, with a checkpoint of it when the run has a directory
+    (``RankRun.stopped_after``)."""
     rank = dist.get_rank()
     print_line = print_line or (lambda line: print(line, flush=True))
     model = runtime_model or plan.model
@@ -236,6 +251,9 @@ def run_rank(
         measured_peak = 0
         time_scale = config.time_scale or 1.0
         barrier(groups.used)
+        if leader and on_progress is not None:
+            on_progress(first_step, None)
+        stopped_after: int | None = None
         started = time.perf_counter()
         for step in range(first_step, config.steps):
             with meter.host_side():
@@ -253,8 +271,11 @@ def run_rank(
             step_peak = meter.peak_bytes()
             measured_peak = max(measured_peak, step_peak)
             # On the rank's device: NCCL reduces GPU tensors only.
+            stop = stop_requested is not None and stop_requested()
             reduced = torch.tensor(
-                [outcome.loss_sum, outcome.clamped_values], dtype=torch.float64, device=device
+                [outcome.loss_sum, outcome.clamped_values, float(stop)],
+                dtype=torch.float64,
+                device=device,
             )
             memory = torch.tensor([step_peak], dtype=torch.float64, device=device)
             all_reduce(reduced, group=groups.used)
@@ -295,8 +316,9 @@ def run_rank(
                 writer.write(metrics)
             every = config.checkpoint_every
             at_end = step + 1 == config.steps
+            stopping = reduced[2].item() > 0 and not at_end  # every used rank agrees
             if config.checkpoint_dir is not None and (
-                at_end or (every and (step + 1) % every == 0)
+                at_end or stopping or (every and (step + 1) % every == 0)
             ):
                 save_checkpoint(
                     config.checkpoint_dir,
@@ -309,8 +331,13 @@ def run_rank(
                     run_id=writer.run_id,  # the leader's: it writes the manifest
                 )
                 started = time.perf_counter()  # the save is not part of the next step's time
+            if leader and on_progress is not None:
+                on_progress(step + 1, metrics.loss)
+            if stopping:
+                stopped_after = step + 1
+                break
         writer.close()
-        if config.save_model_path is not None:
+        if config.save_model_path is not None and stopped_after is None:
             export_part_weights(
                 config.save_model_path,
                 part=part,
@@ -338,7 +365,7 @@ def run_rank(
             num_in_flight=most_in_flight(ops),
         )
         if not leader:
-            return RankRun(rank=rank, summary=None)
+            return RankRun(rank=rank, summary=None, stopped_after=stopped_after)
         predicted = plan.predicted.tokens_per_s if plan.predicted is not None else None
         summary = summarise(
             history,
@@ -353,7 +380,7 @@ def run_rank(
         )
         if not history:
             summary = replace(summary, first_step=first_step)
-        return RankRun(rank=rank, summary=summary)
+        return RankRun(rank=rank, summary=summary, stopped_after=stopped_after)
 
 
 def _split(part: StagePart, *, stage: Stage, rank: int, groups: ProcessGroups) -> TensorSplit:
