@@ -326,6 +326,10 @@ class Plan:
     notes: tuple[str, ...] = ()
     runners_up: tuple[RunnerUp, ...] = ()
     cost_inputs: CostInputs | None = None  # None: priced by the analytic model alone
+    # Steps between checkpoints, where chosen (``piebald plan --checkpoint-every``: given,
+    # or Young/Daly's interval from a failure rate, ``cost.failure``); None: not chosen
+    # (older plans too).
+    checkpoint_every_steps: int | None = None
     version: int = PLAN_VERSION
     stage_of_rank: Mapping[int, int] = field(init=False, repr=False, compare=False)
 
@@ -662,6 +666,9 @@ def validate_plan(plan: Plan) -> None:
             "along its route)",
         )
     _validate_routes(plan)
+    every = plan.checkpoint_every_steps
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise _fail("checkpoint_every_steps", every, "a whole number of steps >= 1, or absent")
     try:
         check_job_fits_model(plan.job, plan.model)
     except SpecError as error:

@@ -74,6 +74,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     ]
     if plan.cost_inputs is not None:
         out["cost_inputs"] = cost_inputs_to_dict(plan.cost_inputs)
+    if plan.checkpoint_every_steps is not None:  # absent: not chosen (older plans too)
+        out["checkpoint_every_steps"] = plan.checkpoint_every_steps
     out["cluster"] = cluster_to_dict(plan.cluster)
     out["model"] = model_to_dict(plan.model)
     out["job"] = job_to_dict(plan.job)
@@ -314,6 +316,7 @@ _TOP_KEYS = (
     "notes",
     "runners_up",
     "cost_inputs",
+    "checkpoint_every_steps",
     "cluster",
     "model",
     "job",
@@ -427,6 +430,11 @@ def plan_from_dict(data: object, *, source: str) -> Plan:
             runners_up=runners_up,
             cost_inputs=(
                 _cost_inputs_from(top.sub("cost_inputs")) if top.has("cost_inputs") else None
+            ),
+            checkpoint_every_steps=(
+                top.integer("checkpoint_every_steps", minimum=1)
+                if top.has("checkpoint_every_steps")
+                else None
             ),
         )
     except SpecError as error:
