@@ -1,0 +1,179 @@
+"""Elastic emulated training: a node SIGKILLed mid-run, a graceful removal through the
+membership file and a re-join, and the run goes on with the losses of an uninterrupted
+run at every step (fp32), on a new plan for the live nodes each time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from piebald.api import TrainConfig, build_job, emulate, load_cluster, plan
+from piebald.examples import example_path
+from piebald.runtime.training.emulate import worker_process_name
+from piebald.specs.plan_io import load_plan, save_plan
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 12
+STEP_S = 0.4  # wall seconds per step of the original plan: the test acts between steps
+DEADLINE_S = 300
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short TMPDIR: the forkserver's socket path must stay under AF_UNIX's 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _node_pids(node_index: int) -> list[int]:
+    """The emulated workers of one node, found by their process name as pkill would."""
+    prefix = worker_process_name(group_rank=node_index, rank=0)[: -len("0")]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                name = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            if name.startswith(prefix):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scratch: Path) -> None:
+    cluster = load_cluster(example_path())  # three node groups of one 2-GPU node each
+    original = plan(cluster, "tiny", build_job(global_batch=8, seq_len=64))
+    used_nodes = {cluster.node_of(rank).index for rank in original.used_ranks}
+    killed = cluster.nodes[min(used_nodes)]  # a node the plan trains on
+    removed = next(node for node in cluster.nodes if node.index != killed.index)
+    plan_file = tmp_path / "plan.json"
+    save_plan(original, plan_file)
+    membership = tmp_path / "membership.yaml"
+    everyone = [node.name for node in cluster.nodes]
+    membership.write_text(f"nodes: {json.dumps(everyone)}\n")
+    checkpoints = tmp_path / "ckpt"
+    metrics = tmp_path / "metrics.jsonl"
+
+    reference = emulate(original, config=TrainConfig(steps=STEPS, seed=3, measure_memory=False))
+
+    assert original.predicted is not None
+    summary_file = tmp_path / "summary.json"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "piebald",
+            "train",
+            "--plan",
+            str(plan_file),
+            "--emulate",
+            "--elastic",
+            "--membership",
+            str(membership),
+            "--seed",
+            "3",
+            "--checkpoint-dir",
+            str(checkpoints),
+            "--checkpoint-every",
+            "2",
+            "--steps",
+            str(STEPS),
+            "--metrics",
+            str(metrics),
+            "--json",
+            "--time-scale",
+            f"{STEP_S / original.predicted.step_time_s:.6g}",
+        ],
+        stdout=summary_file.open("w"),
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    failures: list[BaseException] = []
+
+    def act() -> None:
+        try:
+            react()
+        except BaseException as error:  # said by the test, not lost in the thread
+            failures.append(error)
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def react() -> None:
+        """Kill ``killed`` after step 3; remove ``removed`` once step 6 is done, and bring
+        every node back once step 9 is."""
+        stage = 0
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            if stage == 0 and line.startswith("step     3"):
+                pids = _node_pids(killed.index)
+                assert pids, "the node's workers are named as a tool finds them"
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                stage = 1
+            elif stage == 1 and line.startswith("step     6"):
+                rest = [name for name in everyone if name not in (killed.name, removed.name)]
+                membership.write_text(f"nodes: {json.dumps(rest)}\n")
+                stage = 2
+            elif stage == 2 and line.startswith("step     9"):
+                membership.write_text(f"nodes: {json.dumps(everyone)}\n")
+                stage = 3
+
+    reader = threading.Thread(target=act, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    assert not failures, failures
+    assert process.returncode == 0, "".join(lines[-5:])
+    summary = json.loads(summary_file.read_text())
+
+    # Every step, once, with the uninterrupted run's loss.
+    assert len(summary["losses"]) == STEPS
+    assert summary["losses"] == pytest.approx(list(reference.losses), abs=1e-5, rel=0)
+    events = summary["membership_events"]
+    assert [(e["kind"], e["nodes"]) for e in events] == [
+        ("lost", [killed.name]),
+        ("left", [removed.name]),
+        ("joined", sorted([killed.name, removed.name], key=everyone.index)),
+    ]
+    lost, left, joined = events
+    resumed_from = int(Path(lost["plan_file"]).stem.split("-")[-1])  # plan-from-step-N
+    assert lost["step"] >= 3 and resumed_from % 2 == 0
+    assert lost["lost_steps"] == lost["step"] - resumed_from
+    assert left["lost_steps"] == 0 and joined["lost_steps"] == 0
+    assert lost["gpus_before"] == 6 and lost["gpus_after"] == 4
+    assert left["gpus_after"] == 2 and joined["gpus_after"] == 6
+    for event in (lost, left):  # a new plan for the live nodes, beside the checkpoints
+        written = load_plan(event["plan_file"])
+        assert written.cluster.num_gpus == event["gpus_after"]
+        assert Path(event["plan_file"]).parent == checkpoints
+    assert joined["plan_file"] is None  # every node is back: the original plan
+    assert all(e["restore_s"] > 0 and e["replan_s"] >= 0 for e in events)
+
+    # The step lines say it, and the metrics file holds every step once and the events.
+    said = [line for line in lines if line.startswith("membership:")]
+    assert len(said) == 3 and killed.name in said[0]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r["step"] for r in records if "event" not in r]
+    assert steps == list(range(1, STEPS + 1))
+    assert [r["event"] for r in records if "event" in r] == ["lost", "left", "joined"]
+    assert not list(scratch.glob("piebald-emulate-*"))  # the scratch went with the run
