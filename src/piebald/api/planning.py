@@ -1,5 +1,6 @@
 """Planning: the fastest plan (``piebald plan``), every strategy side by side (``piebald
-compare``), and where a plan's time goes (``piebald explain``)."""
+compare``), where a plan's time goes (``piebald explain``), and the plans to fall back on
+when a node is lost (``piebald plan --fallbacks``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from piebald.api.arguments import check_bool, check_callable, check_int, check_str
+from piebald.api.arguments import (
+    check_bool,
+    check_callable,
+    check_int,
+    check_path,
+    check_str,
+)
 from piebald.api.inputs import (
     Profiles,
     Progress,
@@ -23,6 +30,7 @@ from piebald.api.inputs import (
 from piebald.cost.plan_estimate import PlanEstimate
 from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError
+from piebald.outputs import check_output_directory
 from piebald.planner.choices import (
     check_tensor_parallel_fits,
     recompute_modes,
@@ -31,6 +39,7 @@ from piebald.planner.choices import (
     zero_mode_named,
 )
 from piebald.planner.compare import Comparison, ComparisonRow, compare_strategies
+from piebald.planner.fallback import FallbackPlans, write_fallback_plans
 from piebald.planner.search import Infeasible, ScoredPlan, search
 from piebald.planner.strategies import STRATEGIES
 from piebald.profiler.pricing import plan_with_cost_inputs, planning_prices
@@ -47,6 +56,7 @@ __all__ = [
     "Comparison",
     "ComparisonRow",
     "Explanation",
+    "FallbackPlans",
     "Infeasible",
     "PlanResult",
     "ScoredPlan",
@@ -54,6 +64,7 @@ __all__ = [
     "VerifiedCandidate",
     "compare",
     "explain",
+    "fallback_plans",
     "plan",
     "search_plans",
 ]
@@ -294,3 +305,44 @@ def explain(plan: Plan | str | Path) -> Explanation:
     chosen = as_plan(plan)
     source = str(plan) if isinstance(plan, (str, Path)) else "plan"
     return explain_plan(chosen, curve=recorded_curve(chosen, source=source))
+
+
+def fallback_plans(
+    plan: Plan | str | Path,
+    directory: str | Path,
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> FallbackPlans:
+    """The plans to fall back on when one node of ``plan``'s cluster is lost, made now so
+    that recovery reads a file instead of searching (``piebald plan --fallbacks DIR``).
+
+    Nodes of a group are identical, so the loss of any one node of a group leaves a
+    cluster of one shape: one plan per node group (the search's answer for the nodes left,
+    with ``plan``'s model, job and prices) stands for the loss of each of its nodes. Each
+    is written to ``directory`` (created if need be) as ``fallback-<key>.json``, the key
+    a hash of the remaining cluster's shape; ``piebald.planner.fallback.find_fallback_plan``
+    finds the one for a membership of live nodes. A file already there is kept where it
+    holds the same plan and refused (an ``OutputError``, nothing replaced) where it holds
+    another. ``plan``: a Plan or a plan file's path; ``workers``: as in :func:`plan`;
+    ``progress(fraction, message)``: called after each fallback plan. Returns the files
+    written (``written``) and the nodes whose loss no plan fits (``infeasible``: one per
+    group, skipped); a cluster of one node has no fallback plans.
+
+    >>> import tempfile
+    >>> from piebald.api import build_job
+    >>> from piebald.examples import example_path
+    >>> best = plan(example_path(), "tiny", build_job(global_batch=8, seq_len=64))
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     made = fallback_plans(best, folder)
+    >>> len(made.written), made.infeasible  # lab-mix: three groups of one node
+    (3, ())
+    """
+    chosen = as_plan(plan)
+    folder = check_path("directory", directory)
+    check_callable("progress", progress)
+    check_int("workers", workers, minimum=1, optional=True)
+    check_output_directory(folder, flag="directory")  # before any search
+    return write_fallback_plans(
+        chosen, folder, progress=progress, workers=workers, flag="directory"
+    )
