@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 
 from piebald import __version__
 from piebald.api import load_cluster, load_model
@@ -31,6 +33,7 @@ from piebald.cli.common import (
     WorkersOption,
     comparison_title,
     console,
+    errors,
     inputs_from,
     job_from,
     load_checked_plan,
@@ -52,9 +55,10 @@ from piebald.cli.render import (
     plan_table,
 )
 from piebald.figure_files import check_figure_file
-from piebald.outputs import check_output_file
+from piebald.outputs import check_output_directory, check_output_file
 from piebald.specs.cluster_yaml import cluster_to_dict
 from piebald.specs.devices import Dtype, builtin_catalog
+from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_to_dict, save_plan
 from piebald.specs.presets import PRESETS
 from piebald.specs.units import format_rate
@@ -170,12 +174,21 @@ def plan(
     ] = False,
     profiles: ProfilesOption = None,
     workers: WorkersOption = None,
+    fallbacks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write here the plan for the loss of any one node, one file per node "
+            "group (elastic training reads it instead of searching).",
+        ),
+    ] = None,
 ) -> None:
     """Find the fastest plan for MODEL on CLUSTER that fits every GPU's memory."""
     from piebald.api import search_plans  # the planner: loaded by the commands that plan
 
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
+    if fallbacks is not None:
+        check_output_directory(fallbacks, flag="--fallbacks")
     cluster_spec, model_spec = load_cluster(cluster), load_model(model)
     job = job_from(global_batch=global_batch, seq_len=seq_len, precision=precision)
     with profile_warnings(profiles), progress_bar("planning") as progress:
@@ -198,14 +211,38 @@ def plan(
         save_plan(found.plan, out, overwrite=force)
     if as_json:
         print(json.dumps(plan_to_dict(found.plan), indent=1))
-        return
-    console.print(plan_table(found.plan, found.estimate))
-    for line in plan_summary(
-        found.plan, found.estimate, elapsed_s=found.elapsed_s, num_structures=found.num_structures
-    ):
-        console.print(line, highlight=False)
-    if out is not None:
-        console.print(f"plan written to {out}")
+    else:
+        console.print(plan_table(found.plan, found.estimate))
+        for line in plan_summary(
+            found.plan,
+            found.estimate,
+            elapsed_s=found.elapsed_s,
+            num_structures=found.num_structures,
+        ):
+            console.print(line, highlight=False)
+        if out is not None:
+            console.print(f"plan written to {out}")
+    if fallbacks is not None:
+        # After the plan, which is of use without them; beside --json, on stderr.
+        _write_fallbacks(
+            found.plan, fallbacks, workers=workers, lines=errors if as_json else console
+        )
+
+
+def _write_fallbacks(plan: Plan, directory: Path, *, workers: int | None, lines: Console) -> None:
+    """``plan --fallbacks``: the plan for each single node loss, a line as each is made."""
+    from piebald.api import fallback_plans
+
+    def progress(fraction: float, message: str) -> None:
+        lines.print(f"fallback plan {fraction:4.0%}: {escape(message)}", highlight=False)
+
+    made = fallback_plans(plan, directory, workers=workers, progress=progress)
+    for node in made.infeasible:
+        lines.print(f"no fallback plan without {escape(node)}: no plan fits", highlight=False)
+    lines.print(
+        f"{len(made.written)} fallback plans written to {escape(str(directory))}",
+        highlight=False,
+    )
 
 
 @app.command("explain")
