@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +178,65 @@ def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scra
     assert steps == list(range(1, STEPS + 1))
     assert [r["event"] for r in records if "event" in r] == ["lost", "left", "joined"]
     assert not list(scratch.glob("piebald-emulate-*"))  # the scratch went with the run
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
+    tmp_path: Path, scratch: Path
+) -> None:
+    """A node whose workers stop answering (SIGSTOP) in the middle of a step: its peers'
+    collectives time out (--collective-timeout), the supervisor kills the hung workers and
+    the run goes on without the node, all within the timeout + 10 s of the hang."""
+    cluster = load_cluster(example_path())
+    spread = plan(cluster, "tiny", build_job(global_batch=48, seq_len=32))
+    nodes = {cluster.node_of(rank).index for rank in spread.used_ranks}
+    assert len(nodes) >= 2, "the hung node's peers must wait on it"
+    hung = cluster.nodes[min(nodes)]
+    plan_file = tmp_path / "plan.json"
+    save_plan(spread, plan_file)
+    summary_file = tmp_path / "summary.json"
+    timeout_s = 5
+    assert spread.predicted is not None
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "piebald", "train", "--plan", str(plan_file)),
+            *("--emulate", "--elastic", "--steps", "5", "--checkpoint-every", "2"),
+            *("--checkpoint-dir", str(tmp_path / "ckpt"), "--json"),
+            *("--collective-timeout", str(timeout_s)),
+            *("--time-scale", f"{STEP_S / spread.predicted.step_time_s:.6g}"),
+        ],
+        stdout=summary_file.open("w"),
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+    )
+    stopped_at: list[float] = []
+    said: list[str] = []
+
+    def react() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith("membership:"):
+                said.append(line)
+            if not stopped_at and line.startswith("step     3"):
+                pids = _node_pids(hung.index)
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+                stopped_at.append(time.time() if pids else 0.0)
+
+    reader = threading.Thread(target=react, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    assert process.returncode == 0 and stopped_at and stopped_at[0] > 0
+    summary = json.loads(summary_file.read_text())
+    (event,) = summary["membership_events"]
+    assert event["kind"] == "lost" and event["nodes"] == [hung.name]
+    assert event["detect_s"] <= timeout_s + 10
+    assert len(summary["losses"]) == 5 and len(said) == 1
+    assert not _node_pids(hung.index)  # the hung workers were killed, not left stopped

@@ -206,11 +206,17 @@ def run_elastic(
             raise RunFailedError(f"the run stopped after step {segment.stopped_after} unasked")
         else:
             dead = segment.outcome.died_of_signal()
+            since = segment.outcome.failed_at or decided_at
+            if not dead:  # a hang: noticed from the last step done, through the timeout
+                dead = _hung(segment, current)
+                since = segment.progress[-1]["time"] if segment.progress else since
             if not dead:
-                run_segment.raise_failure(segment, checkpoint_dir=config.checkpoint_dir)
+                run_segment.raise_failure(
+                    segment, checkpoint_dir=config.checkpoint_dir, timeout_s=config.timeout_s
+                )
             lost = _nodes_of(dead, membership)
             after, kinds = membership.without(lost), [("lost", lost)]
-            detect_s = decided_at - (segment.outcome.failed_at or decided_at)
+            detect_s = decided_at - since
         if not after.live:
             raise RunFailedError(
                 f"every node is gone ({', '.join(membership.live)}); the newest checkpoint is "
@@ -290,6 +296,33 @@ def _nodes_of(ranks: tuple[int, ...], membership: Membership) -> tuple[str, ...]
     places = worker_places(membership)
     indices = {places[rank].group_rank for rank in ranks}
     return tuple(node.name for node in membership.cluster.nodes if node.index in indices)
+
+
+def _hung(segment: Segment, plan: Plan) -> tuple[int, ...]:
+    """The ranks of the nodes that hung: when the first failure was a collective timed out
+    (a peer stopped answering), the used ranks of the nodes none of whose used ranks ended
+    by themselves (this process killed them after the others had failed)."""
+    outcome = segment.outcome
+    if outcome.first_failed is None:
+        return ()
+    failure = segment.scratch / f"failure-{outcome.first_failed}.txt"
+    try:
+        said = failure.read_text().lower()
+    except OSError:
+        return ()
+    # gloo says "Timed out waiting 5000ms for recv" or "Application timeout caused pair
+    # closure", depending on where the wait was.
+    if "timed out" not in said and "timeout" not in said:
+        return ()
+    by_node: dict[int, list[int]] = {}
+    for rank in plan.used_ranks:
+        by_node.setdefault(plan.cluster.gpus[rank].node_index, []).append(rank)
+    return tuple(
+        rank
+        for ranks in by_node.values()
+        if all(rank in outcome.killed for rank in ranks)
+        for rank in ranks
+    )
 
 
 def _resume_step(config: TrainConfig) -> int:

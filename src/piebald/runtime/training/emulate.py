@@ -55,6 +55,7 @@ from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict
 
 __all__ = [
+    "HANG_MARGIN_S",
     "MAX_EMULATED_GPUS",
     "PROGRESS",
     "STOP_REQUEST",
@@ -74,6 +75,9 @@ _STOPPED = "stopped.json"  # the leader's: the step the run stopped after when a
 PROGRESS = "progress.jsonl"
 STOP_REQUEST = "stop"  # a file the parent creates: stop after the current step
 _PR_SET_NAME = 15  # prctl(2)
+_WHOLE_RUN = timedelta(days=30)
+# A run that finishes no step within the collective timeout and this has hung.
+HANG_MARGIN_S = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +179,9 @@ def _train_rank(
         world_size=world_size,
         timeout=timedelta(seconds=config.timeout_s),
     )
+    # Idle ranks wait in its barrier from their start to the run's end, which a collective's
+    # timeout does not bound; a worker that dies ends them all anyway (``_run_workers``).
+    ending = dist.new_group(timeout=_WHOLE_RUN)
     try:
         plan = plan_from_dict(plan_data, source="plan")
         model = emulated_model(plan, max_params=max_params)
@@ -194,10 +201,10 @@ def _train_rank(
             config,
             runtime_model=model,
             print_line=print_line,
-            on_progress=on_progress if config.elastic else None,
+            on_progress=on_progress,
             stop_requested=(lambda: (scratch / STOP_REQUEST).exists()) if config.elastic else None,
         )
-        dist.barrier()  # idle ranks stay until the others are done with the world group
+        dist.barrier(group=ending)  # idle ranks stay until the others are done with the world
         if result.summary is not None:
             (scratch / _SUMMARY).write_text(json.dumps(result.summary.as_dict()))
             if result.stopped_after is not None:
@@ -216,6 +223,7 @@ class WorkersOutcome:
     first_failed: int | None
     killed: frozenset[int]
     failed_at: float | None = None  # time.time() when the first failure was seen
+    hung: bool = False  # the watch said the workers hung: this process killed them all
 
     def died_of_signal(self) -> tuple[int, ...]:
         """The ranks something else than this process ended by a signal (SIGKILL: the OOM
@@ -232,12 +240,12 @@ def _run_workers(
     *,
     world_size: int,
     grace_s: float = 0.0,
-    watch: Callable[[], None] | None = None,
+    watch: Callable[[], bool] | None = None,
 ) -> WorkersOutcome:
     """Start one process per rank and wait: all done, or the first failure (then, after
     ``grace_s`` for the failure's peers to end of their own, the others are killed, before
     they add their own "connection closed" errors). ``watch`` is called about every 0.2 s
-    while the workers run."""
+    while the workers run; when it says they hung (True), all are killed."""
     context = multiprocessing.get_context("forkserver")
     processes = [
         context.Process(target=_rank_main, args=(rank, *args), name=f"piebald-rank-{rank}")
@@ -246,6 +254,7 @@ def _run_workers(
     started = []
     failed: int | None = None
     failed_at: float | None = None
+    hung = False
     killed: set[int] = set()
     try:
         for process in processes:
@@ -264,8 +273,9 @@ def _run_workers(
                 if process.exitcode != 0 and failed is None:
                     failed, failed_at = rank, time.time()
                     deadline = time.monotonic() + grace_s
-            if watch is not None and deadline is None:
-                watch()
+            if watch is not None and deadline is None and watch():
+                hung = True
+                break
     finally:
         for rank, process in enumerate(started):
             if process.is_alive():
@@ -278,6 +288,7 @@ def _run_workers(
         first_failed=failed,
         killed=frozenset(killed),
         failed_at=failed_at,
+        hung=hung,
     )
 
 
@@ -380,7 +391,9 @@ def emulate(
             return run_elastic(plan, config, run_segment=runner, source=source)
         segment = runner(plan, config, places=worker_places(Membership.everyone(plan.cluster)))
         if segment.summary is None:
-            runner.raise_failure(segment, checkpoint_dir=config.checkpoint_dir)
+            runner.raise_failure(
+                segment, checkpoint_dir=config.checkpoint_dir, timeout_s=config.timeout_s
+            )
         assert segment.summary is not None  # raise_failure raised otherwise
         return segment.summary
 
@@ -427,6 +440,10 @@ class SegmentRunner:
         grace_s: float = 0.0,
         watch: Callable[[], None] | None = None,
     ) -> Segment:
+        """Run the workers of ``plan`` to their end; ``watch`` is called about every 0.2 s
+        meanwhile. Once the workers are ready, a run that finishes no step within the
+        collective timeout and ``HANG_MARGIN_S`` has hung (peers that wait on a hung one
+        fail at the timeout; this catches the ones nobody waits on): all are killed."""
         self.started += 1
         scratch = self.scratch / f"start-{self.started}"
         scratch.mkdir()
@@ -442,13 +459,24 @@ class SegmentRunner:
             os.getpid(),
             places,
         )
-        outcome = _run_workers(args, world_size=world_size, grace_s=grace_s, watch=watch)
+        progress_file = scratch / PROGRESS
+        limit_s = config.timeout_s + HANG_MARGIN_S
+
+        def watched() -> bool:
+            if watch is not None:
+                watch()
+            try:
+                last_s = progress_file.stat().st_mtime
+            except OSError:
+                return False  # not ready yet: starting is bounded by the collective timeout
+            return time.time() - last_s > limit_s
+
+        outcome = _run_workers(args, world_size=world_size, grace_s=grace_s, watch=watched)
         summary = stopped = None
-        if outcome.first_failed is None:
+        if outcome.first_failed is None and not outcome.hung:
             summary = RunSummary.from_dict(json.loads((scratch / _SUMMARY).read_text()))
             if (scratch / _STOPPED).is_file():
                 stopped = int(json.loads((scratch / _STOPPED).read_text()))
-        progress_file = scratch / PROGRESS
         lines = progress_file.read_text().splitlines() if progress_file.is_file() else []
         progress = tuple(json.loads(line) for line in lines if line.endswith("}"))
         return Segment(
@@ -463,9 +491,17 @@ class SegmentRunner:
         """Ask the running workers to stop after their current step (``STOP_REQUEST``)."""
         (self.scratch / f"start-{self.started}" / STOP_REQUEST).touch()
 
-    def raise_failure(self, segment: Segment, *, checkpoint_dir: Path | None) -> None:
+    def raise_failure(
+        self, segment: Segment, *, checkpoint_dir: Path | None, timeout_s: float
+    ) -> None:
         """The failure of ``segment`` as one line (``_raise_failure``)."""
         outcome = segment.outcome
+        if outcome.hung:
+            raise RunFailedError(
+                f"no step finished within {timeout_s + HANG_MARGIN_S:g} s (the collective "
+                f"timeout, {timeout_s:g} s, and {HANG_MARGIN_S:g}): the workers hung and were "
+                "killed" + _newest_checkpoint(checkpoint_dir)
+            )
         assert outcome.first_failed is not None, "the segment did not fail"
         _raise_failure(
             segment.scratch,
