@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from piebald.api.arguments import (
     check_bool,
     check_callable,
+    check_instance,
     check_int,
     check_path,
     check_str,
@@ -27,6 +28,7 @@ from piebald.api.inputs import (
     check_profiles,
     profiled,
 )
+from piebald.cost.failure import FailureModel, FailurePrice, price_failures
 from piebald.cost.plan_estimate import PlanEstimate
 from piebald.cost.recorded_curve import recorded_curve
 from piebald.errors import ArgumentError
@@ -87,7 +89,9 @@ class PlanResult:
     no plan of this job on this cluster is faster; ``num_structures``: the coarse
     structures the search priced; ``elapsed_s``: its wall time; ``verification``: the
     candidates simulated with ``verify_by_simulation`` (None without); ``warnings``: what
-    the profile DB holds that the cluster cannot use (each also a ``ProfileWarning``)."""
+    the profile DB holds that the cluster cannot use (each also a ``ProfileWarning``);
+    ``checkpoint``: with ``failures``, what a failure costs and the checkpoint interval the
+    plan records (``cost.failure.price_failures``; None without)."""
 
     plan: Plan
     estimate: PlanEstimate
@@ -97,6 +101,7 @@ class PlanResult:
     elapsed_s: float
     verification: Verification | None
     warnings: tuple[str, ...]
+    checkpoint: FailurePrice | None = None
 
 
 def search_plans(
@@ -112,6 +117,8 @@ def search_plans(
     verify_by_simulation: bool = False,
     progress: Progress | None = None,
     workers: int | None = None,
+    checkpoint_every: int | str | None = None,
+    failures: FailureModel | None = None,
 ) -> PlanResult:
     """:func:`plan` with all that the search found: the chosen plan, its estimate, the
     runners-up, the search's statistics and, with ``verify_by_simulation``, the simulated
@@ -130,6 +137,7 @@ def search_plans(
     check_str("strategy", strategy)
     check_bool("verify_by_simulation", verify_by_simulation)
     _check_search(profiles=profiles, progress=progress, workers=workers)
+    every = _checkpoint_every(checkpoint_every, failures)
     cluster_spec, model_spec = as_cluster(cluster), as_model(model)
     chosen = strategy_named(strategy)
     zero_mode = zero_mode_named(zero, strategy=chosen)
@@ -159,8 +167,20 @@ def search_plans(
 
         verification = verify(result, curve=curve)
     best = result.best if verification is None else verification.chosen
+    found = plan_with_cost_inputs(best.plan, inputs)
+    price = None
+    if failures is not None:
+        price = price_failures(
+            found,
+            model=failures,
+            step_time_s=best.estimate.step_time_s,
+            checkpoint_every=every if isinstance(every, int) else None,
+        )
+        every = price.checkpoint_every
+    if isinstance(every, int):
+        found = replace(found, checkpoint_every_steps=every)
     return PlanResult(
-        plan=plan_with_cost_inputs(best.plan, inputs),
+        plan=found,
         estimate=best.estimate,
         runners_up=result.runners_up,
         upper_bound_tokens_per_s=result.upper_bound_tokens_per_s,
@@ -168,7 +188,35 @@ def search_plans(
         elapsed_s=result.elapsed_s,
         verification=verification,
         warnings=warnings,
+        checkpoint=price,
     )
+
+
+def _checkpoint_every(value: object, failures: object) -> int | str | None:
+    """``checkpoint_every`` checked against ``failures``, before any search: a whole number
+    of steps, or "auto" (the default where a failure model is given), which needs one."""
+    if failures is not None:
+        check_instance(
+            "failures", failures, FailureModel, expected="a FailureModel (piebald.cost.failure)"
+        )
+    if value is None:
+        return None if failures is None else "auto"
+    if value == "auto":
+        if failures is None:
+            raise ArgumentError(
+                argument="checkpoint_every",
+                value=value,
+                expected="a failure model (failures=FailureModel(mtbf_s=...)) with it: auto "
+                "is Daly's interval for a failure rate",
+            )
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(
+            argument="checkpoint_every",
+            value=value,
+            expected="a whole number of steps >= 1, 'auto' or None",
+        )
+    return value
 
 
 def _check_search(*, profiles: object, progress: object, workers: object) -> None:
@@ -191,6 +239,8 @@ def plan(
     verify_by_simulation: bool = False,
     progress: Progress | None = None,
     workers: int | None = None,
+    checkpoint_every: int | str | None = None,
+    failures: FailureModel | None = None,
 ) -> Plan:
     """The fastest plan for ``model`` on ``cluster`` that fits every GPU's memory, as
     ``piebald plan`` makes it (the same plan for the same inputs).
@@ -207,9 +257,13 @@ def plan(
     ``verify_by_simulation``: simulate the top candidates and keep the fastest simulated
     (``piebald plan --simulate``); ``progress(fraction, message)``: called as the search
     goes; ``workers``: processes the search of a large cluster may use (default: every
-    core; the plan is the same). The plan's ``predicted`` holds ``step_time_s``,
-    ``tokens_per_s`` and peak memory per rank. Raises :class:`Infeasible` when no plan fits.
-    :func:`search_plans` also returns the runners-up and the search's statistics.
+    core; the plan is the same); ``checkpoint_every``: the checkpoint interval the plan
+    records (``checkpoint_every_steps``), a whole number of steps or "auto", Daly's
+    interval for ``failures`` (a ``piebald.cost.failure.FailureModel``: the mean time
+    between failures and what recovering costs; with it, "auto" is the default). The
+    plan's ``predicted`` holds ``step_time_s``, ``tokens_per_s`` and peak memory per rank.
+    Raises :class:`Infeasible` when no plan fits. :func:`search_plans` also returns the
+    runners-up and the search's statistics (and with ``failures`` what a failure costs).
 
     >>> from piebald.api import build_job
     >>> from piebald.examples import example_path
@@ -229,6 +283,8 @@ def plan(
         verify_by_simulation=verify_by_simulation,
         progress=progress,
         workers=workers,
+        checkpoint_every=checkpoint_every,
+        failures=failures,
     ).plan
 
 

@@ -1,14 +1,16 @@
 """Estimating and simulating a plan (``piebald simulate``), priced from a profile DB, from
-the measurements the plan records, or analytically; and the trace and Gantt chart of a
-simulated step."""
+the measurements the plan records, or analytically; the trace and Gantt chart of a
+simulated step; and, given a failure rate, the price of a failure and the checkpoint
+interval (``cost.failure``) at the simulated step time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from piebald.api.arguments import check_bool
+from piebald.api.arguments import check_bool, check_instance
 from piebald.api.inputs import Profiles, as_plan, check_profiles, warn_unmatched
+from piebald.cost.failure import FailureModel, FailurePrice, price_failures
 from piebald.cost.plan_estimate import PlanEstimate, estimate_plan
 from piebald.profiler.pricing import PlanPrices, PriceBasis, plan_prices
 from piebald.schedule.prices import Prices
@@ -39,7 +41,9 @@ class SimulationReport:
     ``basis``: where the prices come from (a profile DB given now, the measurements the
     plan records, or the analytic model); ``other_db``: the DB given is not the one the
     plan was made with; ``warnings``: what the DB holds that the cluster cannot use (each
-    also a ``ProfileWarning``)."""
+    also a ``ProfileWarning``); ``failures``: with a failure model, the price of a failure
+    and the checkpoint interval at the simulated step time (None without one, or where
+    the step deadlocked)."""
 
     plan: Plan
     result: SimulationResult
@@ -47,6 +51,7 @@ class SimulationReport:
     basis: PriceBasis
     other_db: bool
     warnings: tuple[str, ...]
+    failures: FailurePrice | None = None
 
 
 def _prices(
@@ -82,10 +87,18 @@ def estimate(plan: Plan | str | Path, *, profiles: Profiles | None = None) -> Pl
 
 
 def simulate_report(
-    plan: Plan | str | Path, *, profiles: Profiles | None = None, timeline: bool = False
+    plan: Plan | str | Path,
+    *,
+    profiles: Profiles | None = None,
+    timeline: bool = False,
+    failures: FailureModel | None = None,
 ) -> SimulationReport:
     """:func:`simulate`, and the estimate it is compared with, priced alike, and where the
-    prices come from: what ``piebald simulate`` shows.
+    prices come from: what ``piebald simulate`` shows. With ``failures`` (a
+    ``piebald.cost.failure.FailureModel``: the mean time between failures, and what
+    recovering costs), also what one failure costs and Young's and Daly's checkpoint
+    intervals at the simulated step time, priced at the interval the plan records
+    (``checkpoint_every_steps``) or else at Daly's (``cost.failure.price_failures``).
 
     >>> from piebald.api import build_job, plan
     >>> from piebald.examples import example_path
@@ -95,16 +108,30 @@ def simulate_report(
     >>> report.basis.value, report.estimate.step_time_s == best.predicted.step_time_s
     ('analytic', True)
     """
+    if failures is not None:
+        check_instance(
+            "failures", failures, FailureModel, expected="a FailureModel (piebald.cost.failure)"
+        )
     prices, warnings = _prices(plan, profiles, timeline=timeline)
+    result = simulate_step(
+        prices.plan, prices=Prices(prices.plan, curve=prices.curve), record=timeline
+    )
+    price = None
+    if failures is not None and result.deadlock is None:
+        price = price_failures(
+            prices.plan,
+            model=failures,
+            step_time_s=result.step_time_s,
+            checkpoint_every=prices.plan.checkpoint_every_steps,
+        )
     return SimulationReport(
         plan=prices.plan,
-        result=simulate_step(
-            prices.plan, prices=Prices(prices.plan, curve=prices.curve), record=timeline
-        ),
+        result=result,
         estimate=estimate_plan(prices.plan, curve=prices.curve),
         basis=prices.basis,
         other_db=prices.other_db,
         warnings=warnings,
+        failures=price,
     )
 
 

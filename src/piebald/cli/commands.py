@@ -174,6 +174,9 @@ def plan(
     ] = False,
     profiles: ProfilesOption = None,
     workers: WorkersOption = None,
+    checkpoint_every: cli_simulate.CheckpointEveryOption = None,
+    mtbf: cli_simulate.MtbfOption = None,
+    storage_write: cli_simulate.StorageWriteOption = None,
     fallbacks: Annotated[
         Path | None,
         typer.Option(
@@ -187,6 +190,8 @@ def plan(
 
     if out is not None:  # before any work: a plan nobody can save is no use
         check_output_file(out, flag="--out", force=force)
+    every = cli_simulate.checkpoint_every_from(checkpoint_every, mtbf=mtbf)
+    failures = cli_simulate.failure_model_from(mtbf=mtbf, storage_write=storage_write)
     if fallbacks is not None:
         check_output_directory(fallbacks, flag="--fallbacks")
     cluster_spec, model_spec = load_cluster(cluster), load_model(model)
@@ -204,6 +209,8 @@ def plan(
             verify_by_simulation=simulate,
             progress=progress,
             workers=workers,
+            checkpoint_every=every,
+            failures=failures,
         )
     if found.verification is not None:
         cli_simulate.print_verification(found.verification)
@@ -220,6 +227,9 @@ def plan(
             num_structures=found.num_structures,
         ):
             console.print(line, highlight=False)
+        checkpoint = cli_simulate.checkpoint_line(found.plan, found.checkpoint)
+        if checkpoint is not None:
+            console.print(checkpoint, highlight=False, soft_wrap=True)
         if out is not None:
             console.print(f"plan written to {out}")
     if fallbacks is not None:
