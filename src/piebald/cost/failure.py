@@ -6,8 +6,8 @@ A run that fails goes back to its last checkpoint. What one failure costs
 - **detect**: until the survivors know (a heartbeat's expiry, or for a hang the
   collective timeout);
 - **restart**: starting the processes again and initialising their process groups;
-- **re-plan**: piebald's planner on the GPUs that are left (``docs/research``'s
-  ``schedules_and_elasticity.md`` B.2: on the recovery's critical path unless precomputed);
+- **re-plan**: piebald's planner on the GPUs that are left (on the recovery's critical
+  path unless precomputed: research note ``schedules_and_elasticity.md``, B.2);
 - **restore**: every rank reading back its shard of the last checkpoint;
 - **lost work**: the steps since that checkpoint, on average half an interval of them.
 
@@ -23,7 +23,7 @@ passing its share per node. Restore reads the same bytes at the read bandwidth.
 The interval: J. W. Young, "A first order approximation to the optimum checkpoint interval",
 Comm. ACM 17(9), 1974: tau = sqrt(2 delta M) for a save of delta seconds and a mean time
 between failures M; J. T. Daly, "A higher order estimate of the optimum checkpoint interval
-for restart dumps", Future Generation Computer Systems 22(3), 2006, eq. (37):
+for restart dumps", Future Generation Computer Systems 22(3), 2006:
 tau = sqrt(2 delta M) (1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)) - delta for
 delta < 2M, else M. Both are compute time between checkpoints, here a whole number of
 steps. The expected overhead of a run at interval tau (Young's first-order model) is
@@ -69,7 +69,7 @@ __all__ = [
 
 # Per node, to the checkpoint storage: 20 Gb/s, the remote persistent storage bandwidth of
 # Gemini (Wang et al., "Gemini: Fast Failure Recovery in Distributed Training with
-# In-Memory Checkpoints", SOSP 2023, section 2: "it takes 42 minutes to checkpoint the
+# In-Memory Checkpoints", SOSP 2023: "it takes 42 minutes to checkpoint the
 # model states of MT-NLG [...] when the bandwidth is 20Gbps"). A node's NVMe or a parallel
 # file system is faster, a cloud object store slower: pass what yours measures.
 DEFAULT_WRITE_BYTES_PER_S = parse_rate("20Gb/s")
@@ -234,7 +234,7 @@ def young_interval_s(*, save_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval_s(*, save_s: float, mtbf_s: float) -> float:
-    """Daly's higher-order optimum (Daly 2006, eq. 37): for delta < 2M,
+    """Daly's higher-order optimum (Daly 2006): for delta < 2M,
     sqrt(2 delta M) (1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)) - delta, else M. For
     delta << M it tends to Young's (their ratio is 1 - (2/3) sqrt(delta / 2M) + ...)."""
     _check("save_s", save_s, positive=False)
