@@ -126,6 +126,8 @@ def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None)
         ) from None
     if config.elastic and config.checkpoint_dir is None and config.resume_from is None:
         raise refuse("elastic", True, f"a {name('checkpoint_dir')}: an elastic run resumes from it")
+    if config.fallback_dir is not None and not config.elastic:
+        raise refuse("fallback_dir", str(config.fallback_dir), f"{name('elastic')} with it")
     if config.membership_path is not None and not config.elastic:
         raise refuse("membership_path", str(config.membership_path), f"{name('elastic')} with it")
     if config.eval_data_path is None and config.eval_every:

@@ -59,6 +59,7 @@ FLAG_OF_FIELD = {
     "elastic": "--elastic",
     "node": "--node",
     "membership_path": "--membership",
+    "fallback_dir": "--fallbacks",
     "optimizer.lr": "--lr",
     "optimizer.weight_decay": "--weight-decay",
     "optimizer.max_grad_norm": "--max-grad-norm",
@@ -99,9 +100,9 @@ def _print_summary(summary: RunSummary, *, as_json: bool, saved_to: Path | None)
             "clamped_values": summary.clamped_values,
             "paced_operations": summary.paced_operations,
             "memory": summary.memory,
+            "membership_events": list(summary.membership_events),
             "eval_steps": list(summary.eval_steps),
             "eval_losses": list(summary.eval_losses),
-            "membership_events": list(summary.membership_events),
         }
         print(json.dumps(payload))
         return
@@ -189,8 +190,13 @@ def train(
         int, typer.Option(min=0, help="Evaluate every K steps (0: after the last step only).")
     ] = 0,
     checkpoint_every: Annotated[
-        int, typer.Option(min=0, help="Save every K steps (0: at the end only).")
-    ] = 0,
+        int | None,
+        typer.Option(
+            min=0,
+            help="Save every K steps (0: at the end only; default: the plan's "
+            "checkpoint_every_steps, from `plan --checkpoint-every`, else 0).",
+        ),
+    ] = None,
     resume: Annotated[
         bool, typer.Option(help="Continue from the latest checkpoint in --checkpoint-dir.")
     ] = False,
@@ -218,6 +224,14 @@ def train(
         typer.Option(
             help="Under torchrun with --elastic: the cluster file's node this process runs "
             "on (node name or host; default: this machine's host name).",
+            rich_help_panel=_ELASTIC,
+        ),
+    ] = None,
+    fallbacks: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --elastic: the directory of `piebald plan --fallbacks`; a node loss "
+            "it holds a plan for needs no search.",
             rich_help_panel=_ELASTIC,
         ),
     ] = None,
@@ -337,7 +351,7 @@ def train(
             ),
             data_path=data,
             checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
+            checkpoint_every=checkpoint_every or 0,
             resume=resume or resume_from is not None,
             resume_from=resume_from,
             metrics_path=metrics,
@@ -351,6 +365,7 @@ def train(
             elastic=elastic,
             node=node,
             membership_path=membership,
+            fallback_dir=fallbacks,
         )
     run_train(
         plan_file=plan_file,
@@ -370,6 +385,7 @@ def train(
             min_lr=min_lr,
         ),
         config=config,
+        plan_checkpoints=checkpoint_every is None,
     )
 
 
@@ -388,7 +404,10 @@ def run_train(
     as_json: bool,
     config: TrainConfig,
     schedule: ScheduleFlags | None = None,
+    plan_checkpoints: bool = False,
 ) -> None:
+    """``plan_checkpoints``: --checkpoint-every was not given, so the plan's interval
+    (``checkpoint_every_steps``) holds where the run has a checkpoint directory."""
     from dataclasses import replace
 
     from piebald.api import ComputeDtype, check_hf_weights
@@ -455,6 +474,13 @@ def run_train(
     plan = load_checked_plan(plan_file)
     if config.init_from is not None:
         check_hf_weights(plan.model, config.init_from)
+    if plan_checkpoints and plan.checkpoint_every_steps and config.checkpoint_dir is not None:
+        config = replace(config, checkpoint_every=plan.checkpoint_every_steps)
+        (errors if as_json else console).print(
+            f"checkpoint every {plan.checkpoint_every_steps} steps, as {plan_file} says "
+            "(--checkpoint-every to choose)",
+            highlight=False,
+        )
     if emulate and config.node is not None:
         raise _fail("--node", config.node, "no --node with --emulate (it is torchrun's)")
     if not emulate and config.membership_path is not None:

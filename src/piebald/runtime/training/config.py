@@ -65,6 +65,9 @@ class TrainConfig:
     # A YAML file naming the live nodes (``specs.membership``): an edit takes effect at the
     # next step boundary, with a checkpoint there, so nothing is recomputed.
     membership_path: Path | None = None
+    # With ``elastic``: the fallback plans of ``piebald plan --fallbacks`` (no search for a
+    # node loss they hold a plan for).
+    fallback_dir: Path | None = None
 
     def __post_init__(self) -> None:
         for name in _PATHS:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from piebald.errors import RunFailedError, SpecError
 from piebald.outputs import open_run_file
+from piebald.planner.fallback import find_fallback_plan
 from piebald.planner.replan import Infeasible, replan
 from piebald.runtime.distributed.checkpoint import (
     checkpoint_step,
@@ -165,7 +166,7 @@ def run_elastic(
         else None
     )
     membership = watched.read() if watched is not None else everyone
-    plans = Plans(original=plan, directory=config.checkpoint_dir)
+    plans = Plans(original=plan, directory=config.checkpoint_dir, fallbacks=config.fallback_dir)
     segments: list[Segment] = []
     events: list[MembershipEvent] = []
     restoring: list[int] = []  # the events whose restore_s the next start measures
@@ -253,11 +254,13 @@ def run_elastic(
 
 @dataclass(slots=True, kw_only=True)
 class Plans:
-    """The plan of each membership met: the original for every node, else one made once
-    and written beside the checkpoints (``plan-from-step-NNNNNNNN.json``)."""
+    """The plan of each membership met: the original for every node, else the stored
+    fallback plan (``planner.fallback``, from ``fallbacks``) or a search, once, written
+    beside the checkpoints (``plan-from-step-NNNNNNNN.json``)."""
 
     original: Plan
     directory: Path
+    fallbacks: Path | None = None
     made: dict[tuple[str, ...], tuple[Plan, Path | None]] = field(default_factory=dict)
 
     def plan_for(self, membership: Membership, *, step: int) -> tuple[Plan, Path | None]:
@@ -266,8 +269,13 @@ class Plans:
         known = self.made.get(membership.live)
         if known is not None:
             return known
+        stored = (
+            find_fallback_plan(self.fallbacks, membership, plan=self.original)
+            if self.fallbacks is not None
+            else None
+        )
         try:
-            plan = replan(self.original, membership)
+            plan = stored if stored is not None else replan(self.original, membership)
         except Infeasible as error:
             raise Infeasible(
                 f"after losing nodes, {', '.join(membership.live)} cannot hold the model: {error}"
