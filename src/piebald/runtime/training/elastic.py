@@ -217,6 +217,9 @@ def run_elastic(
                 )
             lost = _nodes_of(dead, membership)
             after, kinds = membership.without(lost), [("lost", lost)]
+            if stated:  # an edit seen in the same start is not forgotten
+                after = stated[0].without(lost)
+                kinds += _kinds(membership.without(lost), after)
             detect_s = decided_at - since
         if not after.live:
             raise RunFailedError(
