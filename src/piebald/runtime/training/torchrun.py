@@ -1,6 +1,8 @@
 """One rank of a training run that ``torchrun`` started (``piebald train --plan`` under
 ``piebald launch``, ``piebald.train``): the device, the dtype, the process group, and
-:func:`~piebald.runtime.training.rank_worker.run_rank` inside it."""
+:func:`~piebald.runtime.training.rank_worker.run_rank` inside it. With ``config.elastic``
+every (re)start plans for the live nodes and resumes from the newest checkpoint
+(``elastic_rendezvous``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from piebald.runtime.training.config import TrainConfig
+from piebald.runtime.training.elastic_rendezvous import train_elastic
 from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.precision import ComputeDtype
@@ -45,9 +48,10 @@ def train_rank(
     if compute_dtype is None:
         compute_dtype = ComputeDtype.NATIVE if chosen == "cuda" else ComputeDtype.FP32
     config = replace(config, compute_dtype=compute_dtype)
-    dist.init_process_group(
-        "nccl" if chosen == "cuda" else "gloo", timeout=timedelta(seconds=config.timeout_s)
-    )
+    backend = "nccl" if chosen == "cuda" else "gloo"
+    if config.elastic:
+        return train_elastic(plan, config, backend=backend, print_line=print_line)
+    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
     try:
         result = run_rank(plan, config, print_line=print_line)
         dist.barrier()
