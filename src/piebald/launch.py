@@ -14,6 +14,19 @@ Ethernet-only nodes have InfiniBand verbs turned off, every node sees exactly it
 Both scripts start every node in the background and wait on each; the first node that
 fails stops the others and the script exits with its status. A bare ``wait`` returns 0
 whatever its children did, so Slurm would record a failed training as COMPLETED.
+
+Elastic (``piebald launch --elastic MIN``): every node runs an elastic agent
+(``--nnodes MIN:N --rdzv-backend c10d``, the rendezvous on the first node's host at the
+port, ``--max-restarts``) and ``piebald train --elastic``, which plans for the nodes that
+are live at every (re)start and resumes from the newest checkpoint
+(``runtime.training.elastic_rendezvous``); torchrun numbers the agents itself, so there is
+no ``--node-rank``, and each node says which node of the cluster file it is in
+``PIEBALD_NODE`` (torchrun's own parser refuses a ``--node`` after the script, taking it
+for an abbreviation of its ``--node-rank``). A node that fails does not stop the others,
+the script exits 0 when a node's torchrun finished the run, and an sbatch job keeps its
+other nodes when one fails (``--no-kill``). The first node's host holds the rendezvous:
+losing it ends the job (pytorch#67742). A node started again (its line of the script)
+rejoins, and the next restart plans for it too.
 """
 
 from __future__ import annotations
@@ -26,7 +39,10 @@ from piebald.specs.cluster import ClusterSpec, NicKind
 from piebald.specs.cluster_yaml import HOST_NAME_RULE, is_host_name
 
 __all__ = [
+    "DEFAULT_MAX_RESTARTS",
     "MAX_PORT",
+    "NODE_VARIABLE",
+    "ElasticLaunch",
     "NodeLaunch",
     "comment_text",
     "node_launches",
@@ -36,6 +52,8 @@ __all__ = [
 
 DEFAULT_PORT = 29500
 MAX_PORT = 65_535  # TCP ports are 16-bit; 0 would let the OS pick, which peers cannot know
+DEFAULT_MAX_RESTARTS = 3  # an elastic job's failures (a lost node is one) before it ends
+NODE_VARIABLE = "PIEBALD_NODE"  # an elastic worker's node of the cluster file
 
 # Waits on every node's background process (pids in the array `pids`). It polls bash's own
 # job table rather than using `wait -n`: bash before 5.1 can miss a job that ended before
@@ -67,6 +85,49 @@ done
 """
 
 
+# Elastic: a node that fails does not stop the others (the live ones re-plan and go on).
+# The run is done when some node's torchrun finished it; else the status of the first node
+# that failed (polled as above).
+_WAIT_ELASTIC = r"""
+# Wait on every node; one that fails leaves the others running (elastic).
+status=0
+finished=0
+remaining=("${pids[@]}")
+while ((${#remaining[@]})); do
+  running=" $(jobs -pr | tr '\n' ' ') "
+  still=()
+  for pid in "${remaining[@]}"; do
+    if [[ $running == *" $pid "* ]]; then
+      still+=("$pid")
+      continue
+    fi
+    code=0
+    wait "$pid" || code=$?
+    if ((code == 0)); then
+      finished=1
+    else
+      echo "piebald launch: node ${node_of[$pid]} exited with status $code;" \
+        "the other nodes go on" >&2
+      if ((status == 0)); then status=$code; fi
+    fi
+  done
+  remaining=(${still[@]+"${still[@]}"})
+  if ((${#remaining[@]})); then sleep 1; fi
+done
+if ((finished)); then exit 0; fi
+exit "$status"
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ElasticLaunch:
+    """torchrun's elastic rendezvous for every node: at least ``min_nodes`` of them."""
+
+    min_nodes: int
+    run_id: str  # --rdzv-id: the same on every node of one job
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeLaunch:
     node_name: str
@@ -77,6 +138,7 @@ class NodeLaunch:
     num_gpus: int
     environment: Mapping[str, str]
     command: tuple[str, ...]
+    elastic: bool = False  # an elastic agent running piebald train --elastic
 
     def shell_line(self) -> str:
         """The command as one line of shell, environment first."""
@@ -123,9 +185,12 @@ def node_launches(
     hosts: Sequence[str] | None = None,
     master_port: int = DEFAULT_PORT,
     train_args: Sequence[str] = (),
+    elastic: ElasticLaunch | None = None,
 ) -> list[NodeLaunch]:
     """One launch per node of ``cluster``, in rank order. ``hosts`` names them; without it
-    the cluster file's ``hosts``, else the node names. The first host runs the rendezvous."""
+    the cluster file's ``hosts``, else the node names. The first host runs the rendezvous
+    (at ``master_port``). ``elastic``: elastic agents and ``piebald train --elastic``
+    (module docstring)."""
     names = [node.name for node in cluster.nodes]
     if hosts is not None and len(hosts) != len(names):
         raise ValueError(
@@ -138,6 +203,10 @@ def node_launches(
             raise ValueError(f"{HOST_NAME_RULE} for every host; host {index + 1} is {host!r}")
     if not 1 <= master_port <= MAX_PORT:
         raise ValueError(f"a master port of 1..{MAX_PORT}, not {master_port}")
+    if elastic is not None and not 1 <= elastic.min_nodes <= len(names):
+        raise ValueError(
+            f"a minimum of 1..{len(names)} nodes (the cluster's), not {elastic.min_nodes}"
+        )
     from_file = [node.host for node in cluster.nodes]
     if hosts is not None:
         chosen, named = list(hosts), True
@@ -147,20 +216,28 @@ def node_launches(
         chosen, named = names, False
     launches = []
     for node in cluster.nodes:
-        command = (
-            "torchrun",
-            f"--nnodes={len(cluster.nodes)}",
-            f"--nproc-per-node={node.num_gpus}",
-            f"--node-rank={node.index}",
-            f"--master-addr={chosen[0]}",
-            f"--master-port={master_port}",
-            "-m",
-            "piebald",
-            "train",
-            "--plan",
-            plan_path,
-            *train_args,
-        )
+        environment = _environment(cluster, node.index)
+        if elastic is None:
+            agent: tuple[str, ...] = (
+                f"--nnodes={len(cluster.nodes)}",
+                f"--nproc-per-node={node.num_gpus}",
+                f"--node-rank={node.index}",
+                f"--master-addr={chosen[0]}",
+                f"--master-port={master_port}",
+            )
+            train: tuple[str, ...] = ("--plan", plan_path)
+        else:
+            agent = (
+                f"--nnodes={elastic.min_nodes}:{len(cluster.nodes)}",
+                f"--nproc-per-node={node.num_gpus}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={chosen[0]}:{master_port}",
+                f"--rdzv-id={elastic.run_id}",
+                f"--max-restarts={elastic.max_restarts}",
+            )
+            train = ("--plan", plan_path, "--elastic")
+            environment[NODE_VARIABLE] = node.name
+        command = ("torchrun", *agent, "-m", "piebald", "train", *train, *train_args)
         launches.append(
             NodeLaunch(
                 node_name=node.name,
@@ -169,21 +246,45 @@ def node_launches(
                 host_named=named,
                 first_rank=node.first_rank,
                 num_gpus=node.num_gpus,
-                environment=_environment(cluster, node.index),
+                environment=environment,
                 command=command,
+                elastic=elastic is not None,
             )
         )
     return launches
 
 
+def _is_elastic(launches: Sequence[NodeLaunch]) -> bool:
+    return any(launch.elastic for launch in launches)
+
+
+def _elastic_comment(launches: Sequence[NodeLaunch]) -> list[str]:
+    if not _is_elastic(launches):
+        return []
+    return [
+        "# Elastic: a lost node does not end the run; the live nodes re-plan and resume from",
+        "# the newest checkpoint. Node 0's host holds the rendezvous (losing it ends the job);",
+        "# a node started again with its line below rejoins.",
+    ]
+
+
 def shell_script(launches: Sequence[NodeLaunch], *, plan_name: str, workdir: str) -> str:
     """A script that starts every node over ssh in ``workdir`` (a directory every node
-    shares, holding the plan), rank 0's node first, and fails as soon as one node fails."""
+    shares, holding the plan), rank 0's node first, and fails as soon as one node fails
+    (elastic: waits for every node, module docstring)."""
+    title = f"# Launch plan {comment_text(plan_name)}:"
+    if _is_elastic(launches):
+        header = [f"{title} one elastic torchrun per node. Run from a directory every node"]
+    else:
+        header = [
+            f"{title} one torchrun per node; node i gets",
+            "# --node-rank i, so global ranks match the plan. Run from a directory every node",
+        ]
     lines = [
         "#!/usr/bin/env bash",
-        f"# Launch plan {comment_text(plan_name)}: one torchrun per node; node i gets",
-        "# --node-rank i, so global ranks match the plan. Run from a directory every node",
+        *header,
         "# shares.",
+        *_elastic_comment(launches),
         "set -euo pipefail",
         "pids=()",
         "declare -A node_of",
@@ -196,7 +297,7 @@ def shell_script(launches: Sequence[NodeLaunch], *, plan_name: str, workdir: str
         # fails) hangs it up and torchrun stops its workers instead of running on.
         lines.append(f"ssh -tt {shlex.quote(launch.host)} {shlex.quote(remote)} &")
         lines.append(f"pids+=($!); node_of[$!]={launch.node_rank}")
-    lines.append(_WAIT_FAIL_FAST)
+    lines.append(_WAIT_ELASTIC if _is_elastic(launches) else _WAIT_FAIL_FAST)
     return "\n".join(lines)
 
 
@@ -254,6 +355,8 @@ def slurm_script(
     components = _components(launches, request_gpus=request_gpus)
     hetjob = len(components) > 1
     lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name}"]
+    if _is_elastic(launches):
+        lines.append("#SBATCH --no-kill")  # a failed node leaves the others their nodes
     for index, component in enumerate(components):
         if index:
             lines.append("#SBATCH hetjob")
@@ -275,6 +378,7 @@ def slurm_script(
     lines += [
         f"# Plan {comment_text(plan_name)}: {len(launches)} nodes{shape if hetjob else ''}.",
         placement,
+        *_elastic_comment(launches),
         "set -euo pipefail",
         "pids=()",
         "declare -A node_of",
@@ -293,12 +397,7 @@ def slurm_script(
                 # Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it gave the step, which need
                 # not be the first ones of the node.
                 environment.pop("CUDA_VISIBLE_DEVICES", None)
-            args = " ".join(
-                '--master-addr="$master"'
-                if part.startswith("--master-addr=") and not named
-                else shlex.quote(part)
-                for part in launch.command
-            )
+            args = " ".join(_slurm_word(part, named=named) for part in launch.command)
             step = ["srun"]
             if hetjob:
                 step.append(f"--het-group={index}")
@@ -312,5 +411,16 @@ def slurm_script(
             )
             lines.append(f"{' '.join(step)} env {_env_words(environment)} {args} &")
             lines.append(f"pids+=($!); node_of[$!]={launch.node_rank}")
-    lines.append(_WAIT_FAIL_FAST)
+    lines.append(_WAIT_ELASTIC if _is_elastic(launches) else _WAIT_FAIL_FAST)
     return "\n".join(lines)
+
+
+def _slurm_word(part: str, *, named: bool) -> str:
+    """One word of a node's command in the sbatch script: the rendezvous host is the first
+    host of the allocation (``$master``) when no host is named."""
+    if not named and part.startswith("--master-addr="):
+        return '--master-addr="$master"'
+    if not named and part.startswith("--rdzv-endpoint="):
+        port = part.rsplit(":", 1)[1]
+        return f'--rdzv-endpoint="$master":{shlex.quote(port)}'
+    return shlex.quote(part)

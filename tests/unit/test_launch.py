@@ -15,7 +15,14 @@ from typer.testing import CliRunner
 
 from cluster_builders import cluster, group
 from piebald.cli import app
-from piebald.launch import NodeLaunch, node_launches, shell_script, slurm_script
+from piebald.launch import (
+    NODE_VARIABLE,
+    ElasticLaunch,
+    NodeLaunch,
+    node_launches,
+    shell_script,
+    slurm_script,
+)
 from piebald.planner.search import search
 from piebald.specs.job import JobSpec
 from piebald.specs.plan_io import save_plan
@@ -432,3 +439,153 @@ def test_ports_and_hosts_at_the_edges_are_accepted(named_plan: Path) -> None:
         )
         assert result.exit_code == 0, result.output
         assert result.output.count(f"--master-port={port}") == 3
+
+
+# --- elastic ------------------------------------------------------------------------------------
+
+ELASTIC = ElasticLaunch(min_nodes=2, run_id="piebald-abc", max_restarts=5)
+
+
+def test_elastic_commands_use_torchruns_rendezvous_and_name_each_node() -> None:
+    launches = node_launches(
+        MIXED, plan_path="p.json", train_args=["--steps", "3"], elastic=ELASTIC, master_port=7
+    )
+    for launch, node in zip(launches, MIXED.nodes, strict=True):
+        command = launch.command
+        assert _option(command, "nnodes") == f"2:{len(MIXED.nodes)}"
+        assert _option(command, "nproc-per-node") == str(node.num_gpus)
+        assert _option(command, "rdzv-backend") == "c10d"
+        assert _option(command, "rdzv-endpoint") == f"{MIXED.nodes[0].name}:7"
+        assert _option(command, "rdzv-id") == "piebald-abc"
+        assert _option(command, "max-restarts") == "5"
+        # torchrun numbers the agents itself: no static rank, address or port.
+        assert not any(part.startswith(("--node-rank", "--master-")) for part in command)
+        assert command[-6:] == ("train", "--plan", "p.json", "--elastic", "--steps", "3")
+        # torchrun's parser would take a --node after the script for its --node-rank.
+        assert launch.environment[NODE_VARIABLE] == node.name
+        assert "--node" not in command
+        words = shlex.split(launch.shell_line())
+        assert f"{NODE_VARIABLE}={node.name}" in words[: len(launch.environment)]
+
+
+@pytest.mark.parametrize("minimum", [0, 4])
+def test_elastic_minimum_is_a_number_of_the_clusters_nodes(minimum: int) -> None:
+    with pytest.raises(ValueError, match=r"a minimum of 1\.\.3 nodes"):
+        node_launches(
+            MIXED,
+            plan_path="p.json",
+            elastic=ElasticLaunch(min_nodes=minimum, run_id="r"),
+        )
+
+
+def test_elastic_sbatch_keeps_the_other_nodes_and_finds_the_rendezvous_host() -> None:
+    launches = node_launches(SHAPES, plan_path="p.json", elastic=ELASTIC)
+    script = slurm_script(launches, plan_name="p.json")
+    assert "#SBATCH --no-kill" in script.splitlines()[:3]
+    for words in _steps(script):
+        # The first host of component 0's allocation, as for a static launch's master.
+        (endpoint,) = [w for w in words if w.startswith("--rdzv-endpoint=")]
+        assert endpoint == "--rdzv-endpoint=$master:29500"
+        assert words[-2:] == ["p.json", "--elastic"]
+    named = slurm_script(node_launches(NAMED, plan_path="p", elastic=ELASTIC), plan_name="p")
+    assert all("--rdzv-endpoint=gpu-b:29500" in words for words in _steps(named))
+
+
+# Stands in for srun and ssh under --elastic: records its arguments under the node named in
+# them (PIEBALD_NODE); the node STUB_FAIL_NODE exits 7 at once (lost), the others run
+# STUB_SLEEP_S seconds and leave a mark if they are stopped first.
+_ELASTIC_STUB = r"""#!/usr/bin/env bash
+[[ "$*" =~ PIEBALD_NODE=([a-z0-9]+-[0-9]+) ]] || exit 90
+node=${BASH_REMATCH[1]}
+printf '%s\n' "$@" > "$STUB_DIR/args.$node"
+if [[ $node == "$STUB_FAIL_NODE" ]]; then exit 7; fi
+trap 'touch "$STUB_DIR/killed.$node"; kill "$child" 2>/dev/null; exit 143' TERM
+sleep "$STUB_SLEEP_S" & child=$!
+wait "$child"
+exit "${STUB_STATUS:-0}"
+"""
+
+
+def _run_elastic(
+    script: str, tmp_path: Path, *, fail: str, status: int = 0, sleep_s: float = 0.5
+) -> subprocess.CompletedProcess[str]:
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    for name, text in (("srun", _ELASTIC_STUB), ("ssh", _ELASTIC_STUB), ("scontrol", _SCONTROL)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    return subprocess.run(
+        ["bash", str(path)],
+        env={
+            **os.environ,
+            "PATH": f"{stubs}:{os.environ['PATH']}",
+            "STUB_DIR": str(tmp_path),
+            "STUB_FAIL_NODE": fail,
+            "STUB_SLEEP_S": str(sleep_s),
+            "STUB_STATUS": str(status),
+            **{f"SLURM_JOB_NODELIST_HET_GROUP_{k}": f"h{k}" for k in range(3)},
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@needs_bash
+@pytest.mark.parametrize("kind", ["slurm", "ssh"])
+def test_elastic_scripts_outlive_a_lost_node(tmp_path: Path, kind: str) -> None:
+    launches = node_launches(MIXED, plan_path="p.json", elastic=ELASTIC)
+    script = _scripts(launches)[kind]
+    lost = MIXED.nodes[1].name
+    done = _run_elastic(script, tmp_path, fail=lost)
+    # The others ran to their end, and finished the run: the job succeeded.
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("killed.*"))
+    assert all((tmp_path / f"args.{node.name}").exists() for node in MIXED.nodes)
+    assert "node 1 exited with status 7" in done.stderr
+    # No node finished the run: the status of the first node that failed (the lost one,
+    # seconds before the others).
+    failed = _run_elastic(script, tmp_path, fail=lost, status=3, sleep_s=2.5)
+    assert failed.returncode == 7, failed.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "option"),
+    [
+        (["--elastic", "0"], "--elastic"),
+        (["--elastic", "4"], "--elastic"),  # the cluster has 3 nodes
+        (["--elastic", "-1"], "--elastic"),
+        (["--elastic", "two"], "--elastic"),
+        (["--elastic", "1.5"], "--elastic"),
+        (["--max-restarts", "2"], "--max-restarts"),  # without --elastic
+        (["--elastic", "2", "--max-restarts", "-1"], "--max-restarts"),
+    ],
+)
+def test_bad_elastic_minimum_is_one_line_and_exit_2(
+    named_plan: Path, tmp_path: Path, flags: list[str], option: str
+) -> None:
+    for extra in ([], ["--slurm"], ["--out", str(tmp_path / "run.sh")]):
+        result = CliRunner().invoke(app, ["launch", "--plan", str(named_plan), *flags, *extra])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {option}"), result.output
+        assert not (tmp_path / "run.sh").exists()
+
+
+def test_cli_elastic_writes_elastic_scripts(named_plan: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["launch", "--plan", str(named_plan), "--elastic", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "torchrun" in line]
+    assert len(lines) == 3
+    assert all("--nnodes=1:3" in line and "--max-restarts=3" in line for line in lines)
+    # One rendezvous id for the job, from the plan file.
+    assert len({word for line in lines for word in line.split() if "rdzv-id" in word}) == 1
+    out = tmp_path / "job.sbatch"
+    flags = ["--elastic", "3", "--max-restarts", "0", "--slurm", "--out", str(out)]
+    result = CliRunner().invoke(app, ["launch", "--plan", str(named_plan), *flags])
+    assert result.exit_code == 0, result.output
+    script = out.read_text()
+    assert "#SBATCH --no-kill" in script and script.count("--nnodes=3:3") == 3
+    assert script.count("--max-restarts=0") == 3 and "--node-rank" not in script

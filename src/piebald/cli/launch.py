@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,15 @@ import typer
 
 from piebald.cli.common import console, load_checked_plan, user_errors
 from piebald.errors import SpecError
-from piebald.launch import DEFAULT_PORT, MAX_PORT, node_launches, shell_script, slurm_script
+from piebald.launch import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_PORT,
+    MAX_PORT,
+    ElasticLaunch,
+    node_launches,
+    shell_script,
+    slurm_script,
+)
 from piebald.outputs import check_output_file, write_atomic
 
 __all__ = ["launch"]
@@ -37,6 +46,23 @@ def launch(
         ),
     ] = True,
     master_port: Annotated[int, typer.Option(help="Rendezvous port.")] = DEFAULT_PORT,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MIN",
+            help="Elastic: torchrun's elastic agents on every node and `piebald train "
+            "--elastic`; a lost node does not end the run while MIN nodes are live (they "
+            "re-plan and resume from the newest checkpoint), and a node started again "
+            "rejoins.",
+        ),
+    ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            help="With --elastic: the failures (a lost node is one) the job survives "
+            f"(default {DEFAULT_MAX_RESTARTS})."
+        ),
+    ] = None,
     train_args: Annotated[
         str,
         typer.Option(
@@ -57,6 +83,21 @@ def launch(
     # An empty --hosts ('') is a mistake too, not "no hosts given".
     host_list = [h.strip() for h in hosts.split(",")] if hosts is not None else None
     loaded = load_checked_plan(plan)
+    elastic_launch = None
+    if max_restarts is not None and (elastic is None or max_restarts < 0):
+        raise SpecError(
+            source="--max-restarts",
+            field="",
+            value=max_restarts,
+            expected="a whole number >= 0, with --elastic",
+        )
+    if elastic is not None:
+        elastic_launch = ElasticLaunch(
+            min_nodes=_min_nodes(elastic, count=len(loaded.cluster.nodes)),
+            # The same on every node of this job: the plan file's content.
+            run_id=f"piebald-{hashlib.sha256(plan.read_bytes()).hexdigest()[:12]}",
+            max_restarts=DEFAULT_MAX_RESTARTS if max_restarts is None else max_restarts,
+        )
     try:
         train_words = shlex.split(train_args)
     except ValueError as error:  # an unclosed quote
@@ -70,6 +111,7 @@ def launch(
             hosts=host_list,
             master_port=master_port,
             train_args=train_words,
+            elastic=elastic_launch,
         )
         if slurm:
             text = slurm_script(launches, plan_name=plan.name, request_gpus=gpus)
@@ -93,3 +135,20 @@ def launch(
         return
     write_atomic(out, text, flag="--out", force=force, executable=True)
     console.print(f"launch script written to {out}")
+
+
+def _min_nodes(value: str, *, count: int) -> int:
+    """--elastic MIN: a whole number of nodes, 1..count."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= count:
+        raise SpecError(
+            source="--elastic",
+            field="",
+            value=value,
+            expected=f"the fewest live nodes the run goes on with: a whole number, 1..{count} "
+            "(the plan's cluster's nodes)",
+        )
+    return number
