@@ -19,7 +19,8 @@ with new ``RANK`` and ``WORLD_SIZE``. So everything happens at start-up, in ever
    launch --elastic`` sets: torchrun's own argument parser refuses a ``--node`` after the
    script, as an ambiguous abbreviation of its ``--node-rank``), else its host name.
 3. torchrun's rank 0 (the deciding worker) makes the plan of the live membership (the
-   given plan when every node is live, else ``planner.replan``: the same global batch),
+   given plan when every node is live, else its stored fallback plan from
+   ``config.fallback_dir``, else ``planner.replan``: the same global batch),
    writes it beside the checkpoints (``plan-<digest>.json``, never over another file),
    looks for the newest complete checkpoint and broadcasts the plan, a fresh token and
    its verdict.
@@ -31,13 +32,14 @@ with new ``RANK`` and ``WORLD_SIZE``. So everything happens at start-up, in ever
    reshard to any plan); a run whose newest checkpoint is at ``config.steps`` is complete
    and every worker returns at once.
 
-Ranks the plan leaves idle have nothing to talk to, so nothing would tell them that a
-node was lost: while the run lasts, one thread of each node that trains adds to a counter
-every second (its heartbeat in the store) and the idle ranks watch the counters; a node
-silent for the collective timeout (at most 30 s) fails them, and torchrun restarts
-everyone. A worker also dies with its agent (``parent_watch``): a node whose agent was
-killed leaves no headless worker training on an old plan or holding the checkpoint
-directory's lock.
+Ranks the plan leaves idle talk to no one, so nothing would tell them that a node was
+lost: they wait for the leader's end-of-run message on a gloo group (a killed leader's
+closed connections fail the wait at once, and any other training node's loss fails the
+leader), and watch one heartbeat per training node in the store (a node silent for the
+collective timeout, at most 30 s, fails them: a node that lost its power or network
+closes nothing); torchrun then restarts everyone. A worker also dies with its agent
+(``parent_watch``): a node whose agent was killed leaves no headless worker training on
+an old plan or holding the checkpoint directory's lock.
 
 The rendezvous host (the first node of ``piebald launch``, ``--rdzv-endpoint``) holds
 torchrun's rendezvous: losing it ends the job (pytorch#67742).
@@ -65,6 +67,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 from piebald.errors import SpecError, error_fields
 from piebald.outputs import OutputError
+from piebald.planner.fallback import find_fallback_plan
 from piebald.planner.replan import Infeasible, replan
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint, read_checkpoint_info
 from piebald.runtime.parent_watch import die_with_parent
@@ -234,7 +237,7 @@ class _Verdict:
 def _decide(plan: Plan, membership: Membership, config: TrainConfig) -> _Verdict:
     """The deciding worker's part: the plan for ``membership``, its file, the checkpoint."""
     try:
-        chosen = plan if membership.is_everyone else replan(plan, membership)
+        chosen = plan if membership.is_everyone else _plan_for(plan, membership, config)
         check_runtime_supports(chosen)
         data = plan_to_dict(chosen)
         digest = plan_digest(chosen)
@@ -259,6 +262,17 @@ def _decide(plan: Plan, membership: Membership, config: TrainConfig) -> _Verdict
         return _Verdict(failure=f"the live nodes ({live}) cannot train the model: {error}")
     except Exception as error:  # told to every worker, so none waits for the decider
         return _Verdict(failure=f"{type(error).__name__}: {error}")
+
+
+def _plan_for(plan: Plan, membership: Membership, config: TrainConfig) -> Plan:
+    """The stored fallback plan of ``membership`` (``piebald plan --fallbacks``, in
+    ``config.fallback_dir``), else a search (``planner.replan``)."""
+    stored = (
+        find_fallback_plan(config.fallback_dir, membership, plan=plan)
+        if config.fallback_dir is not None
+        else None
+    )
+    return stored if stored is not None else replan(plan, membership)
 
 
 def _write_plan(plan: Plan, path: Path) -> None:
