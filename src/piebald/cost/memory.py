@@ -248,6 +248,14 @@ def _ranges(
     has_block = (start < last - 1) & (end > 1) & (block is not None)
     # A stage holding the tied head but not the embedding keeps a replica of the weight.
     tied = np.where((start > 0) & (end == last), float(head.num_tied_params), 0.0)
+    # A stage holding the embedding but not the head keeps the tied weight in the tied
+    # group's buffer (``tied_params``), not among the weights its tensor groups hold whole,
+    # where the embedding counts it unless the vocabulary is split.
+    embedding = layers[0]
+    tied_in_whole = (
+        float(head.num_tied_params) if embedding.num_whole_params == embedding.num_params else 0.0
+    )
+    whole_tied = np.where((start == 0) & (end < last), tied_in_whole, 0.0)
     largest = np.maximum(
         np.maximum(
             np.where(start == 0, float(layers[0].num_params), 0.0),
@@ -262,7 +270,7 @@ def _ranges(
     return _LayerRanges(
         num_layers=last,
         params=params[end] - params[start] + tied,
-        whole_params=whole[end] - whole[start],
+        whole_params=whole[end] - whole[start] - whole_tied,
         largest_params=largest,
         activation_fixed=over_range("activation_fixed_bytes_per_token"),
         activation_values=over_range("activation_values_per_token"),

@@ -282,12 +282,6 @@ def test_a_tensor_groups_members_own_nothing_of_what_it_holds_whole() -> None:
     assert per_rank[leader] > per_rank[member] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cost.memory.rank_memory subtracts the tied embedding twice for a tensor "
-    "group's member of a first stage that holds it (whole_params includes it, and so does "
-    "tied_params): that member's ZeRO-1/2/3 optimizer state comes out negative",
-)
 def test_tensor_parallel_first_stage_of_a_tied_model_checkpoints_all_its_state() -> None:
     plan = two_node_plan(MODEL, cut=8)
     per_rank = rank_checkpoint_bytes(plan)
