@@ -88,7 +88,9 @@ def __getattr__(name: str) -> object:
 PrintLine = Callable[[str], None]
 
 
-def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None) -> None:
+def check_config(
+    config: TrainConfig, *, flags: Mapping[str, str] | None = None, restarted: bool = False
+) -> None:
     """Refuse, before anything is spawned or trained, a run that could not keep its results:
     every place it will write can be written and nothing of the user's is in the way (an
     existing ``metrics_path`` unless ``resume``, a ``save_model_path`` that exists or
@@ -98,8 +100,10 @@ def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None)
 
     A refusal is an ArgumentError naming the field (``config.metrics_path``); ``flags``
     maps a field to the name the caller knows it by instead (the CLI's ``--metrics``), and
-    then an output refusal is the ``OutputError`` naming it. :func:`emulate`, :func:`train`
-    and :func:`train_reference` call this first."""
+    then an output refusal is the ``OutputError`` naming it. ``restarted``: this process
+    may be a restart of the run (an elastic rank under torchrun, started again with the
+    same arguments), so its metrics file may exist, as on ``resume``. :func:`emulate`,
+    :func:`train` and :func:`train_reference` call this first."""
 
     def name(field: str) -> str:
         return flags.get(field, field) if flags is not None else f"config.{field}"
@@ -117,7 +121,7 @@ def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None)
             "resume", True, f"a {name('checkpoint_dir')} holding the checkpoints to resume from"
         )
     try:
-        _check_outputs(config, name)
+        _check_outputs(config, name, restarted=restarted)
     except OutputError as error:
         if flags is not None:
             raise
@@ -136,9 +140,11 @@ def check_config(config: TrainConfig, *, flags: Mapping[str, str] | None = None)
         )
 
 
-def _check_outputs(config: TrainConfig, name: Callable[[str], str]) -> None:
+def _check_outputs(
+    config: TrainConfig, name: Callable[[str], str], *, restarted: bool = False
+) -> None:
     if config.metrics_path is not None:
-        if config.resume:  # a resumed run appends to its metrics
+        if config.resume or restarted:  # a resumed run appends to its metrics
             check_appendable_file(config.metrics_path, flag=name("metrics_path"))
         else:
             check_output_file(
@@ -158,7 +164,7 @@ def _check_outputs(config: TrainConfig, name: Callable[[str], str]) -> None:
         check_new_directory(config.save_model_path, flag=name("save_model_path"))
 
 
-def _config(config: object, **defaults: object) -> TrainConfig:
+def _config(config: object, *, restarted: bool = False, **defaults: object) -> TrainConfig:
     """``config`` checked (a TrainConfig or None: then one of ``defaults``), with its
     outputs checked (:func:`check_config`)."""
     from piebald.runtime.training.config import TrainConfig
@@ -171,7 +177,7 @@ def _config(config: object, **defaults: object) -> TrainConfig:
             value=config,
             expected="a TrainConfig (piebald.TrainConfig(steps=...)) or None",
         )
-    check_config(config)
+    check_config(config, restarted=restarted)
     return config
 
 
@@ -257,7 +263,9 @@ def train(
     check_int("seed", seed, minimum=0)
     check_callable("print_line", print_line)
     chosen = as_plan(plan)
-    checked = _config(config, steps=steps, seed=seed)
+    # An elastic rank is started again, with the same arguments, after every change.
+    restarted = getattr(config, "elastic", False) is True
+    checked = _config(config, restarted=restarted, steps=steps, seed=seed)
     from piebald.runtime.training.torchrun import train_rank
 
     return train_rank(

@@ -57,7 +57,7 @@ FLAG_OF_FIELD = {
     "time_scale": "--time-scale",
     "timeout_s": "--collective-timeout",
     "elastic": "--elastic",
-    "node": "--node",
+    "node": "--node-name",
     "membership_path": "--membership",
     "fallback_dir": "--fallbacks",
     "optimizer.lr": "--lr",
@@ -222,6 +222,8 @@ def train(
     node: Annotated[
         str | None,
         typer.Option(
+            "--node-name",
+            envvar="PIEBALD_NODE",
             help="Under torchrun with --elastic: the cluster file's node this process runs "
             "on (node name or host; default: this machine's host name).",
             rich_help_panel=_ELASTIC,
@@ -427,7 +429,7 @@ def run_train(
         # New checkpoints go next to the one resumed from: the same run, continued.
         config = replace(config, checkpoint_dir=config.resume_from.parent)
     # Every output and the settings they depend on, as the API checks them, under the flags.
-    check_config(config, flags=FLAG_OF_FIELD)
+    check_config(config, flags=FLAG_OF_FIELD, restarted=config.elastic and not emulate)
     if plan_file is None:
         if emulate:
             raise _fail("--emulate", True, "a --plan to emulate")
@@ -482,7 +484,9 @@ def run_train(
             highlight=False,
         )
     if emulate and config.node is not None:
-        raise _fail("--node", config.node, "no --node with --emulate (it is torchrun's)")
+        raise _fail(
+            "--node-name", config.node, "no --node-name with --emulate (it is torchrun's)"
+        )
     if not emulate and config.membership_path is not None:
         raise _fail(
             "--membership",

@@ -28,7 +28,10 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--emulate", "--elastic"], "--checkpoint-dir"),
         (["--emulate", "--membership", "m.yaml", "--checkpoint-dir", "CK"], "--membership"),
         (["--emulate", "--fallbacks", "F", "--checkpoint-dir", "CK"], "--fallbacks"),
-        (["--emulate", "--elastic", "--node", "a100-0", "--checkpoint-dir", "CK"], "--node"),
+        (
+            ["--emulate", "--elastic", "--node-name", "a100-0", "--checkpoint-dir", "CK"],
+            "--node-name",
+        ),
         (["--elastic", "--membership", "m.yaml", "--checkpoint-dir", "CK"], "--membership"),
         (["--collective-timeout", "0.5", "--emulate"], "--collective-timeout"),
     ],

@@ -149,10 +149,10 @@ def check_workers(cluster: ClusterSpec, workers: Sequence[NodeWorker]) -> Member
             more = ", ..." if len(cluster.nodes) > 8 else ""
             raise SpecError(
                 source=_SOURCE,
-                field="--node",
+                field="--node-name",
                 value=worker.node,
                 expected=f"a node of cluster {cluster.name} by name or host ({known}{more}); "
-                f"torchrun rank {rank} runs there (name it with --node or "
+                f"torchrun rank {rank} runs there (name it with --node-name or "
                 f"{NODE_VARIABLE}, or run on a host the cluster file names)",
             )
         by_node.setdefault(node.index, []).append(worker)
@@ -165,7 +165,7 @@ def check_workers(cluster: ClusterSpec, workers: Sequence[NodeWorker]) -> Member
         agents = "two agents claim it" if len(set(local)) < len(local) else "its agent started"
         raise SpecError(
             source=_SOURCE,
-            field="--node",
+            field="--node-name",
             value=node.name,
             expected=f"{node.num_gpus} workers on node {node.name} (its GPUs; torchrun "
             f"--nproc-per-node={node.num_gpus}), one agent per node: {agents} "

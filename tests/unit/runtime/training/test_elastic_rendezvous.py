@@ -38,7 +38,7 @@ def test_the_live_nodes_are_the_workers_nodes_in_the_clusters_order() -> None:
 @pytest.mark.parametrize(
     ("workers", "words"),
     [
-        (_workers(("a100-0", 2), ("gpu-9", 1)), ["--node", "'gpu-9'", "torchrun rank 2"]),
+        (_workers(("a100-0", 2), ("gpu-9", 1)), ["--node-name", "'gpu-9'", "torchrun rank 2"]),
         (_workers(("a100-0", 2), ("a100-1", 1)), ["2 workers on node a100-1", "started 1"]),
         (_workers(("a100-0", 3)), ["2 workers on node a100-0", "started 3"]),
         (_workers(("a100-0", 2), ("a100-0", 2)), ["a100-0", "two agents claim it"]),
