@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +53,46 @@ def _node_pids(node_index: int) -> list[int]:
     return found
 
 
+def _train_elastic(
+    arguments: list[str], *, scratch: Path, summary_file: Path, on_line: Callable[[str], None]
+) -> tuple[int, list[str]]:
+    """Run ``piebald train ARGUMENTS --json`` (summary into ``summary_file``), calling
+    ``on_line`` with each step line as it comes; its exit status and the lines. An
+    exception in ``on_line`` kills the run and is raised here, not lost in the thread."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "piebald", "train", *arguments, "--json"],
+        stdout=summary_file.open("w"),
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        assert process.stderr is not None
+        try:
+            for line in process.stderr:
+                lines.append(line)
+                on_line(line)
+        except BaseException as error:
+            failures.append(error)
+            os.killpg(process.pid, signal.SIGKILL)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    if failures:
+        raise failures[0]
+    return process.returncode, lines
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scratch: Path) -> None:
     cluster = load_cluster(example_path())  # three node groups of one 2-GPU node each
@@ -72,79 +112,38 @@ def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scra
 
     assert original.predicted is not None
     summary_file = tmp_path / "summary.json"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "piebald",
-            "train",
-            "--plan",
-            str(plan_file),
-            "--emulate",
-            "--elastic",
-            "--membership",
-            str(membership),
-            "--seed",
-            "3",
-            "--checkpoint-dir",
-            str(checkpoints),
-            "--checkpoint-every",
-            "2",
-            "--steps",
-            str(STEPS),
-            "--metrics",
-            str(metrics),
-            "--json",
-            "--time-scale",
-            f"{STEP_S / original.predicted.step_time_s:.6g}",
-        ],
-        stdout=summary_file.open("w"),
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(scratch)},
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    failures: list[BaseException] = []
+    stage = [0]
 
-    def act() -> None:
-        try:
-            react()
-        except BaseException as error:  # said by the test, not lost in the thread
-            failures.append(error)
-            os.killpg(process.pid, signal.SIGKILL)
-
-    def react() -> None:
+    def react(line: str) -> None:
         """Kill ``killed`` after step 3; remove ``removed`` once step 6 is done, and bring
         every node back once step 9 is."""
-        stage = 0
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line)
-            if stage == 0 and line.startswith("step     3"):
-                pids = _node_pids(killed.index)
-                assert pids, "the node's workers are named as a tool finds them"
-                for pid in pids:
-                    os.kill(pid, signal.SIGKILL)
-                stage = 1
-            elif stage == 1 and line.startswith("step     6"):
-                rest = [name for name in everyone if name not in (killed.name, removed.name)]
-                membership.write_text(f"nodes: {json.dumps(rest)}\n")
-                stage = 2
-            elif stage == 2 and line.startswith("step     9"):
-                membership.write_text(f"nodes: {json.dumps(everyone)}\n")
-                stage = 3
+        if stage[0] == 0 and line.startswith("step     3"):
+            pids = _node_pids(killed.index)
+            assert pids, "the node's workers are named as a tool finds them"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            stage[0] = 1
+        elif stage[0] == 1 and line.startswith("step     6"):
+            rest = [name for name in everyone if name not in (killed.name, removed.name)]
+            membership.write_text(f"nodes: {json.dumps(rest)}\n")
+            stage[0] = 2
+        elif stage[0] == 2 and line.startswith("step     9"):
+            membership.write_text(f"nodes: {json.dumps(everyone)}\n")
+            stage[0] = 3
 
-    reader = threading.Thread(target=act, daemon=True)
-    reader.start()
-    try:
-        process.wait(timeout=DEADLINE_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    reader.join(timeout=10)
-    assert not failures, failures
-    assert process.returncode == 0, "".join(lines[-5:])
+    code, lines = _train_elastic(
+        [
+            *("--plan", str(plan_file), "--emulate", "--elastic"),
+            *("--membership", str(membership), "--seed", "3", "--steps", str(STEPS)),
+            *("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2"),
+            *("--metrics", str(metrics)),
+            *("--time-scale", f"{STEP_S / original.predicted.step_time_s:.6g}"),
+        ],
+        scratch=scratch,
+        summary_file=summary_file,
+        on_line=react,
+    )
+    assert code == 0, "".join(lines[-5:])
     summary = json.loads(summary_file.read_text())
 
     # Every step, once, with the uninterrupted run's loss.
@@ -197,43 +196,28 @@ def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
     summary_file = tmp_path / "summary.json"
     timeout_s = 5
     assert spread.predicted is not None
-    process = subprocess.Popen(
+    stopped_at: list[float] = []
+
+    def react(line: str) -> None:
+        if not stopped_at and line.startswith("step     3"):
+            pids = _node_pids(hung.index)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            stopped_at.append(time.time() if pids else 0.0)
+
+    code, lines = _train_elastic(
         [
-            *(sys.executable, "-m", "piebald", "train", "--plan", str(plan_file)),
-            *("--emulate", "--elastic", "--steps", "5", "--checkpoint-every", "2"),
-            *("--checkpoint-dir", str(tmp_path / "ckpt"), "--json"),
+            *("--plan", str(plan_file), "--emulate", "--elastic", "--steps", "5"),
+            *("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"),
             *("--collective-timeout", str(timeout_s)),
             *("--time-scale", f"{STEP_S / spread.predicted.step_time_s:.6g}"),
         ],
-        stdout=summary_file.open("w"),
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(scratch)},
-        start_new_session=True,
+        scratch=scratch,
+        summary_file=summary_file,
+        on_line=react,
     )
-    stopped_at: list[float] = []
-    said: list[str] = []
-
-    def react() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line.startswith("membership:"):
-                said.append(line)
-            if not stopped_at and line.startswith("step     3"):
-                pids = _node_pids(hung.index)
-                for pid in pids:
-                    os.kill(pid, signal.SIGSTOP)
-                stopped_at.append(time.time() if pids else 0.0)
-
-    reader = threading.Thread(target=react, daemon=True)
-    reader.start()
-    try:
-        process.wait(timeout=DEADLINE_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    reader.join(timeout=10)
-    assert process.returncode == 0 and stopped_at and stopped_at[0] > 0
+    assert code == 0 and stopped_at and stopped_at[0] > 0
+    said = [line for line in lines if line.startswith("membership:")]
     summary = json.loads(summary_file.read_text())
     (event,) = summary["membership_events"]
     assert event["kind"] == "lost" and event["nodes"] == [hung.name]

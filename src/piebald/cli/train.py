@@ -484,9 +484,7 @@ def run_train(
             highlight=False,
         )
     if emulate and config.node is not None:
-        raise _fail(
-            "--node-name", config.node, "no --node-name with --emulate (it is torchrun's)"
-        )
+        raise _fail("--node-name", config.node, "no --node-name with --emulate (it is torchrun's)")
     if not emulate and config.membership_path is not None:
         raise _fail(
             "--membership",

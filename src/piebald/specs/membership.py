@@ -26,7 +26,7 @@ import yaml
 from piebald.errors import SpecError
 from piebald.specs.cluster import ClusterSpec, Node
 
-__all__ = ["Membership", "node_named", "read_membership"]
+__all__ = ["Membership", "node_named", "read_membership", "some_nodes"]
 
 
 def node_named(cluster: ClusterSpec, name: str) -> Node | None:
@@ -35,6 +35,12 @@ def node_named(cluster: ClusterSpec, name: str) -> Node | None:
         if name in (node.name, node.host):
             return node
     return None
+
+
+def some_nodes(cluster: ClusterSpec, *, most: int = 8) -> str:
+    """The first ``most`` node names of ``cluster``, for an error that says what exists."""
+    more = ", ..." if len(cluster.nodes) > most else ""
+    return ", ".join(node.name for node in cluster.nodes[:most]) + more
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,13 +62,11 @@ class Membership:
         for name in names:
             node = node_named(cluster, name)
             if node is None:
-                known = ", ".join(n.name for n in cluster.nodes[:8])
-                more = ", ..." if len(cluster.nodes) > 8 else ""
                 raise SpecError(
                     source=source,
                     field="nodes",
                     value=name,
-                    expected=f"a node of cluster {cluster.name} ({known}{more})",
+                    expected=f"a node of cluster {cluster.name} ({some_nodes(cluster)})",
                 )
             chosen.add(node.index)
         return cls(cluster=cluster, live=tuple(cluster.nodes[i].name for i in sorted(chosen)))

@@ -76,7 +76,7 @@ from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
 from piebald.specs.cluster import ClusterSpec
-from piebald.specs.membership import Membership, node_named
+from piebald.specs.membership import Membership, node_named, some_nodes
 from piebald.specs.plan import Plan
 from piebald.specs.plan_io import plan_from_dict, plan_to_dict, save_plan
 
@@ -145,13 +145,12 @@ def check_workers(cluster: ClusterSpec, workers: Sequence[NodeWorker]) -> Member
     for rank, worker in enumerate(workers):
         node = node_named(cluster, worker.node)
         if node is None:
-            known = ", ".join(n.name for n in cluster.nodes[:8])
-            more = ", ..." if len(cluster.nodes) > 8 else ""
             raise SpecError(
                 source=_SOURCE,
                 field="--node-name",
                 value=worker.node,
-                expected=f"a node of cluster {cluster.name} by name or host ({known}{more}); "
+                expected=f"a node of cluster {cluster.name} by name or host "
+                f"({some_nodes(cluster)}); "
                 f"torchrun rank {rank} runs there (name it with --node-name or "
                 f"{NODE_VARIABLE}, or run on a host the cluster file names)",
             )
