@@ -32,16 +32,19 @@ from piebald.specs.plan_io import save_plan
 STEP_S = 0.3  # wall seconds per step of the original plan
 
 
-def _node_pids(node_index: int) -> list[int]:
+def _node_pids(node_index: int, *, session: int) -> list[int]:
+    """The workers of one node of the run in ``session``, by their process names."""
     prefix = worker_process_name(group_rank=node_index, rank=0)[:-1]
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().startswith(prefix):
-                    found.append(int(entry.name))
+                stat = (entry / "stat").read_text()
+                name = (entry / "comm").read_text()
             except OSError:
                 continue
+            if int(stat[stat.rindex(")") + 2 :].split()[3]) == session and name.startswith(prefix):
+                found.append(int(entry.name))
     return found
 
 
@@ -59,12 +62,13 @@ def one_run(work: Path, *, plan_file: Path, node_index: int, time_scale: float) 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(work)},
+        start_new_session=True,  # its workers are found in its session alone
     )
     assert process.stderr is not None
     killed_at = first_step_at = 0.0
     for line in process.stderr:
         if not killed_at and line.startswith("step     3"):
-            for pid in _node_pids(node_index):
+            for pid in _node_pids(node_index, session=process.pid):
                 os.kill(pid, signal.SIGKILL)
             killed_at = time.time()
         elif killed_at and not first_step_at and line.startswith("step "):

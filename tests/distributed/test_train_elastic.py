@@ -22,6 +22,7 @@ from piebald.api import TrainConfig, build_job, emulate, load_cluster, plan
 from piebald.examples import example_path
 from piebald.runtime.training.emulate import worker_process_name
 from piebald.specs.plan_io import load_plan, save_plan
+from proc_table import session_members
 
 pytestmark = pytest.mark.distributed
 
@@ -38,27 +39,32 @@ def scratch() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _node_pids(node_index: int) -> list[int]:
-    """The emulated workers of one node, found by their process name as pkill would."""
+def _node_pids(node_index: int, *, session: int) -> list[int]:
+    """The emulated workers of one node of the run of ``session``, found by their process
+    name as ``pkill -s SESSION`` would (other tests' runs name theirs alike)."""
     prefix = worker_process_name(group_rank=node_index, rank=0)[: -len("0")]
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                name = (entry / "comm").read_text().strip()
-            except OSError:
-                continue
-            if name.startswith(prefix):
-                found.append(int(entry.name))
+    for pid in session_members(session):
+        try:
+            name = (Path("/proc") / str(pid) / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith(prefix):
+            found.append(pid)
     return found
 
 
 def _train_elastic(
-    arguments: list[str], *, scratch: Path, summary_file: Path, on_line: Callable[[str], None]
+    arguments: list[str],
+    *,
+    scratch: Path,
+    summary_file: Path,
+    on_line: Callable[[str, int], None],
 ) -> tuple[int, list[str]]:
-    """Run ``piebald train ARGUMENTS --json`` (summary into ``summary_file``), calling
-    ``on_line`` with each step line as it comes; its exit status and the lines. An
-    exception in ``on_line`` kills the run and is raised here, not lost in the thread."""
+    """Run ``piebald train ARGUMENTS --json`` (summary into ``summary_file``) in a session
+    of its own, calling ``on_line(line, session)`` with each step line as it comes; its
+    exit status and the lines. An exception in ``on_line`` kills the run and is raised
+    here, not lost in the thread."""
     process = subprocess.Popen(
         [sys.executable, "-m", "piebald", "train", *arguments, "--json"],
         stdout=summary_file.open("w"),
@@ -75,7 +81,7 @@ def _train_elastic(
         try:
             for line in process.stderr:
                 lines.append(line)
-                on_line(line)
+                on_line(line, process.pid)
         except BaseException as error:
             failures.append(error)
             os.killpg(process.pid, signal.SIGKILL)
@@ -114,11 +120,11 @@ def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scra
     summary_file = tmp_path / "summary.json"
     stage = [0]
 
-    def react(line: str) -> None:
+    def react(line: str, session: int) -> None:
         """Kill ``killed`` after step 3; remove ``removed`` once step 6 is done, and bring
         every node back once step 9 is."""
         if stage[0] == 0 and line.startswith("step     3"):
-            pids = _node_pids(killed.index)
+            pids = _node_pids(killed.index, session=session)
             assert pids, "the node's workers are named as a tool finds them"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
@@ -197,10 +203,12 @@ def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
     timeout_s = 5
     assert spread.predicted is not None
     stopped_at: list[float] = []
+    sessions: list[int] = []
 
-    def react(line: str) -> None:
+    def react(line: str, session: int) -> None:
         if not stopped_at and line.startswith("step     3"):
-            pids = _node_pids(hung.index)
+            pids = _node_pids(hung.index, session=session)
+            sessions.append(session)
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             stopped_at.append(time.time() if pids else 0.0)
@@ -223,4 +231,4 @@ def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
     assert event["kind"] == "lost" and event["nodes"] == [hung.name]
     assert event["detect_s"] <= timeout_s + 10
     assert len(summary["losses"]) == 5 and len(said) == 1
-    assert not _node_pids(hung.index)  # the hung workers were killed, not left stopped
+    assert not session_members(sessions[0])  # the hung workers were killed, not left stopped
