@@ -244,10 +244,15 @@ def _zb_v_rank(ranks: int, rank: int, micro_batches: int) -> tuple[Action, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Knobs:
-    """One setting of the greedy: per-rank forward limits, and how W fills gaps."""
+    """One setting of the greedy: per-rank forward limits, and how W fills gaps.
+
+    ``fill``: "idle" runs a pending W whenever the rank would idle, "fits" only if it ends
+    before the next known arrival, "late" only when the limit blocks the next F or nothing
+    else is left (ZB-H1's deferral, time-aware).
+    """
 
     limits: tuple[int, ...]
-    fill_only_if_fits: bool
+    fill: str
     backward_first: bool
 
 
@@ -259,9 +264,8 @@ def _greedy(
     Ranks decide in time order. A free rank runs, in this order of preference: a B whose
     gradient has arrived (or an F first, when ``backward_first`` is off and the rank's last
     action was a B); an F whose input has arrived, while fewer than ``limits[rank]``
-    micro-batches are held; a pending W, if the rank would otherwise idle (with
-    ``fill_only_if_fits``, only if the W ends before the next known arrival). Otherwise it
-    waits for the next arrival.
+    micro-batches are held; a pending W, when ``knobs.fill`` allows (``_Knobs``) or the
+    limit blocks the next F. Otherwise it waits for the next arrival.
     """
     ranks = len(times)
     # arrival[kind][rank][j]: when rank may start F (B) of micro-batch j, once known.
@@ -303,7 +307,9 @@ def _greedy(
         elif pending_w[rank]:
             known = [at for at in (b_at, f_at if f_ok else None) if at is not None]
             fits = not known or min(known) >= now + times[rank].backward_weight
-            if fits or not knobs.fill_only_if_fits or held[rank] >= knobs.limits[rank]:
+            last = next_f[rank] == next_b[rank] == micro_batches
+            allowed = {"idle": True, "fits": fits, "late": last}[knobs.fill]
+            if allowed or held[rank] >= knobs.limits[rank]:
                 choice = W
         if choice is None:
             soon = [at for at in (b_at, f_at if f_ok else None) if at is not None and at > now]
@@ -380,17 +386,17 @@ def heterogeneous(
             best is None or result.makespan < best[0]
         ):
             best = (result.makespan, orders)
-    extras = sorted({0, *range(ranks)})
+    families = [
+        tuple(min(cap, ranks - rank + extra) for rank, cap in enumerate(memory_caps))
+        for extra in range(ranks)
+    ]
+    families.append(tuple(min(cap, ranks) for cap in memory_caps))
+    families.append(tuple(memory_caps))
     tried: set[_Knobs] = set()
-    for extra in extras:
-        limits = tuple(min(cap, ranks - rank + extra) for rank, cap in enumerate(memory_caps))
-        for fill_only_if_fits in (False, True):
+    for limits in families:
+        for fill in ("idle", "fits", "late"):
             for backward_first in (True, False):
-                knobs = _Knobs(
-                    limits=limits,
-                    fill_only_if_fits=fill_only_if_fits,
-                    backward_first=backward_first,
-                )
+                knobs = _Knobs(limits=limits, fill=fill, backward_first=backward_first)
                 if knobs in tried:
                     continue
                 tried.add(knobs)

@@ -251,3 +251,29 @@ def test_heterogeneous_never_slower_than_a_fixed_schedule_that_fits(
         other = replay(fixed, times)
         if all(peak <= cap for peak, cap in zip(other.peak_in_flight, caps, strict=True)):
             assert result.makespan <= other.makespan + 1e-9, fixed.name
+
+
+@pytest.mark.parametrize(
+    ("factors", "expected"),
+    [
+        # slow ranks last: the last rank starts at F0 + F1 + F2 = 4 and then never idles
+        # (4 + 8 x 6 = 52, a lower bound), where ZB-H1 and ZB-2p take 54.5.
+        ((1, 1, 2, 2), 52.0),
+        ((1, 1, 1, 2), 51.0),
+        # slow ranks first: 51 against ZB-2p's 52 and ZB-H1's 53.
+        ((2, 2, 1, 1), 51.0),
+    ],
+)
+def test_heterogeneous_beats_the_fixed_orders_on_uneven_ranks(
+    factors: tuple[float, ...], expected: float
+) -> None:
+    p, m = 4, 8
+    times = [PassTimes(forward=k, backward_input=1.5 * k, backward_weight=0.5 * k) for k in factors]
+    caps = [2 * p - 1] * p
+    orders = heterogeneous(times, caps, m)
+    assert orders.name == "heterogeneous"
+    result = replay(orders, times)
+    assert result.makespan == pytest.approx(expected)
+    assert max(result.peak_in_flight) <= 2 * p - 1
+    fixed = min(replay(o, times).makespan for o in (one_f_one_b(p, m), zb_h1(p, m), zb_2p(p, m)))
+    assert result.makespan < fixed
