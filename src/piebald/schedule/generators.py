@@ -9,12 +9,15 @@ schedule             step time on equal stages                      peak in flig
 ``one_f_one_b``      (m + p - 1)(F + B + W)                         p
 ``interleaved``      m(F+B+W) + (p - 1)(F+B+W)/v  (per-rank times)  above p (warm-up 2(p-1)+..)
 ``zb_h1``            m(F + B + W) + (p - 1)(F + B - W)              p
-``zb_2p``            below ZB-H1's when there is memory for it      2p - 1
+``zb_2p``            ZB-H1's (see below); less on slow first ranks  2p - 1
 ``zb_v``             V placement, 2p chunks; near zero bubble       2p chunks = p stages' worth
 ===================  =============================================  ==========================
 
 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 2 and section 6; the
-interleaved order is Megatron-LM's, Narayanan et al. 2021.) "In flight" counts micro-batch
+interleaved order is Megatron-LM's, Narayanan et al. 2021.) The paper's ZB-H2 bubble
+(p - 1)(F + B - 2W) is that of back-to-back steps; in one step the last rank cannot start
+before (p - 1)F, so a longer warm-up cannot go below m(F + B + W) + (p - 1)F, which is
+ZB-H1's when F = B = W. "In flight" counts micro-batch
 activations held from F until W (``schedule.replay``).
 
 ``heterogeneous`` is time-aware: given unequal per-stage times and per-rank caps on
