@@ -121,15 +121,15 @@ def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scra
     stage = [0]
 
     def react(line: str, session: int) -> None:
-        """Kill ``killed`` after step 3; remove ``removed`` once step 6 is done, and bring
+        """Kill ``killed`` after step 5; remove ``removed`` once step 7 is done, and bring
         every node back once step 9 is."""
-        if stage[0] == 0 and line.startswith("step     3"):
+        if stage[0] == 0 and line.startswith("step     5"):
             pids = _node_pids(killed.index, session=session)
             assert pids, "the node's workers are named as a tool finds them"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             stage[0] = 1
-        elif stage[0] == 1 and line.startswith("step     6"):
+        elif stage[0] == 1 and line.startswith("step     7"):
             rest = [name for name in everyone if name not in (killed.name, removed.name)]
             membership.write_text(f"nodes: {json.dumps(rest)}\n")
             stage[0] = 2
@@ -163,7 +163,7 @@ def test_a_lost_node_a_removal_and_a_rejoin_keep_the_losses(tmp_path: Path, scra
     ]
     lost, left, joined = events
     resumed_from = int(Path(lost["plan_file"]).stem.split("-")[-1])  # plan-from-step-N
-    assert lost["step"] >= 3 and resumed_from % 2 == 0
+    assert lost["step"] >= 5 and resumed_from % 2 == 0
     assert lost["lost_steps"] == lost["step"] - resumed_from
     assert left["lost_steps"] == 0 and joined["lost_steps"] == 0
     assert lost["gpus_before"] == 6 and lost["gpus_after"] == 4
