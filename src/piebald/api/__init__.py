@@ -103,6 +103,7 @@ if TYPE_CHECKING:
         train_reference,
         under_torchrun,
     )
+    from piebald.cost.failure import FailureModel
     from piebald.cost.plan_estimate import PlanEstimate
     from piebald.specs.cluster import ClusterSpec
     from piebald.specs.devices import Dtype
@@ -121,6 +122,7 @@ __all__ = [
     "ComputeProfile",
     "Dtype",
     "Explanation",
+    "FailureModel",
     "FallbackPlans",
     "Infeasible",
     "JobSpec",
@@ -245,6 +247,7 @@ _HOMES = {
         "train_reference",
         "under_torchrun",
     ),
+    "piebald.cost.failure": ("FailureModel",),
     "piebald.cost.plan_estimate": ("PlanEstimate",),
     "piebald.specs.cluster": ("ClusterSpec",),
     "piebald.specs.devices": ("Dtype",),
