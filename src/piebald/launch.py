@@ -55,43 +55,13 @@ MAX_PORT = 65_535  # TCP ports are 16-bit; 0 would let the OS pick, which peers 
 DEFAULT_MAX_RESTARTS = 3  # an elastic job's failures (a lost node is one) before it ends
 NODE_VARIABLE = "PIEBALD_NODE"  # an elastic worker's node of the cluster file
 
-# Waits on every node's background process (pids in the array `pids`). It polls bash's own
-# job table rather than using `wait -n`: bash before 5.1 can miss a job that ended before
-# the call, and a pid from `kill -0` may have been reused by then.
-_WAIT_FAIL_FAST = r"""
-# Wait on every node; the first to fail stops the others and sets the exit status.
-remaining=("${pids[@]}")
-while ((${#remaining[@]})); do
-  running=" $(jobs -pr | tr '\n' ' ') "
-  still=()
-  for pid in "${remaining[@]}"; do
-    if [[ $running == *" $pid "* ]]; then
-      still+=("$pid")
-      continue
-    fi
-    status=0
-    wait "$pid" || status=$?
-    if ((status != 0)); then
-      echo "piebald launch: node ${node_of[$pid]} exited with status $status;" \
-        "stopping the other nodes" >&2
-      kill "${remaining[@]}" 2>/dev/null || true
-      wait || true
-      exit "$status"
-    fi
-  done
-  remaining=(${still[@]+"${still[@]}"})
-  if ((${#remaining[@]})); then sleep 1; fi
-done
-"""
 
-
-# Elastic: a node that fails does not stop the others (the live ones re-plan and go on).
-# The run is done when some node's torchrun finished it; else the status of the first node
-# that failed (polled as above).
-_WAIT_ELASTIC = r"""
-# Wait on every node; one that fails leaves the others running (elastic).
-status=0
-finished=0
+def _wait_on_nodes(*, comment: str, setup: str, on_exit: str, after: str) -> str:
+    """Bash that waits on every node's background process (pids in the array `pids`), and
+    runs ``on_exit`` for each one that ended (its status in `code`). It polls bash's own
+    job table rather than using `wait -n`: bash before 5.1 can miss a job that ended before
+    the call, and a pid from `kill -0` may have been reused by then."""
+    loop = r"""
 remaining=("${pids[@]}")
 while ((${#remaining[@]})); do
   running=" $(jobs -pr | tr '\n' ' ') "
@@ -103,20 +73,45 @@ while ((${#remaining[@]})); do
     fi
     code=0
     wait "$pid" || code=$?
-    if ((code == 0)); then
+<ON_EXIT>  done
+  remaining=(${still[@]+"${still[@]}"})
+  if ((${#remaining[@]})); then sleep 1; fi
+done
+"""
+    return f"\n# {comment}\n{setup}" + loop.lstrip("\n").replace("<ON_EXIT>", on_exit) + after
+
+
+# The first node to fail stops the others and sets the exit status.
+_WAIT_FAIL_FAST = _wait_on_nodes(
+    comment="Wait on every node; the first to fail stops the others and sets the exit status.",
+    setup="",
+    on_exit=r"""    if ((code != 0)); then
+      echo "piebald launch: node ${node_of[$pid]} exited with status $code;" \
+        "stopping the other nodes" >&2
+      kill "${remaining[@]}" 2>/dev/null || true
+      wait || true
+      exit "$code"
+    fi
+""",
+    after="",
+)
+
+# Elastic: a node that fails does not stop the others (the live ones re-plan and go on).
+# The run is done when some node's torchrun finished it; else the status of the first node
+# that failed.
+_WAIT_ELASTIC = _wait_on_nodes(
+    comment="Wait on every node; one that fails leaves the others running (elastic).",
+    setup="status=0\nfinished=0\n",
+    on_exit=r"""    if ((code == 0)); then
       finished=1
     else
       echo "piebald launch: node ${node_of[$pid]} exited with status $code;" \
         "the other nodes go on" >&2
       if ((status == 0)); then status=$code; fi
     fi
-  done
-  remaining=(${still[@]+"${still[@]}"})
-  if ((${#remaining[@]})); then sleep 1; fi
-done
-if ((finished)); then exit 0; fi
-exit "$status"
-"""
+""",
+    after='if ((finished)); then exit 0; fi\nexit "$status"\n',
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
