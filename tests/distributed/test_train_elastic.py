@@ -200,7 +200,7 @@ def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
     plan_file = tmp_path / "plan.json"
     save_plan(spread, plan_file)
     summary_file = tmp_path / "summary.json"
-    timeout_s = 5
+    timeout_s = 3
     assert spread.predicted is not None
     stopped_at: list[float] = []
     sessions: list[int] = []
@@ -231,4 +231,9 @@ def test_a_hung_node_is_found_by_the_collective_timeout_and_dropped(
     assert event["kind"] == "lost" and event["nodes"] == [hung.name]
     assert event["detect_s"] <= timeout_s + 10
     assert len(summary["losses"]) == 5 and len(said) == 1
-    assert not session_members(sessions[0])  # the hung workers were killed, not left stopped
+    # The hung workers were killed, not left stopped (the run's exit may take its forkserver
+    # a moment longer).
+    deadline = time.monotonic() + 10
+    while _node_pids(hung.index, session=sessions[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _node_pids(hung.index, session=sessions[0])

@@ -236,6 +236,7 @@ def _stages(draw: st.DrawFn) -> tuple[list[PassTimes], list[int], int]:
     return times, caps, m
 
 
+@pytest.mark.slow  # 200 replays of several schedules: about 15 s
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(_stages())
 def test_heterogeneous_never_slower_than_a_fixed_schedule_that_fits(

@@ -10,6 +10,7 @@ import hashlib
 from itertools import combinations
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,6 +98,7 @@ changes = st.lists(
 )
 
 
+@pytest.mark.slow  # the example cluster's seven plans: about 15 s
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     steps=st.integers(min_value=2, max_value=12),
