@@ -74,8 +74,9 @@ __all__ = [
 ]
 
 StepPrinter = Callable[[str], None]
-# Elastic runs (``training.elastic``): told on the leader once the rank is ready to train
-# (restored: the step it starts from, no loss) and after every step (the step, its loss).
+# The emulator's supervisor (``training.emulate``, ``training.elastic``): told on the leader
+# once the rank is ready to train (restored: the step it starts from, no loss) and after
+# every step (the step, its loss).
 ProgressHook = Callable[[int, float | None], None]
 # Asked on every used rank at each step boundary: stop there (a checkpoint is saved)?
 StopRequest = Callable[[], bool]
