@@ -240,16 +240,23 @@ tr ',' '\n' <<< "$3"
 """
 
 
-def _run(
-    script: str, tmp_path: Path, *, fail_rank: int | None, sleep_s: float, env: dict[str, str]
-) -> tuple[int, float]:
+def _job_with_stubs(script: str, tmp_path: Path, *, stub: str) -> tuple[Path, Path]:
+    """(the stub bin directory, the job script): srun and ssh run ``stub``, scontrol
+    lists the hosts."""
     stubs = tmp_path / "bin"
     stubs.mkdir(exist_ok=True)
-    for name, text in (("srun", _STUB), ("ssh", _STUB), ("scontrol", _SCONTROL)):
+    for name, text in (("srun", stub), ("ssh", stub), ("scontrol", _SCONTROL)):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     path = tmp_path / "job.sh"
     path.write_text(script)
+    return stubs, path
+
+
+def _run(
+    script: str, tmp_path: Path, *, fail_rank: int | None, sleep_s: float, env: dict[str, str]
+) -> tuple[int, float]:
+    stubs, path = _job_with_stubs(script, tmp_path, stub=_STUB)
     started = time.monotonic()
     result = subprocess.run(
         ["bash", str(path)],
@@ -509,13 +516,7 @@ exit "${STUB_STATUS:-0}"
 def _run_elastic(
     script: str, tmp_path: Path, *, fail: str, status: int = 0, sleep_s: float = 0.5
 ) -> subprocess.CompletedProcess[str]:
-    stubs = tmp_path / "bin"
-    stubs.mkdir(exist_ok=True)
-    for name, text in (("srun", _ELASTIC_STUB), ("ssh", _ELASTIC_STUB), ("scontrol", _SCONTROL)):
-        (stubs / name).write_text(text)
-        (stubs / name).chmod(0o755)
-    path = tmp_path / "job.sh"
-    path.write_text(script)
+    stubs, path = _job_with_stubs(script, tmp_path, stub=_ELASTIC_STUB)
     return subprocess.run(
         ["bash", str(path)],
         env={

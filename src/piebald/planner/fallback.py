@@ -38,6 +38,7 @@ __all__ = [
     "fallback_file_name",
     "fallback_key",
     "find_fallback_plan",
+    "plan_for_live_nodes",
     "single_loss_memberships",
     "write_fallback_plans",
 ]
@@ -197,3 +198,20 @@ def find_fallback_plan(
     except ValueError as error:  # cannot be, for a cluster of the same shape: say so
         log.warning("fallback plan %s not used: %s", path, error)
         return None
+
+
+def plan_for_live_nodes(
+    plan: Plan, membership: Membership, *, fallback_dir: str | Path | None = None
+) -> Plan:
+    """What elastic training runs on ``membership``'s live nodes: ``plan`` itself when
+    every node is live, else the stored fallback plan in ``fallback_dir``
+    (:func:`find_fallback_plan`), else a search (``replan``; :class:`Infeasible` when the
+    live nodes cannot hold the model)."""
+    if membership.is_everyone:
+        return plan
+    stored = (
+        find_fallback_plan(fallback_dir, membership, plan=plan)
+        if fallback_dir is not None
+        else None
+    )
+    return stored if stored is not None else replan(plan, membership)

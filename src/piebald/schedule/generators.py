@@ -157,16 +157,7 @@ def zb_h1(ranks: int, micro_batches: int) -> PipelineOrders:
     The held-back W's fill the cool-down, where 1F1B idles; no rank holds more than p
     micro-batches (until W), as in 1F1B's rank 0.
     """
-    _check(ranks, micro_batches)
-    orders = tuple(
-        _split_backward_order(micro_batches, ranks - 1 - rank, rank) for rank in range(ranks)
-    )
-    return PipelineOrders(
-        placement=Placement.classic(ranks),
-        micro_batches=micro_batches,
-        orders=orders,
-        name="ZB-H1",
-    )
+    return _split_backward(ranks, micro_batches, warm_up_per_rank=1, name="ZB-H1")
 
 
 def zb_2p(ranks: int, micro_batches: int) -> PipelineOrders:
@@ -175,15 +166,24 @@ def zb_2p(ranks: int, micro_batches: int) -> PipelineOrders:
     Rank 0 holds up to 2p - 1 micro-batches; the longer warm-up covers the time the first
     input gradient takes to come back, which ZB-H1 leaves idle.
     """
+    return _split_backward(ranks, micro_batches, warm_up_per_rank=2, name="ZB-2p")
+
+
+def _split_backward(
+    ranks: int, micro_batches: int, *, warm_up_per_rank: int, name: str
+) -> PipelineOrders:
+    """ZB-H1's and ZB-2p's orders: rank r warms up with ``warm_up_per_rank`` x (p - 1 - r)
+    forwards and holds back its first r W's."""
     _check(ranks, micro_batches)
     orders = tuple(
-        _split_backward_order(micro_batches, 2 * (ranks - 1 - rank), rank) for rank in range(ranks)
+        _split_backward_order(micro_batches, warm_up_per_rank * (ranks - 1 - rank), rank)
+        for rank in range(ranks)
     )
     return PipelineOrders(
         placement=Placement.classic(ranks),
         micro_batches=micro_batches,
         orders=orders,
-        name="ZB-2p",
+        name=name,
     )
 
 

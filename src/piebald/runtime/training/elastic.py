@@ -35,8 +35,8 @@ from pathlib import Path
 
 from piebald.errors import RunFailedError, SpecError
 from piebald.outputs import open_run_file
-from piebald.planner.fallback import find_fallback_plan
-from piebald.planner.replan import Infeasible, replan
+from piebald.planner.fallback import plan_for_live_nodes
+from piebald.planner.replan import Infeasible
 from piebald.runtime.distributed.checkpoint import (
     checkpoint_step,
     find_latest_checkpoint,
@@ -272,13 +272,8 @@ class Plans:
         known = self.made.get(membership.live)
         if known is not None:
             return known
-        stored = (
-            find_fallback_plan(self.fallbacks, membership, plan=self.original)
-            if self.fallbacks is not None
-            else None
-        )
         try:
-            plan = stored if stored is not None else replan(self.original, membership)
+            plan = plan_for_live_nodes(self.original, membership, fallback_dir=self.fallbacks)
         except Infeasible as error:
             raise Infeasible(
                 f"after losing nodes, {', '.join(membership.live)} cannot hold the model: {error}"

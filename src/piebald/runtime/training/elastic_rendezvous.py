@@ -67,14 +67,15 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 from piebald.errors import SpecError, error_fields
 from piebald.outputs import OutputError
-from piebald.planner.fallback import find_fallback_plan
-from piebald.planner.replan import Infeasible, replan
+from piebald.planner.fallback import plan_for_live_nodes
+from piebald.planner.replan import Infeasible
 from piebald.runtime.distributed.checkpoint import find_latest_checkpoint, read_checkpoint_info
 from piebald.runtime.parent_watch import die_with_parent
 from piebald.runtime.training.config import TrainConfig
 from piebald.runtime.training.metrics import RunSummary
 from piebald.runtime.training.plan_support import check_runtime_supports
 from piebald.runtime.training.rank_worker import run_rank
+from piebald.runtime.training.resume import SUPERSEDED_PREFIX, free_name
 from piebald.specs.cluster import ClusterSpec
 from piebald.specs.membership import Membership, node_named, some_nodes
 from piebald.specs.plan import Plan
@@ -236,7 +237,7 @@ class _Verdict:
 def _decide(plan: Plan, membership: Membership, config: TrainConfig) -> _Verdict:
     """The deciding worker's part: the plan for ``membership``, its file, the checkpoint."""
     try:
-        chosen = plan if membership.is_everyone else _plan_for(plan, membership, config)
+        chosen = plan_for_live_nodes(plan, membership, fallback_dir=config.fallback_dir)
         check_runtime_supports(chosen)
         data = plan_to_dict(chosen)
         digest = plan_digest(chosen)
@@ -263,17 +264,6 @@ def _decide(plan: Plan, membership: Membership, config: TrainConfig) -> _Verdict
         return _Verdict(failure=f"{type(error).__name__}: {error}")
 
 
-def _plan_for(plan: Plan, membership: Membership, config: TrainConfig) -> Plan:
-    """The stored fallback plan of ``membership`` (``piebald plan --fallbacks``, in
-    ``config.fallback_dir``), else a search (``planner.replan``)."""
-    stored = (
-        find_fallback_plan(config.fallback_dir, membership, plan=plan)
-        if config.fallback_dir is not None
-        else None
-    )
-    return stored if stored is not None else replan(plan, membership)
-
-
 def _write_plan(plan: Plan, path: Path) -> None:
     """The plan beside the checkpoints; an existing file is kept (the same plan, or
     someone's file of that name: then said)."""
@@ -296,10 +286,7 @@ def _set_metrics_aside(path: Path) -> None:
     another run id, which a later resume would refuse): kept under another name."""
     if not path.is_file() or path.stat().st_size == 0:
         return
-    aside, number = path.with_name(f"superseded-{path.name}"), 1
-    while aside.exists():
-        number += 1
-        aside = path.with_name(f"superseded-{path.name}.{number}")
+    aside = free_name(path.parent, f"{SUPERSEDED_PREFIX}{path.name}")
     path.rename(aside)
     logger.warning(
         "elastic start without a checkpoint: the earlier metrics %s are kept as %s",

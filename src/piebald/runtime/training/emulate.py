@@ -430,6 +430,7 @@ class SegmentRunner:
     max_params: int
     lines_to_stderr: bool
     started: int = 0
+    current: Path | None = None  # the scratch directory of the latest start
 
     def __call__(
         self,
@@ -445,7 +446,7 @@ class SegmentRunner:
         collective timeout and ``HANG_MARGIN_S`` has hung (peers that wait on a hung one
         fail at the timeout; this catches the ones nobody waits on): all are killed."""
         self.started += 1
-        scratch = self.scratch / f"start-{self.started}"
+        scratch = self.current = self.scratch / f"start-{self.started}"
         scratch.mkdir()
         world_size = plan.cluster.num_gpus
         args = (
@@ -489,7 +490,8 @@ class SegmentRunner:
 
     def request_stop(self) -> None:
         """Ask the running workers to stop after their current step (``STOP_REQUEST``)."""
-        (self.scratch / f"start-{self.started}" / STOP_REQUEST).touch()
+        assert self.current is not None, "no workers were started"
+        (self.current / STOP_REQUEST).touch()
 
     def raise_failure(
         self, segment: Segment, *, checkpoint_dir: Path | None, timeout_s: float

@@ -43,6 +43,7 @@ from piebald.specs.presets import model_to_dict
 __all__ = [
     "SUPERSEDED_PREFIX",
     "checkpoint_extra",
+    "free_name",
     "model_sha256",
     "resolve_resume",
     "warn_if_schedule_changed",
@@ -193,7 +194,7 @@ def _set_newer_aside(info: CheckpointInfo, *, directory: Path, latest: Path | No
         return
     verify_checkpoint(info.path)  # every byte, before anything is renamed for its sake
     for path in newer:
-        aside = _free_name(directory, f"{SUPERSEDED_PREFIX}{path.name}")
+        aside = free_name(directory, f"{SUPERSEDED_PREFIX}{path.name}")
         path.rename(aside)
         logger.warning(
             "resuming from %s: the newer checkpoint %s is renamed %s (kept, but a later "
@@ -204,7 +205,8 @@ def _set_newer_aside(info: CheckpointInfo, *, directory: Path, latest: Path | No
         )
 
 
-def _free_name(directory: Path, name: str) -> Path:
+def free_name(directory: Path, name: str) -> Path:
+    """``directory / name``, or ``name.2``, ``name.3``... there, the first that is free."""
     candidate, number = directory / name, 1
     while candidate.exists():
         number += 1
